@@ -1,0 +1,157 @@
+"""Turn OpenAI chat messages into the "conversation" vLLM hands to the chat template (wire contract, section 12.1).
+
+vLLM joins the text parts of list content with "\\n" for templates that treat content as a string, keeps them as
+`{"type": "text", "text": ...}` parts for templates that loop over `message['content']`, and parses tool-call
+arguments from JSON strings into objects. Counting exactly means reproducing each of these steps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import jinja2
+import jinja2.nodes as jn
+
+ContentFormat = Literal["string", "openai"]
+
+_TEXT_PART_TYPES = ("text", "input_text", "output_text", "refusal")
+
+
+class ConversationError(ValueError):
+    """A message the template cannot be given: the text says which one and why."""
+
+
+def to_conversation(messages: list[Any], content_format: ContentFormat) -> list[dict[str, Any]]:
+    conversation = [_convert_message(i, m, content_format) for i, m in enumerate(messages)]
+    _parse_tool_call_arguments(conversation)
+    return conversation
+
+
+def _convert_message(index: int, message: Any, content_format: ContentFormat) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        raise ConversationError(f"messages[{index}] must be an object")
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise ConversationError(f"messages[{index}].role must be a string")
+    texts = _content_texts(index, message.get("content"))
+    content: Any = [{"type": "text", "text": t} for t in texts] if content_format == "openai" else "\n".join(texts)
+    converted: dict[str, Any] = {"role": role, "content": content}
+    if role == "assistant" and message.get("tool_calls") is not None:
+        converted["tool_calls"] = _copy_tool_calls(index, message["tool_calls"])
+    if role == "tool" and "tool_call_id" in message:
+        converted["tool_call_id"] = message["tool_call_id"]
+    if isinstance(message.get("name"), str):
+        converted["name"] = message["name"]
+    return converted
+
+
+def _content_texts(index: int, content: Any) -> list[str]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        raise ConversationError(f"messages[{index}].content must be a string, a list of parts or null")
+    texts = []
+    for j, part in enumerate(content):
+        text = _part_text(part)
+        if text is None:
+            raise ConversationError(
+                f"messages[{index}].content[{j}] is not a text part; this guard counts text-only prompts"
+            )
+        texts.append(text)
+    return texts
+
+
+def _part_text(part: Any) -> str | None:
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    key = "refusal" if kind == "refusal" else "text"
+    if kind in _TEXT_PART_TYPES and isinstance(part.get(key), str):
+        return str(part[key])
+    return None
+
+
+def _copy_tool_calls(index: int, calls: Any) -> list[Any]:
+    if not isinstance(calls, list):
+        raise ConversationError(f"messages[{index}].tool_calls must be a list")
+    copied = []
+    for call in calls:
+        if isinstance(call, dict) and isinstance(call.get("function"), dict):
+            call = {**call, "function": dict(call["function"])}
+        copied.append(call)
+    return copied
+
+
+def _parse_tool_call_arguments(conversation: list[dict[str, Any]]) -> None:
+    # vLLM hands templates the arguments as objects, as transformers' tool-use templates expect.
+    for message in conversation:
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                try:
+                    function["arguments"] = json.loads(function["arguments"])
+                except json.JSONDecodeError as exc:
+                    raise ConversationError(f"tool call arguments are not valid JSON: {exc}") from exc
+
+
+# --- content-format detection: the same walk over the template's syntax tree that vLLM's "auto" mode does ---
+
+
+def detect_content_format(chat_template: str) -> ContentFormat:
+    try:
+        ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(chat_template)
+    except jinja2.TemplateError:
+        return "string"
+    return "openai" if next(_content_loops(ast), None) is not None else "string"
+
+
+def _is_var(node: jn.Node, name: str) -> bool:
+    return isinstance(node, jn.Name) and node.ctx == "load" and node.name == name
+
+
+def _is_attr(node: jn.Node, name: str, key: str) -> bool:
+    if isinstance(node, jn.Getitem):
+        return _is_var(node.node, name) and isinstance(node.arg, jn.Const) and node.arg.value == key
+    if isinstance(node, jn.Getattr):
+        return _is_var(node.node, name) and node.attr == key
+    return False
+
+
+def _is_access(node: jn.Node, name: str, key: str | None = None) -> bool:
+    if isinstance(node, jn.Filter):
+        return node.node is not None and _is_access(node.node, name, key)
+    if isinstance(node, jn.Test):
+        return _is_access(node.node, name, key)
+    if isinstance(node, jn.Getitem) and isinstance(node.arg, jn.Slice):
+        return _is_access(node.node, name, key)
+    return _is_attr(node, name, key) if key else _is_var(node, name)
+
+
+def _aliases(root: jn.Template, name: str) -> Iterator[str]:
+    yield name
+    pending = deque([name])
+    while pending:
+        current = pending.popleft()
+        for assign in root.find_all(jn.Assign):
+            if isinstance(assign.target, jn.Name) and _is_access(assign.node, current):
+                yield assign.target.name
+                if assign.target.name != current:
+                    pending.append(assign.target.name)
+
+
+def _loop_targets(root: jn.Template, iterables: list[str], key: str | None) -> Iterator[str]:
+    for loop in root.find_all(jn.For):
+        if isinstance(loop.target, jn.Name) and any(_is_access(loop.iter, n, key) for n in iterables):
+            yield loop.target.name
+
+
+def _content_loops(root: jn.Template) -> Iterator[str]:
+    message_names = list(_loop_targets(root, list(_aliases(root, "messages")), None))
+    return _loop_targets(root, message_names, "content")

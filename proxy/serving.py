@@ -1,0 +1,103 @@
+"""Run an ASGI app with uvicorn on a pre-bound loopback socket, in this event loop or in a thread of its own.
+
+The demo runs the simulator and the guard side by side in one loop; tests use the thread form so that a plain
+synchronous client (the OpenAI SDK's `OpenAI`) can talk to the servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(app: Any, *, log_level: str = "warning", **options: Any) -> uvicorn.Server:
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", **options)
+    return uvicorn.Server(config)
+
+
+@contextlib.asynccontextmanager
+async def running(app: Any, host: str = "127.0.0.1", port: int = 0, **options: Any) -> AsyncIterator[str]:
+    """Serve `app` until the block exits; yields its base URL (http://host:port)."""
+    sock = bind_socket(host, port)
+    server = make_server(app, **options)
+    server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("server stopped during start-up")
+            await asyncio.sleep(0.01)
+        bound_host, bound_port = sock.getsockname()[:2]
+        yield f"http://{bound_host}:{bound_port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        sock.close()
+
+
+class ServerThread:
+    """`running()` in a thread with its own event loop, for synchronous callers (tests, scripts)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
+        self._app, self._host, self._port, self._options = app, host, port, options
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="server-thread", daemon=True)
+        self.url = ""
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # surfaced to the starting thread
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with running(self._app, self._host, self._port, **self._options) as url:
+            self.url = url
+            self._ready.set()
+            await self._stop.wait()
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        self._ready.wait(timeout=60)
+        if self._error is not None:
+            raise RuntimeError(f"server failed to start: {self._error!r}") from self._error
+        if not self.url:
+            raise RuntimeError("server did not start within 60 s")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
