@@ -1,0 +1,96 @@
+"""The `token-guard` command: `serve` (the proxy), `simulate` (the vLLM simulator) and `demo` (both, with a tour).
+
+Commands only build settings and hand them to the server; nothing here holds logic of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from proxy.settings import Settings, SettingsError, load_settings
+from proxy.tokenizer import TokenizerLoadError
+
+FLAGS = {  # flag destination -> settings key
+    "host": "server.host",
+    "port": "server.port",
+    "log_level": "server.log_level",
+    "upstream": "upstream.url",
+    "min_output_tokens": "policy.min_output_tokens",
+    "default_max_tokens": "policy.default_max_tokens",
+    "model": "model.name",
+    "tokenizer": "model.tokenizer",
+    "chat_template": "model.chat_template",
+    "max_model_len": "model.max_model_len",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="token-guard", description="A token-aware OpenAI-compatible proxy for vLLM.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the proxy in front of an upstream")
+    serve.add_argument("--config", type=Path, help="TOML settings file (also TOKEN_GUARD_CONFIG)")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", help="port to listen on (default 8080)")
+    serve.add_argument("--upstream", help="base URL of vLLM or any OpenAI-compatible server")
+    serve.add_argument("--model", help="served model name clients send as `model`")
+    serve.add_argument("--tokenizer", help="tokenizer directory, tokenizer.json, or cached Hugging Face id")
+    serve.add_argument("--chat-template", help="chat template file overriding the tokenizer's")
+    serve.add_argument("--max-model-len", help="context window in tokens (default: asked from the upstream)")
+    serve.add_argument("--min-output-tokens", help="reject prompts that leave fewer tokens for the answer")
+    serve.add_argument("--default-max-tokens", help='max_tokens for chat requests without one: N or "50%%"')
+    serve.add_argument("--log-level", help="critical, error, warning, info or debug")
+
+    from proxy.simulator import command as simulate
+
+    simulate.add_arguments(commands.add_parser("simulate", help="run the vLLM simulator"))
+    commands.add_parser("demo", help="run the simulator and the guard on loopback, with a short tour")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return serve(settings_from(args))
+        if args.command == "simulate":
+            from proxy.simulator import command as simulate
+
+            return simulate.run(args)
+        from proxy.demo import run_demo
+
+        return run_demo()
+    except (SettingsError, TokenizerLoadError) as exc:
+        print(f"token-guard: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    flags: dict[str, Any] = {key: getattr(args, dest) for dest, key in FLAGS.items() if getattr(args, dest, None)}
+    return load_settings(flags, config_file=args.config)
+
+
+def serve(settings: Settings) -> int:
+    import uvicorn
+
+    from proxy.app import create_app
+    from proxy.registry import ModelRegistry
+
+    configure_logging(settings.server.log_level)
+    registry = ModelRegistry.from_settings(settings.models)
+    app = create_app(settings, registry)
+    logging.getLogger("token_guard").info(
+        "token-guard listening on http://%s:%d, upstream %s", settings.server.host, settings.server.port,
+        settings.upstream.url,
+    )  # fmt: skip
+    uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level="warning", access_log=False)
+    return 0
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,66 @@
+"""Count prompt tokens exactly as vLLM does (wire contract, section 12), without blocking the event loop.
+
+Chat: messages -> vLLM's conversation -> the chat template -> encode with add_special_tokens false by default.
+Completions: each string prompt encoded with special tokens (default true); token-id prompts counted as given.
+Encoding goes through `async_encode_batch_fast`, which releases the GIL, so other requests keep flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from proxy.conversation import ConversationError, to_conversation
+from proxy.errors import InvalidRequest
+from proxy.parse import ChatRequest, CompletionRequest
+from proxy.tokenizer import ModelTokenizer
+
+NO_TEMPLATE = (
+    "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template "
+    "if the tokenizer does not define one."
+)
+
+
+def render_chat(tok: ModelTokenizer, req: ChatRequest) -> str:
+    template = tok.template_for(req.tools, req.chat_template)
+    if template is None:
+        raise InvalidRequest(NO_TEMPLATE, param="messages")
+    try:
+        conversation = to_conversation(req.messages, tok.content_format(template))
+        rendered = tok.renderer.apply_chat_template(
+            conversation,
+            tools=req.tools,
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            **req.chat_template_kwargs,
+        )
+    except ConversationError as exc:
+        raise InvalidRequest(str(exc), param="messages") from None
+    except Exception as exc:  # jinja2 and transformers raise many kinds for templates that refuse a conversation
+        raise InvalidRequest(f"The chat template could not render these messages: {exc}", param="messages") from None
+    if not isinstance(rendered, str):
+        raise InvalidRequest("The chat template did not render to text.", param="messages")
+    return rendered
+
+
+async def count_chat(tok: ModelTokenizer, req: ChatRequest) -> int:
+    text = render_chat(tok, req)
+    (count,) = await _encode_lengths(tok, [text], req.add_special_tokens)
+    return count
+
+
+async def count_completion(tok: ModelTokenizer, req: CompletionRequest) -> list[int]:
+    texts = [p for p in req.prompts if isinstance(p, str)]
+    text_counts = iter(await _encode_lengths(tok, texts, req.add_special_tokens) if texts else [])
+    return [next(text_counts) if isinstance(p, str) else len(p) for p in req.prompts]
+
+
+async def _encode_lengths(tok: ModelTokenizer, texts: list[str], add_special_tokens: bool) -> list[int]:
+    backend: Any = tok.backend
+    if hasattr(backend, "async_encode_batch_fast"):
+        encodings = await backend.async_encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+    else:  # older tokenizers: the batch call still releases the GIL inside a worker thread
+        encodings = await asyncio.to_thread(backend.encode_batch_fast, texts, add_special_tokens=add_special_tokens)
+    return [len(e.ids) for e in encodings]

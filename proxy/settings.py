@@ -1,0 +1,279 @@
+"""The one settings object: defaults < TOML file < TOKEN_GUARD_* environment < command-line flags.
+
+`load_settings()` validates everything once; a bad value raises `SettingsError` naming the key, what was
+expected and where the value came from. Nothing else in the package reads the environment or files for config.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_ENV = "TOKEN_GUARD_CONFIG"
+ENV_PREFIX = "TOKEN_GUARD_"
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    log_level: str = "info"
+
+
+@dataclass(frozen=True)
+class UpstreamSettings:
+    url: str = "http://127.0.0.1:8000"
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 600.0
+    write_timeout_s: float = 60.0
+    startup_wait_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    min_output_tokens: int = 1
+    default_max_tokens: int | str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    name: str
+    tokenizer: str
+    chat_template: Path | None = None
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    models: tuple[ModelSettings, ...] = ()
+
+
+# --- value checkers: each returns the parsed value or raises ValueError with what was expected ---
+
+
+def _int(low: int, high: int | None = None) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError(f"an integer >= {low}")
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError(f"an integer >= {low}") from None
+        if number < low or (high is not None and number > high):
+            raise ValueError(f"an integer from {low} to {high}" if high else f"an integer >= {low}")
+        return number
+
+    return check
+
+
+def _positive_float(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("a number of seconds > 0") from None
+    if isinstance(value, bool) or not number > 0:
+        raise ValueError("a number of seconds > 0")
+    return number
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("a non-empty string")
+    return value.strip()
+
+
+def _url(value: Any) -> str:
+    text = _text(value)
+    if not re.match(r"^https?://[^/\s]+", text):
+        raise ValueError("an http:// or https:// URL")
+    return text.rstrip("/")
+
+
+def _log_level(value: Any) -> str:
+    levels = ("critical", "error", "warning", "info", "debug")
+    if not isinstance(value, str) or value.lower() not in levels:
+        raise ValueError("one of " + ", ".join(levels))
+    return value.lower()
+
+
+def _default_max_tokens(value: Any) -> int | str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            percent = float(value.strip()[:-1])
+        except ValueError:
+            raise ValueError('a token count or a percentage of the window such as "50%"') from None
+        if not 0 < percent <= 100:
+            raise ValueError("a percentage above 0% and at most 100%")
+        return value.strip()
+    try:
+        return _int(1)(value)
+    except ValueError:
+        raise ValueError('a token count >= 1 or a percentage of the window such as "50%"') from None
+
+
+def _path(value: Any) -> Path:
+    return Path(_text(value)).expanduser()
+
+
+SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "server": {"host": _text, "port": _int(1, 65535), "log_level": _log_level},
+    "upstream": {
+        "url": _url,
+        "connect_timeout_s": _positive_float,
+        "read_timeout_s": _positive_float,
+        "write_timeout_s": _positive_float,
+        "startup_wait_s": _positive_float,
+    },
+    "policy": {"min_output_tokens": _int(1), "default_max_tokens": _default_max_tokens},
+}
+MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
+    "name": _text,
+    "tokenizer": _text,
+    "chat_template": _path,
+    "max_model_len": _int(1),
+}
+SECTIONS = {"server": ServerSettings, "upstream": UpstreamSettings, "policy": PolicySettings}
+
+
+@dataclass
+class _Layer:
+    """Raw values from one source, remembered with where they came from (for error messages)."""
+
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+    models: list[dict[str, Any]] | None = None
+
+    def put(self, section: str, key: str, value: Any, origin: str) -> None:
+        self.values.setdefault(section, {})[key] = value
+        self.origins[f"{section}.{key}"] = origin
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Build and validate the settings. `flags` holds dotted keys ("upstream.url") and "model.*" keys."""
+    environ = os.environ if environ is None else environ
+    flags = dict(flags or {})
+    path = config_file or (Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None)
+    layers = [_file_layer(path) if path else _Layer(), _env_layer(environ), _flag_layer(flags)]
+    merged = _Layer()
+    for layer in layers:
+        for section, values in layer.values.items():
+            for key, value in values.items():
+                merged.put(section, key, value, layer.origins[f"{section}.{key}"])
+        if layer.models is not None:
+            merged.models = layer.models
+    return _validate(merged)
+
+
+def _file_layer(path: Path) -> _Layer:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise SettingsError(f"config file {path}: cannot be read ({exc.strerror or exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {path}: not valid TOML ({exc})") from exc
+    layer = _Layer()
+    for section, values in data.items():
+        if section == "models":
+            if not isinstance(values, list) or not all(isinstance(m, dict) for m in values):
+                raise SettingsError(f"models: expected a list of [[models]] tables (in {path})")
+            layer.models = [dict(m, _origin=str(path)) for m in values]
+        elif section in SCHEMA and isinstance(values, dict):
+            for key, value in values.items():
+                layer.put(section, key, value, str(path))
+        else:
+            raise SettingsError(f"{section}: unknown section (in {path}); expected one of {_section_names()}")
+    return layer
+
+
+def _env_layer(environ: Mapping[str, str]) -> _Layer:
+    layer = _Layer()
+    single: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV:
+            continue
+        rest = name[len(ENV_PREFIX) :].lower()
+        section, _, key = rest.partition("_")
+        if section in SCHEMA and key:
+            layer.put(section, key, value, name)
+        elif rest in ("model", "tokenizer", "chat_template", "max_model_len"):
+            single["name" if rest == "model" else rest] = value
+        else:
+            raise SettingsError(f"{name}: unknown setting; expected TOKEN_GUARD_<SECTION>_<KEY> for {_section_names()}")
+    if single:
+        layer.models = [dict(single, _origin="TOKEN_GUARD_MODEL/TOKENIZER environment")]
+    return layer
+
+
+def _flag_layer(flags: Mapping[str, Any]) -> _Layer:
+    layer = _Layer()
+    single = {k.removeprefix("model."): v for k, v in flags.items() if k.startswith("model.") and v is not None}
+    for dotted, value in flags.items():
+        if value is None or dotted.startswith("model."):
+            continue
+        section, _, key = dotted.partition(".")
+        layer.put(section, key, value, "--" + key.replace("_", "-"))
+    if single:
+        layer.models = [dict(single, _origin="--model/--tokenizer flags")]
+    return layer
+
+
+def _validate(merged: _Layer) -> Settings:
+    sections: dict[str, Any] = {}
+    for section, checks in SCHEMA.items():
+        given = merged.values.get(section, {})
+        unknown = set(given) - set(checks)
+        if unknown:
+            key = sorted(unknown)[0]
+            raise SettingsError(
+                f"{section}.{key}: unknown key (from {merged.origins[f'{section}.{key}']}); "
+                f"expected one of {', '.join(checks)}"
+            )
+        parsed = {key: _check(f"{section}.{key}", checks[key], value, merged.origins) for key, value in given.items()}
+        sections[section] = SECTIONS[section](**parsed)
+    models = tuple(_model(i, m) for i, m in enumerate(merged.models or []))
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise SettingsError(f"models: each name must be unique, got {names}")
+    return Settings(models=models, **sections)
+
+
+def _check(key: str, check: Callable[[Any], Any], value: Any, origins: Mapping[str, str]) -> Any:
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise SettingsError(f"{key}: expected {exc}, got {value!r} (from {origins.get(key, 'defaults')})") from None
+
+
+def _model(index: int, raw: dict[str, Any]) -> ModelSettings:
+    origin = raw.pop("_origin", "config")
+    where = {f"models[{index}].{k}": origin for k in MODEL_SCHEMA}
+    unknown = set(raw) - set(MODEL_SCHEMA)
+    if unknown:
+        raise SettingsError(f"models[{index}].{sorted(unknown)[0]}: unknown key (from {origin})")
+    for required in ("name", "tokenizer"):
+        if raw.get(required) in (None, ""):
+            raise SettingsError(f"models[{index}].{required}: required (from {origin})")
+    parsed = {k: _check(f"models[{index}].{k}", MODEL_SCHEMA[k], v, where) for k, v in raw.items() if v is not None}
+    return ModelSettings(**parsed)
+
+
+def _section_names() -> str:
+    return ", ".join([*SCHEMA, "models"])

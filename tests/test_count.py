@@ -1,0 +1,111 @@
+"""Counting parity: the guard's count equals transformers' apply_chat_template(tokenize=True) exactly, and the
+tokenizer's own count for completions, for a real tokenizer and one trained on the spot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from proxy.conversation import detect_content_format, to_conversation
+from proxy.count import count_chat, count_completion
+from proxy.errors import InvalidRequest
+from proxy.parse import parse_chat, parse_completion
+from proxy.tokenizer import ModelTokenizer, load_tokenizer
+from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
+
+
+@pytest.fixture(scope="module")
+def guard_tok(tokenizer_dir: Path) -> ModelTokenizer:
+    return load_tokenizer(str(tokenizer_dir))
+
+
+@pytest.fixture(scope="module")
+def reference(tokenizer_dir: Path) -> Any:
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+def reference_chat_count(ref: Any, case: dict[str, Any]) -> int:
+    template = ref.chat_template
+    conversation = to_conversation(case["messages"], detect_content_format(template))
+    ids = ref.apply_chat_template(
+        conversation,
+        tools=case.get("tools"),
+        tokenize=True,
+        return_dict=True,
+        add_generation_prompt=case.get("add_generation_prompt", True),
+        continue_final_message=case.get("continue_final_message", False),
+    )["input_ids"]
+    return len(ids)
+
+
+def guard_chat_count(tok: ModelTokenizer, case: dict[str, Any]) -> int:
+    return asyncio.run(count_chat(tok, parse_chat(json.dumps({"model": "m", **case}).encode())))
+
+
+@pytest.mark.parametrize("name,case", CHAT_CASES, ids=[c[0] for c in CHAT_CASES])
+def test_chat_count_matches_apply_chat_template(guard_tok: ModelTokenizer, reference: Any, name: str, case: Any) -> None:
+    assert guard_chat_count(guard_tok, case) == reference_chat_count(reference, case)
+
+
+@pytest.mark.parametrize("name,prompt", COMPLETION_PROMPTS, ids=[c[0] for c in COMPLETION_PROMPTS])
+def test_completion_count_matches_tokenizer(guard_tok: ModelTokenizer, reference: Any, name: str, prompt: str) -> None:
+    expected = len(reference(prompt)["input_ids"])
+    batch = parse_completion(json.dumps({"prompt": [prompt, prompt + "!"]}).encode())
+    assert asyncio.run(count_completion(guard_tok, batch))[0] == expected
+    ids = parse_completion(json.dumps({"prompt": [[5, 6, 7], [8]]}).encode())
+    assert asyncio.run(count_completion(guard_tok, ids)) == [3, 1]
+
+
+def test_add_special_tokens_is_honoured_for_chat(deepseek_dir: Path) -> None:
+    tok = load_tokenizer(str(deepseek_dir))
+    case = {"messages": [{"role": "user", "content": "hi"}]}
+    plain = guard_chat_count(tok, case)
+    ref = AutoTokenizer.from_pretrained(str(deepseek_dir))
+    text = ref.apply_chat_template(case["messages"], tokenize=False, add_generation_prompt=True)
+    assert guard_chat_count(tok, {**case, "add_special_tokens": True}) == len(ref(text)["input_ids"])
+    assert plain == len(ref(text, add_special_tokens=False)["input_ids"])
+
+
+def test_list_content_is_joined_with_newlines_for_string_templates(deepseek_dir: Path) -> None:
+    tok = load_tokenizer(str(deepseek_dir))
+    parts = [{"type": "text", "text": "alpha"}, {"type": "text", "text": "beta"}]
+    as_parts = guard_chat_count(tok, {"messages": [{"role": "user", "content": parts}]})
+    as_text = guard_chat_count(tok, {"messages": [{"role": "user", "content": "alpha\nbeta"}]})
+    assert as_parts == as_text
+
+
+def test_chat_template_override_changes_the_count(deepseek_dir: Path, tmp_path: Path) -> None:
+    override = tmp_path / "t.jinja"
+    override.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    default = load_tokenizer(str(deepseek_dir))
+    custom = load_tokenizer(str(deepseek_dir), chat_template=override)
+    case = {"messages": [{"role": "user", "content": "Hello there"}]}
+    ref = AutoTokenizer.from_pretrained(str(deepseek_dir))
+    expected = len(ref("[user] Hello there\n", add_special_tokens=False)["input_ids"])
+    assert guard_chat_count(custom, case) == expected != guard_chat_count(default, case)
+
+
+def test_image_parts_are_refused_with_a_clear_message(deepseek_dir: Path) -> None:
+    tok = load_tokenizer(str(deepseek_dir))
+    parts = [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
+    with pytest.raises(InvalidRequest, match="not a text part"):
+        guard_chat_count(tok, {"messages": [{"role": "user", "content": parts}]})
+
+
+PIECES = list("abc XYZ.,!?:;-_'\"\n\t  東京🎉é0123{}()<>/\\") + ["<｜User｜>", "<|im_end|>", "  ", "\n\n    "]
+TEXT = st.lists(st.sampled_from(PIECES), max_size=40).map("".join)
+MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]), "content": TEXT})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=st.lists(MESSAGE, min_size=1, max_size=6), gen=st.booleans())
+def test_random_conversations_count_exactly(guard_tok: ModelTokenizer, reference: Any, messages: Any, gen: bool) -> None:
+    case = {"messages": messages, "add_generation_prompt": gen}
+    assert guard_chat_count(guard_tok, case) == reference_chat_count(reference, case)
