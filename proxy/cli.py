@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     from proxy.simulator import command as simulate
 
     simulate.add_arguments(commands.add_parser("simulate", help="run the vLLM simulator"))
-    commands.add_parser("demo", help="run the simulator and the guard on loopback, with a short tour")
+    demo = commands.add_parser("demo", help="run the simulator and the guard on loopback, with a short tour")
+    demo.add_argument("--port", type=int, default=8080, help="port for the guard (a free one if taken)")
+    demo.add_argument("--once", action="store_true", help="exit after the tour instead of serving")
     return parser
 
 
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             return simulate.run(args)
         from proxy.demo import run_demo
 
-        return run_demo()
+        return run_demo(port=args.port, once=args.once)
     except (SettingsError, TokenizerLoadError) as exc:
         print(f"token-guard: error: {exc}", file=sys.stderr)
         return 2

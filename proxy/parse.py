@@ -27,6 +27,7 @@ class ChatRequest:
     max_tokens: int | None
     max_completion_tokens: int | None
     min_tokens: int | None
+    n: int
     stream: bool
 
     @property
@@ -47,6 +48,7 @@ class CompletionRequest:
     add_special_tokens: bool
     max_tokens: int | None
     min_tokens: int | None
+    n: int
     stream: bool
 
     @property
@@ -98,6 +100,7 @@ def parse_chat(raw: bytes) -> ChatRequest:
         max_tokens=_count(body, "max_tokens"),
         max_completion_tokens=_count(body, "max_completion_tokens"),
         min_tokens=_count(body, "min_tokens"),
+        n=_choices(body),
         stream=_flag(body, "stream", False),
     )
 
@@ -111,6 +114,7 @@ def parse_completion(raw: bytes) -> CompletionRequest:
         add_special_tokens=_flag(body, "add_special_tokens", True),
         max_tokens=_count(body, "max_tokens"),
         min_tokens=_count(body, "min_tokens"),
+        n=_choices(body),
         stream=_flag(body, "stream", False),
     )
 
@@ -152,6 +156,13 @@ def _count(body: dict[str, Any], key: str) -> int | None:
     if value < 0:
         raise InvalidRequest(f"'{key}' must be at least 0, got {value}.", param=key)
     return value
+
+
+def _choices(body: dict[str, Any]) -> int:
+    n = _count(body, "n")
+    if n == 0:
+        raise InvalidRequest("'n' must be at least 1, got 0.", param="n")
+    return 1 if n is None else n
 
 
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:

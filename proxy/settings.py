@@ -64,15 +64,17 @@ class Settings:
 
 
 def _int(low: int, high: int | None = None) -> Callable[[Any], int]:
+    expected = f"an integer from {low} to {high}" if high else f"an integer >= {low}"
+
     def check(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int | str):
-            raise ValueError(f"an integer >= {low}")
+            raise ValueError(expected)
         try:
             number = int(value)
         except ValueError:
-            raise ValueError(f"an integer >= {low}") from None
+            raise ValueError(expected) from None
         if number < low or (high is not None and number > high):
-            raise ValueError(f"an integer from {low} to {high}" if high else f"an integer >= {low}")
+            raise ValueError(expected)
         return number
 
     return check

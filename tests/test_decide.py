@@ -1,0 +1,100 @@
+"""The pure decision: pass, clamp or reject, and which fields change."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from proxy.decide import Limits, decide_chat, decide_completion
+from proxy.parse import parse_chat, parse_completion
+
+M = 2048
+
+
+def chat(**fields: Any) -> Any:
+    return parse_chat(json.dumps({"messages": [{"role": "user", "content": "x"}], **fields}).encode())
+
+
+def completion(**fields: Any) -> Any:
+    return parse_completion(json.dumps({"prompt": "x", **fields}).encode())
+
+
+def test_request_that_fits_passes_unchanged() -> None:
+    plan = decide_chat(chat(max_tokens=100), 1000, Limits(M))
+    assert (plan.action, plan.changes, plan.max_tokens) == ("pass", {}, 100)
+
+
+def test_max_tokens_is_clamped_to_the_room_left() -> None:
+    plan = decide_chat(chat(max_tokens=2000), 100, Limits(M))
+    assert (plan.action, plan.changes, plan.max_tokens) == ("clamp", {"max_tokens": 1948}, 1948)
+
+
+def test_max_completion_tokens_wins_and_every_sent_field_that_overflows_is_rewritten() -> None:
+    plan = decide_chat(chat(max_tokens=5000, max_completion_tokens=3000), 100, Limits(M))
+    assert plan.changes == {"max_tokens": 1948, "max_completion_tokens": 1948}
+    only_other = decide_chat(chat(max_tokens=10, max_completion_tokens=3000), 100, Limits(M))
+    assert only_other.changes == {"max_completion_tokens": 1948} and only_other.max_tokens == 1948
+
+
+def test_exact_fit_is_not_clamped() -> None:
+    assert decide_chat(chat(max_tokens=48), 2000, Limits(M)).action == "pass"
+    assert decide_chat(chat(max_tokens=49), 2000, Limits(M)).changes == {"max_tokens": 48}
+
+
+def test_min_tokens_is_lowered_with_the_clamp() -> None:
+    plan = decide_chat(chat(max_tokens=500, min_tokens=400), 1800, Limits(M))
+    assert plan.changes == {"max_tokens": 248, "min_tokens": 248}
+
+
+def test_chat_without_a_limit_is_left_to_the_upstream_unless_a_default_is_set() -> None:
+    assert decide_chat(chat(), 100, Limits(M)).action == "pass"
+    assert decide_chat(chat(), 100, Limits(M)).max_tokens is None
+    assert decide_chat(chat(), 100, Limits(M, default_max_tokens=256)).changes == {"max_tokens": 256}
+    half = decide_chat(chat(), 100, Limits(M, default_max_tokens="50%"))
+    assert half.changes == {"max_tokens": 1024} and half.action == "clamp"
+    tight = decide_chat(chat(), 2000, Limits(M, default_max_tokens="50%"))
+    assert tight.changes == {"max_tokens": 48}
+
+
+@pytest.mark.parametrize("prompt_tokens,min_output,action", [(2047, 1, "pass"), (2048, 1, "reject"),
+                                                             (3000, 1, "reject"), (2000, 64, "reject"),
+                                                             (1984, 64, "pass")])  # fmt: skip
+def test_reject_when_room_is_below_min_output_tokens(prompt_tokens: int, min_output: int, action: str) -> None:
+    plan = decide_chat(chat(max_tokens=1), prompt_tokens, Limits(M, min_output_tokens=min_output))
+    assert plan.action == action
+
+
+def test_reject_error_is_what_sdk_fallbacks_look_for() -> None:
+    plan = decide_chat(chat(max_tokens=10), 3000, Limits(M))
+    assert plan.error is not None
+    body = plan.error.body()["error"]
+    assert "maximum context length is 2048 tokens" in body["message"]
+    assert "3000 input tokens" in body["message"]
+    assert (body["type"], body["param"], body["code"]) == ("BadRequestError", "messages", "context_length_exceeded")
+    assert plan.error.status == 400
+    assert plan.headers()["x-token-guard-action"] == "reject"
+
+
+def test_completions_default_of_16_is_clamped_by_adding_the_field() -> None:
+    assert decide_completion(completion(), [100], Limits(M)).action == "pass"
+    assert decide_completion(completion(), [100], Limits(M)).max_tokens == 16
+    plan = decide_completion(completion(), [2040], Limits(M))
+    assert plan.changes == {"max_tokens": 8}
+
+
+def test_completion_batch_is_clamped_for_its_longest_prompt() -> None:
+    plan = decide_completion(completion(max_tokens=1000), [100, 1500, 700], Limits(M))
+    assert (plan.prompt_tokens, plan.changes) == (1500, {"max_tokens": 548})
+    error = decide_completion(completion(), [100, 2048], Limits(M)).error
+    assert error is not None and error.param == "prompt"
+
+
+def test_headers_say_what_happened() -> None:
+    plan = decide_chat(chat(max_tokens=2000), 100, Limits(M))
+    assert plan.headers() == {
+        "x-token-guard-prompt-tokens": "100",
+        "x-token-guard-action": "clamp",
+        "x-token-guard-max-tokens": "1948",
+    }

@@ -1,0 +1,97 @@
+"""One settings object: defaults < TOML file < environment < flags, validated once with messages naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.settings import Settings, SettingsError, load_settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "tg.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    settings = load_settings({}, environ={})
+    assert settings == Settings()
+    assert settings.server.port == 8080 and settings.models == ()
+
+
+def test_layers_rise_in_priority(tmp_path: Path) -> None:
+    config = write(tmp_path, '[server]\nport = 9001\nhost = "0.0.0.0"\n[upstream]\nurl = "http://file:1"\n')
+    env = {"TOKEN_GUARD_SERVER_PORT": "9002", "TOKEN_GUARD_UPSTREAM_URL": "http://env:2"}
+    settings = load_settings({"upstream.url": "http://flag:3"}, environ=env, config_file=config)
+    assert settings.server.host == "0.0.0.0"  # file
+    assert settings.server.port == 9002  # env over file
+    assert settings.upstream.url == "http://flag:3"  # flag over env
+
+
+def test_config_file_from_environment_and_models_table(tmp_path: Path) -> None:
+    config = write(
+        tmp_path,
+        '[[models]]\nname = "a"\ntokenizer = "/tok/a"\nmax_model_len = 4096\n'
+        '[[models]]\nname = "b"\ntokenizer = "org/b"\nchat_template = "/t.jinja"\n',
+    )
+    settings = load_settings({}, environ={"TOKEN_GUARD_CONFIG": str(config)})
+    assert [(m.name, m.tokenizer, m.max_model_len) for m in settings.models] == [
+        ("a", "/tok/a", 4096),
+        ("b", "org/b", None),
+    ]
+    assert settings.models[1].chat_template == Path("/t.jinja")
+
+
+def test_single_model_from_flags_replaces_file_models(tmp_path: Path) -> None:
+    config = write(tmp_path, '[[models]]\nname = "a"\ntokenizer = "/tok/a"\n')
+    flags = {"model.name": "tiny", "model.tokenizer": "/m", "model.max_model_len": "2048"}
+    settings = load_settings(flags, environ={}, config_file=config)
+    assert [(m.name, m.max_model_len) for m in settings.models] == [("tiny", 2048)]
+
+
+def test_single_model_from_environment() -> None:
+    env = {"TOKEN_GUARD_MODEL": "tiny", "TOKEN_GUARD_TOKENIZER": "/m", "TOKEN_GUARD_MAX_MODEL_LEN": "512"}
+    assert load_settings({}, environ=env).models[0].max_model_len == 512
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"TOKEN_GUARD_SERVER_PORT": "http"}, "server.port: expected an integer from 1 to 65535, got 'http' "
+                                              "(from TOKEN_GUARD_SERVER_PORT)"),
+        ({"TOKEN_GUARD_SERVER_PORT": "70000"}, "server.port: expected an integer from 1 to 65535"),
+        ({"TOKEN_GUARD_UPSTREAM_URL": "localhost:8000"}, "upstream.url: expected an http:// or https:// URL"),
+        ({"TOKEN_GUARD_UPSTREAM_READ_TIMEOUT_S": "-1"}, "upstream.read_timeout_s: expected a number of seconds > 0"),
+        ({"TOKEN_GUARD_POLICY_DEFAULT_MAX_TOKENS": "lots"}, "policy.default_max_tokens: expected a token count"),
+        ({"TOKEN_GUARD_POLICY_MIN_OUTPUT_TOKENS": "0"}, "policy.min_output_tokens: expected an integer >= 1"),
+        ({"TOKEN_GUARD_SERVER_LOG_LEVEL": "loud"}, "server.log_level: expected one of critical"),
+        ({"TOKEN_GUARD_SERVER_COLOUR": "red"}, "server.colour: unknown key (from TOKEN_GUARD_SERVER_COLOUR)"),
+        ({"TOKEN_GUARD_MAX_MODEL_LEN": "10"}, "models[0].name: required"),
+    ],
+)  # fmt: skip
+def test_bad_values_name_the_key_and_the_source(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({}, environ=env)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[server\n", "not valid TOML"),
+        ("[nope]\nx = 1\n", "nope: unknown section"),
+        ('[[models]]\nname = "a"\n', "models[0].tokenizer: required"),
+        ('[[models]]\nname = "a"\ntokenizer = "t"\nmax_model_len = "big"\n', "models[0].max_model_len: expected"),
+        ('[[models]]\nname = "a"\ntokenizer = "t"\n[[models]]\nname = "a"\ntokenizer = "u"\n', "unique"),
+    ],
+)
+def test_bad_files(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(SettingsError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_settings({}, environ={}, config_file=write(tmp_path, text))
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="cannot be read"):
+        load_settings({}, environ={}, config_file=tmp_path / "absent.toml")
