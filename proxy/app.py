@@ -52,7 +52,9 @@ class Guard:
         return plan, with_changes(body, plan.changes) if plan.changes else raw
 
 
-def create_app(settings: Settings, registry: ModelRegistry, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+def create_app(
+    settings: Settings, registry: ModelRegistry, transport: httpx.AsyncBaseTransport | None = None
+) -> Starlette:
     guard = Guard(settings, registry, Upstream(settings.upstream, transport))
 
     async def guarded(request: Request) -> Response:

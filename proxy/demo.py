@@ -105,14 +105,17 @@ async def _tour(url: str, upstream: str) -> None:
 
 async def _show(client: httpx.AsyncClient, url: str, title: str, fields: dict[str, Any]) -> None:
     response = await client.post(f"{url}/v1/chat/completions", json={"model": MODEL, **fields})
-    h = response.headers
-    print(f"\n{title}: HTTP {response.status_code}, action {h.get('x-token-guard-action')}, "
-          f"prompt tokens {h.get('x-token-guard-prompt-tokens')}, max_tokens {h.get('x-token-guard-max-tokens')}")  # fmt: skip
+    action, prompt, limit = (
+        response.headers.get(f"x-token-guard-{k}") for k in ("action", "prompt-tokens", "max-tokens")
+    )
+    print(f"\n{title}: HTTP {response.status_code}, action {action}, prompt tokens {prompt}, max_tokens {limit}")
     body = response.json()
     if response.status_code == 200:
         usage = body["usage"]
-        print(f"   usage: prompt {usage['prompt_tokens']} + completion {usage['completion_tokens']} "
-              f"= {usage['prompt_tokens'] + usage['completion_tokens']} (window {WINDOW})")  # fmt: skip
+        total = usage["prompt_tokens"] + usage["completion_tokens"]
+        print(
+            f"   usage: prompt {usage['prompt_tokens']} + completion {usage['completion_tokens']} = {total} of {WINDOW}"
+        )
     else:
         print(f"   {_message(body)}")
 

@@ -76,7 +76,7 @@ def _load_renderer(spec: str) -> Any:
         if path.is_file():
             if path.parent.joinpath("tokenizer_config.json").is_file():
                 return AutoTokenizer.from_pretrained(str(path.parent), local_files_only=True)
-            return PreTrainedTokenizerFast(tokenizer_file=str(path))
+            return PreTrainedTokenizerFast(tokenizer_file=str(path))  # type: ignore[no-untyped-call]
         if path.is_dir():
             return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         if spec.startswith(("/", ".", "~")):

@@ -50,7 +50,9 @@ def guard_chat_count(tok: ModelTokenizer, case: dict[str, Any]) -> int:
 
 
 @pytest.mark.parametrize("name,case", CHAT_CASES, ids=[c[0] for c in CHAT_CASES])
-def test_chat_count_matches_apply_chat_template(guard_tok: ModelTokenizer, reference: Any, name: str, case: Any) -> None:
+def test_chat_count_matches_apply_chat_template(
+    guard_tok: ModelTokenizer, reference: Any, name: str, case: Any
+) -> None:
     assert guard_chat_count(guard_tok, case) == reference_chat_count(reference, case)
 
 
@@ -106,6 +108,8 @@ MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "ass
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(messages=st.lists(MESSAGE, min_size=1, max_size=6), gen=st.booleans())
-def test_random_conversations_count_exactly(guard_tok: ModelTokenizer, reference: Any, messages: Any, gen: bool) -> None:
+def test_random_conversations_count_exactly(
+    guard_tok: ModelTokenizer, reference: Any, messages: Any, gen: bool
+) -> None:
     case = {"messages": messages, "add_generation_prompt": gen}
     assert guard_chat_count(guard_tok, case) == reference_chat_count(reference, case)
