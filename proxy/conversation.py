@@ -38,13 +38,21 @@ def _convert_message(index: int, message: Any, content_format: ContentFormat) ->
         raise ConversationError(f"messages[{index}].role must be a string")
     texts = _content_texts(index, message.get("content"))
     content: Any = [{"type": "text", "text": t} for t in texts] if content_format == "openai" else "\n".join(texts)
+    if role == "tool" and isinstance(content, list):  # most templates only handle string tool results
+        content = "\n".join(texts)
     converted: dict[str, Any] = {"role": role, "content": content}
-    if role == "assistant" and message.get("tool_calls") is not None:
-        converted["tool_calls"] = _copy_tool_calls(index, message["tool_calls"])
+    if role == "assistant":
+        if message.get("tool_calls") is not None:
+            converted["tool_calls"] = _copy_tool_calls(index, message["tool_calls"])
+        if message.get("reasoning") is not None:
+            converted["reasoning"] = converted["reasoning_content"] = message["reasoning"]
     if role == "tool" and "tool_call_id" in message:
         converted["tool_call_id"] = message["tool_call_id"]
-    if isinstance(message.get("name"), str):
-        converted["name"] = message["name"]
+    for key in ("name", "task"):
+        if isinstance(message.get(key), str):
+            converted[key] = message[key]
+    if role == "developer":
+        converted["tools"] = message.get("tools")
     return converted
 
 
@@ -90,15 +98,25 @@ def _copy_tool_calls(index: int, calls: Any) -> list[Any]:
 
 
 def _parse_tool_call_arguments(conversation: list[dict[str, Any]]) -> None:
-    # vLLM hands templates the arguments as objects, as transformers' tool-use templates expect.
+    # vLLM hands templates the arguments as objects, as transformers' tool-use templates expect; missing or
+    # malformed arguments become {} so that one bad turn in the history does not fail every later request.
     for message in conversation:
-        for call in message.get("tool_calls") or []:
+        calls = message.get("tool_calls")
+        if calls == []:
+            del message["tool_calls"]
+        for call in calls or []:
             function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            if not isinstance(function, dict) or call.get("type", "function") != "function":
+                raise ConversationError("assistant tool_calls entries must be objects of type 'function'")
+            arguments = function.get("arguments")
+            if not arguments:
+                function["arguments"] = {}
+            elif isinstance(arguments, str):
                 try:
-                    function["arguments"] = json.loads(function["arguments"])
-                except json.JSONDecodeError as exc:
-                    raise ConversationError(f"tool call arguments are not valid JSON: {exc}") from exc
+                    parsed = json.loads(arguments)
+                except json.JSONDecodeError:
+                    parsed = {}
+                function["arguments"] = parsed if isinstance(parsed, dict) else {}
 
 
 # --- content-format detection: the same walk over the template's syntax tree that vLLM's "auto" mode does ---
