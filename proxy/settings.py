@@ -45,6 +45,12 @@ class PolicySettings:
 
 
 @dataclass(frozen=True)
+class CountingSettings:
+    cache_mb: float = 64.0
+    split_min_chars: int = 16384
+
+
+@dataclass(frozen=True)
 class ModelSettings:
     name: str
     tokenizer: str
@@ -57,6 +63,7 @@ class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    counting: CountingSettings = field(default_factory=CountingSettings)
     models: tuple[ModelSettings, ...] = ()
 
 
@@ -87,6 +94,16 @@ def _positive_float(value: Any) -> float:
         raise ValueError("a number of seconds > 0") from None
     if isinstance(value, bool) or not number > 0:
         raise ValueError("a number of seconds > 0")
+    return number
+
+
+def _non_negative_float(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("a number >= 0") from None
+    if isinstance(value, bool) or not number >= 0:
+        raise ValueError("a number >= 0")
     return number
 
 
@@ -141,6 +158,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "startup_wait_s": _positive_float,
     },
     "policy": {"min_output_tokens": _int(1), "default_max_tokens": _default_max_tokens},
+    "counting": {"cache_mb": _non_negative_float, "split_min_chars": _int(256)},
 }
 MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
     "name": _text,
@@ -148,7 +166,12 @@ MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
     "chat_template": _path,
     "max_model_len": _int(1),
 }
-SECTIONS = {"server": ServerSettings, "upstream": UpstreamSettings, "policy": PolicySettings}
+SECTIONS = {
+    "server": ServerSettings,
+    "upstream": UpstreamSettings,
+    "policy": PolicySettings,
+    "counting": CountingSettings,
+}
 
 
 @dataclass
