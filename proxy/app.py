@@ -85,13 +85,12 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.ensure_future(_discover(guard)) if registry.discovering else None
+        task = asyncio.ensure_future(_discover(guard))
         try:
             yield
         finally:
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
             await guard.upstream.aclose()
 
     routes = [

@@ -55,6 +55,8 @@ class ModelRegistry:
             source = "config" if spec.max_model_len is not None else "pending discovery"
             models.append(GuardedModel(spec.name, tok, spec.max_model_len, source))
             log.info("model %s: tokenizer from %s", spec.name, spec.tokenizer)
+        # Readiness waits for discovery only when a window is unknown; discovery itself always runs, to warn when the
+        # configured window disagrees with the upstream's.
         return cls(models, discovering=not models or any(m.max_model_len is None for m in models))
 
     @property

@@ -1,0 +1,82 @@
+"""Real servers on loopback for end-to-end tests: the simulator, the guard in front of it, and a tap that records
+the exact bytes the simulator sent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.app import create_app
+from proxy.registry import ModelRegistry
+from proxy.serving import ServerThread
+from proxy.settings import load_settings
+from proxy.simulator import SimulatorSettings
+from proxy.simulator import create_app as create_simulator
+
+MODEL = "tiny"
+
+
+class Tap:
+    """ASGI middleware keeping the response body bytes of every HTTP request, in order."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+
+        async def record(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            self.bodies.append(b"".join(chunks))
+
+
+@contextmanager
+def simulator(tokenizer: Path, **options: Any) -> Iterator[tuple[ServerThread, Any, Tap]]:
+    app = create_simulator(SimulatorSettings(tokenizer=tokenizer, model=MODEL, **options))
+    tap = Tap(app)
+    with ServerThread(tap) as server:
+        yield server, app.state.stats, tap
+
+
+@contextmanager
+def guard(upstream: str, tokenizer: Path | None = None, **flags: Any) -> Iterator[ServerThread]:
+    settings_flags: dict[str, Any] = {"upstream.url": upstream, **flags}
+    if tokenizer is not None:
+        settings_flags.update({"model.name": MODEL, "model.tokenizer": str(tokenizer)})
+    settings = load_settings(settings_flags, environ={})
+    app = create_app(settings, ModelRegistry.from_settings(settings.models))
+    with ServerThread(app) as server:
+        wait_healthy(server.url)
+        yield server
+
+
+def wait_healthy(url: str, attempts: int = 200) -> None:
+    for _ in range(attempts):
+        if httpx.get(f"{url}/health").status_code == 200:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{url}/health never answered 200")
+
+
+def wait_until(predicate: Any, attempts: int = 200, pause: float = 0.05) -> bool:
+    for _ in range(attempts):
+        if predicate():
+            return True
+        time.sleep(pause)
+    return bool(predicate())
