@@ -1,0 +1,35 @@
+"""What differs between the vLLM releases the simulator can pretend to be (wire contract, section 14).
+
+0.31 and 0.32 share every response shape; they differ in how the context window is enforced and in the text
+of the unknown-model error. Each difference is one field here, so the rules read `profile.reserves_output`
+instead of comparing version strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    version: str
+    # 0.31 reserves the requested output inside the window (input limit = M - T) and rejects overflows;
+    # 0.32 lets the prompt use the whole window and clamps max_tokens to M - N instead.
+    reserves_output: bool
+    # 0.32 appends " Valid aliases: a, b." to the unknown-model message.
+    lists_aliases_on_not_found: bool
+
+
+PROFILES: dict[str, Profile] = {
+    "0.31": Profile(name="0.31", version="0.31.0", reserves_output=True, lists_aliases_on_not_found=False),
+    "0.32": Profile(name="0.32", version="0.32.0", reserves_output=False, lists_aliases_on_not_found=True),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        supported = ", ".join(sorted(PROFILES))
+        raise ValueError(f"unknown vLLM profile {name!r}; supported profiles: {supported}") from None

@@ -1,0 +1,39 @@
+"""The simulator's one settings object: built once, validated once, passed to `create_app`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxy.simulator.profiles import get_profile
+
+
+@dataclass(frozen=True)
+class SimulatorSettings:
+    tokenizer: Path
+    model: str = "tiny"
+    max_model_len: int = 2048
+    profile: str = "0.32"
+    chat_template: Path | None = None
+    ttft_s: float = 0.0
+    itl_s: float = 0.0
+    root: str | None = None
+    version: str | None = None
+
+    def __post_init__(self) -> None:
+        get_profile(self.profile)
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}")
+        if self.ttft_s < 0 or self.itl_s < 0:
+            raise ValueError("ttft_s and itl_s must not be negative")
+        if not self.model:
+            raise ValueError("model must not be empty")
+
+    @property
+    def vllm_version(self) -> str:
+        """The version /version reports: the explicit override, else the profile's release."""
+        return self.version or get_profile(self.profile).version
+
+    @property
+    def model_root(self) -> str:
+        return self.root if self.root is not None else str(self.tokenizer)
