@@ -1,0 +1,114 @@
+"""POST /v1/chat/completions: validate like vLLM's request model, count, apply the length rules, plan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.simulator.chat_prompt import check_prompt_flags, check_template_trust, read_chat_options, render_chat
+from proxy.simulator.context import (
+    Context,
+    check_stream_options,
+    engine_error,
+    raise_if,
+    response_id,
+    unwrap,
+    usage_flags,
+)
+from proxy.simulator.errors import validation_error
+from proxy.simulator.generation import Generation, PromptPlan
+from proxy.simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
+from proxy.simulator.wire import Fields
+
+
+def check_tool_fields(body: Mapping[str, Any]) -> None:
+    if body.get("tools") == []:
+        raise validation_error(
+            "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
+            parameter="tools",
+        )
+    choice = body.get("tool_choice")
+    if choice is not None and choice != "none" and body.get("tools") is None:
+        raise validation_error("When using `tool_choice`, `tools` must be set.", parameter="tool_choice")
+
+
+def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
+    if isinstance(body, dict):
+        check_prompt_flags(body)
+        check_tool_fields(body)
+        check_stream_options(body)
+    fields = Fields(body)
+    extra = {"documents": fields.raw("documents"), "reasoning_effort": fields.raw("reasoning_effort")}
+    options = read_chat_options(fields, extra)
+    model = fields.str_or_none("model")
+    max_completion_tokens = fields.int_or_none("max_completion_tokens")
+    max_tokens = fields.int_or_none("max_tokens")
+    n = fields.int_or_none("n", 1)
+    stream = bool(fields.bool_or_none("stream", False))
+    stream_options = fields.dict_or_none("stream_options")
+    min_tokens = fields.integer("min_tokens", 0)
+    temperature = fields.float_or_none("temperature")
+    echo = fields.boolean("echo", False)
+    return_token_ids = bool(fields.bool_or_none("return_token_ids", False))
+    truncate = _truncate_prompt_tokens(fields)
+    body_request_id = fields.str_or_none("request_id")
+    fields.check()
+
+    ctx.check_model(model)
+    check_template_trust(options)
+    given_completion = max_completion_tokens is not None
+    param = "max_completion_tokens" if given_completion else "max_tokens"
+    requested = max_completion_tokens if given_completion else max_tokens
+    request = OutputRequest(ctx.settings.max_model_len, requested, param, min_tokens, truncate)
+    raise_if(check_request(ctx.profile, request))
+
+    rendered = render_chat(ctx.tokenizer, options)
+    shape = PromptShape(len(rendered.token_ids), len(rendered.text), ctx.tokenizer.max_chars_per_token)
+    counted = unwrap(check_prompt(ctx.profile, request, shape))
+    token_ids = rendered.token_ids[len(rendered.token_ids) - counted :]
+    generate = unwrap(budget(request, counted))
+    raise_if(check_sampling(generate, min_tokens, 1 if n is None else n, temperature))
+
+    role = _response_role(options.add_generation_prompt, rendered.conversation)
+    include_usage, continuous = usage_flags(stream, stream_options)
+    return Generation(
+        endpoint="chat",
+        response_id=response_id("chatcmpl", headers, body_request_id),
+        created=int(time.time()),
+        model=ctx.settings.model,
+        prompts=[PromptPlan(token_ids=token_ids, max_tokens=generate)],
+        n=1 if n is None else n,
+        stream=stream,
+        include_usage=include_usage,
+        continuous_usage=continuous,
+        return_token_ids=return_token_ids,
+        role=role,
+        chat_echo=_echo_text(rendered.conversation, role) if echo else None,
+        engine_error=engine_error(ctx, token_ids),
+    )
+
+
+def _truncate_prompt_tokens(fields: Fields) -> int | None:
+    value = fields.int_or_none("truncate_prompt_tokens")
+    if value is not None and value < -1:
+        fields.invalid(
+            "body.truncate_prompt_tokens", "greater_than_equal", "Input should be greater than or equal to -1", value
+        )
+    return value
+
+
+def _response_role(add_generation_prompt: bool, conversation: list[dict[str, Any]]) -> str:
+    if add_generation_prompt or not conversation:
+        return "assistant"
+    return str(conversation[-1]["role"])
+
+
+def _echo_text(conversation: list[dict[str, Any]], role: str) -> str | None:
+    """vLLM's chat echo: the last message's content, when that message has the response's role."""
+    if not conversation or conversation[-1].get("role") != role:
+        return None
+    content = conversation[-1].get("content") or ""
+    if isinstance(content, list):
+        content = "\n".join(str(part.get("text", "")) for part in content)
+    return str(content) or None

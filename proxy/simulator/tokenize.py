@@ -1,0 +1,51 @@
+"""POST /tokenize and /detokenize (wire contract, section 5): the same rendering as generation, with no length
+limit and no truncation. The body's shape picks the form: `messages` means chat, otherwise `prompt`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.simulator.chat_prompt import check_prompt_flags, check_template_trust, read_chat_options, render_chat
+from proxy.simulator.context import Context
+from proxy.simulator.wire import Fields
+
+
+def tokenize(ctx: Context, body: Any) -> dict[str, Any]:
+    is_chat = isinstance(body, dict) and "messages" in body
+    if is_chat:
+        check_prompt_flags(body)
+    fields = Fields(body)
+    model = fields.str_or_none("model")
+    want_strs = bool(fields.bool_or_none("return_token_strs", False))
+    if is_chat:
+        options = read_chat_options(fields)
+        fields.check()
+        ctx.check_model(model)
+        check_template_trust(options)
+        ids = render_chat(ctx.tokenizer, options).token_ids
+    else:
+        prompt = fields.require("prompt")
+        if prompt is not None:
+            prompt = fields.str_or_none("prompt")
+        add_special_tokens = fields.boolean("add_special_tokens", True)
+        fields.check()
+        ctx.check_model(model)
+        ids = ctx.tokenizer.encode(prompt or "", add_special_tokens)
+    return {
+        "count": len(ids),
+        "max_model_len": ctx.settings.max_model_len,
+        "tokens": ids,
+        "token_strs": ctx.tokenizer.token_strs(ids) if want_strs else None,
+    }
+
+
+def detokenize(ctx: Context, body: Any) -> dict[str, Any]:
+    fields = Fields(body)
+    model = fields.str_or_none("model")
+    tokens = fields.require("tokens")
+    ids = fields.ints("tokens", tokens) if isinstance(tokens, list) else []
+    if tokens is not None and not isinstance(tokens, list):
+        fields.list_or_none("tokens")
+    fields.check()
+    ctx.check_model(model)
+    return {"prompt": ctx.tokenizer.decode(ids)}
