@@ -1,0 +1,179 @@
+"""The simulator's HTTP surface: thin routes that parse, call a handler and pick the response by result type
+(an ApiError becomes vLLM's error JSON, a non-stream plan a JSON body, a stream plan an SSE response)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from proxy.simulator.chat import plan_chat
+from proxy.simulator.completions import plan_completion
+from proxy.simulator.context import Context
+from proxy.simulator.errors import ApiError
+from proxy.simulator.generation import Engine, Generation
+from proxy.simulator.responses import Wire
+from proxy.simulator.settings import SimulatorSettings
+from proxy.simulator.stats import RequestTracker, SimulatorStats
+from proxy.simulator.streaming import TrackedStream, events, generate_body, run_unless_disconnected
+from proxy.simulator.tokenize import detokenize, tokenize
+from proxy.simulator.wire import parse_json_body
+
+log = logging.getLogger(__name__)
+
+Planner = Callable[[Context, Any, Mapping[str, str]], Generation]
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def internal_error(exc: Exception) -> JSONResponse:
+    log.exception("simulator bug while handling a request")
+    return error_response(ApiError(str(exc) or type(exc).__name__, status=500, type="InternalServerError"))
+
+
+async def read_body(request: Request) -> Any:
+    return parse_json_body(await request.body(), request.headers.get("content-type", ""))
+
+
+class Endpoints:
+    def __init__(self, ctx: Context, stats: SimulatorStats) -> None:
+        self.ctx = ctx
+        self.stats = stats
+        self.engine = Engine(ctx.tokenizer.pieces, ctx.settings.ttft_s, ctx.settings.itl_s)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, plan_chat)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, plan_completion)
+
+    async def _generate(self, request: Request, planner: Planner) -> Response:
+        tracker = self.stats.start()
+        try:
+            return await self._run(request, planner, tracker)
+        except BaseException:
+            tracker.finish("aborted")  # client gone while the body was read, or server shutdown
+            raise
+
+    async def _run(self, request: Request, planner: Planner, tracker: RequestTracker) -> Response:
+        try:
+            body = await read_body(request)
+            self.stats.record_body(body)
+            generation = planner(self.ctx, body, request.headers)
+        except ApiError as error:
+            tracker.finish("rejected")
+            return error_response(error)
+        except Exception as exc:
+            tracker.finish("rejected")
+            return internal_error(exc)
+        wire, engine = Wire(generation, self.ctx.fingerprint), self.engine
+        if generation.stream:
+            stream = events(generation, wire, engine, tracker)
+            return TrackedStream(stream, tracker, failed=generation.engine_error is not None)
+        if generation.engine_error is not None:
+            tracker.finish("rejected")
+            return error_response(generation.engine_error)
+        work = partial(generate_body, generation, wire, engine, tracker)
+        result = await work() if engine.instant else await run_unless_disconnected(request.receive, work)
+        if result is None:
+            tracker.finish("aborted")
+            return Response()
+        tracker.finish("completed")
+        return JSONResponse(result)
+
+    async def tokenize(self, request: Request) -> Response:
+        return await self._utility(request, tokenize)
+
+    async def detokenize(self, request: Request) -> Response:
+        return await self._utility(request, detokenize)
+
+    async def _utility(self, request: Request, handler: Callable[[Context, Any], dict[str, Any]]) -> Response:
+        try:
+            return JSONResponse(handler(self.ctx, await read_body(request)))
+        except ApiError as error:
+            return error_response(error)
+        except Exception as exc:
+            return internal_error(exc)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(model_list(self.ctx.settings))
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": self.ctx.settings.vllm_version})
+
+    async def sim_stats(self, request: Request) -> Response:
+        return JSONResponse(self.stats.snapshot())
+
+    async def sim_reset(self, request: Request) -> Response:
+        self.stats.reset()
+        return JSONResponse(self.stats.snapshot())
+
+
+def model_list(settings: SimulatorSettings) -> dict[str, Any]:
+    now = int(time.time())
+    permission = {
+        "id": f"modelperm-{uuid.uuid4().int & (2**64 - 1):016x}",
+        "object": "model_permission",
+        "created": now,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    card = {
+        "id": settings.model,
+        "object": "model",
+        "created": now,
+        "owned_by": "vllm",
+        "root": settings.model_root,
+        "parent": None,
+        "max_model_len": settings.max_model_len,
+        "permission": [permission],
+    }
+    return {"object": "list", "data": [card]}
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    # Starlette answers unknown routes and wrong methods in plain text; vLLM (FastAPI) answers in JSON.
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app(settings: SimulatorSettings) -> Starlette:
+    """Load the tokenizer and build the app; `app.state.stats` counts what reaches it."""
+    stats = SimulatorStats()
+    endpoints = Endpoints(Context.load(settings), stats)
+    routes = [
+        Route("/v1/chat/completions", endpoints.chat, methods=["POST"]),
+        Route("/v1/completions", endpoints.completions, methods=["POST"]),
+        Route("/v1/models", endpoints.models, methods=["GET"]),
+        Route("/tokenize", endpoints.tokenize, methods=["POST"]),
+        Route("/detokenize", endpoints.detokenize, methods=["POST"]),
+        Route("/health", endpoints.health, methods=["GET"]),
+        Route("/version", endpoints.version, methods=["GET"]),
+        Route("/sim/stats", endpoints.sim_stats, methods=["GET"]),
+        Route("/sim/reset", endpoints.sim_reset, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app.state.stats = stats
+    app.state.settings = settings
+    return app

@@ -1,0 +1,60 @@
+"""`token-guard simulate`: serve the simulator on a port until Ctrl-C (the CLI wires these two functions in)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from proxy.assets import write_demo_tokenizer_dir
+from proxy.simulator.profiles import PROFILES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tokenizer", type=Path, default=None, help="Hugging Face tokenizer directory (default: the demo DeepSeek one)"
+    )
+    parser.add_argument("--chat-template", type=Path, default=None, help="Jinja chat template file to use instead")
+    parser.add_argument("--model", default="tiny", help="served model name (default: tiny)")
+    parser.add_argument("--max-model-len", type=int, default=2048, help="context window in tokens (default: 2048)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="0.32", help="vLLM release to imitate")
+    parser.add_argument("--ttft", type=float, default=0.0, help="seconds before the first token (default: 0)")
+    parser.add_argument("--itl", type=float, default=0.0, help="seconds between tokens (default: 0)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8001, help="port to listen on (default: 8001)")
+    parser.add_argument("--root", default=None, help="`root` shown by /v1/models (default: the tokenizer path)")
+
+
+def demo_tokenizer_dir() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return write_demo_tokenizer_dir(cache / "token-guard" / "demo-tokenizer")
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from proxy.simulator import SimulatorSettings, create_app
+
+    try:
+        settings = SimulatorSettings(
+            tokenizer=args.tokenizer or demo_tokenizer_dir(),
+            model=args.model,
+            max_model_len=args.max_model_len,
+            profile=args.profile,
+            chat_template=args.chat_template,
+            ttft_s=args.ttft,
+            itl_s=args.itl,
+            root=args.root,
+        )
+        app = create_app(settings)
+    except (OSError, ValueError) as exc:
+        print(f"token-guard simulate: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"vLLM {settings.vllm_version} simulator serving {settings.model!r} "
+        f"(max_model_len {settings.max_model_len}) on http://{args.host}:{args.port}",
+        file=sys.stderr,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

@@ -1,0 +1,79 @@
+"""Counters a test reads to see what reached the simulator: how many generation requests came in, how each
+ended, how many tokens were generated, and the JSON bodies of the last 200 (what a proxy actually forwarded).
+
+The server runs in its own thread in tests, so updates and snapshots take a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Literal
+
+Outcome = Literal["completed", "aborted", "rejected"]
+MAX_BODIES = 200
+
+
+class SimulatorStats:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.received = 0
+        self.completed = 0
+        self.aborted = 0
+        self.rejected = 0
+        self.active = 0
+        self.tokens_generated = 0
+        self.requests: deque[Any] = deque(maxlen=MAX_BODIES)
+
+    def start(self) -> RequestTracker:
+        with self._lock:
+            self.received += 1
+            self.active += 1
+        return RequestTracker(self)
+
+    def record_body(self, body: Any) -> None:
+        with self._lock:
+            self.requests.append(body)
+
+    def add_tokens(self, count: int) -> None:
+        with self._lock:
+            self.tokens_generated += count
+
+    def _finish(self, outcome: Outcome) -> None:
+        with self._lock:
+            self.active -= 1
+            setattr(self, outcome, getattr(self, outcome) + 1)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "received": self.received,
+                "completed": self.completed,
+                "aborted": self.aborted,
+                "rejected": self.rejected,
+                "active": self.active,
+                "tokens_generated": self.tokens_generated,
+                "requests": list(self.requests),
+            }
+
+    def reset(self) -> None:
+        """Zero the totals and forget the bodies; requests still in flight stay counted in `active`."""
+        with self._lock:
+            self.received = self.completed = self.aborted = self.rejected = self.tokens_generated = 0
+            self.requests.clear()
+
+
+class RequestTracker:
+    """One request's lifecycle: the first outcome recorded wins, so nothing is counted twice."""
+
+    def __init__(self, stats: SimulatorStats) -> None:
+        self._stats = stats
+        self.outcome: Outcome | None = None
+
+    def generated(self, count: int) -> None:
+        self._stats.add_tokens(count)
+
+    def finish(self, outcome: Outcome) -> None:
+        if self.outcome is None:
+            self.outcome = outcome
+            self._stats._finish(outcome)
