@@ -115,16 +115,23 @@ def test_tools_are_normalised_like_vllm_before_rendering(sim032: RunningSim, hf_
     assert full["tokens"] == reference_chat_ids(hf_tokenizer, {"messages": messages, "tools": [WEATHER_TOOL]})
 
 
-def test_chat_template_kwargs_reach_the_template(tmp_path: Path, sim_tokenizer_dir: Path) -> None:
+def test_template_inputs_reach_the_template(tmp_path: Path, sim_tokenizer_dir: Path) -> None:
     template = tmp_path / "greeting.jinja"
-    template.write_text("{% for m in messages %}{{ greeting }} {{ m['content'] }}{% endfor %}")
+    template.write_text(
+        "{% for m in messages %}{{ greeting }} {{ m['content'] }}{% endfor %}{% if enable_thinking %} think{% endif %}"
+    )
     settings = SimulatorSettings(tokenizer=sim_tokenizer_dir, chat_template=template)
     with running_simulator(settings) as sim:
         messages = [{"role": "user", "content": "world"}]
         plain = sim.client.post("/tokenize", json={"messages": messages}).json()["count"]
         kwargs = {"greeting": "hello there, dear"}
-        longer = sim.client.post("/tokenize", json={"messages": messages, "chat_template_kwargs": kwargs})
-        assert longer.json()["count"] > plain
+        greeted = sim.client.post("/tokenize", json={"messages": messages, "chat_template_kwargs": kwargs})
+        assert greeted.json()["count"] > plain
+        # vLLM turns reasoning_effort on into enable_thinking for templates that need the opt-in.
+        request = {"messages": messages, "max_tokens": 1}
+        without = sim.client.post("/v1/chat/completions", json=request).json()["usage"]["prompt_tokens"]
+        thinking = sim.client.post("/v1/chat/completions", json={**request, "reasoning_effort": "high"}).json()
+        assert (without, thinking["usage"]["prompt_tokens"]) == (plain, plain + 1)
 
 
 @pytest.fixture(scope="module", name="chatml_sim")

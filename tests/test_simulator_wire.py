@@ -274,6 +274,8 @@ def test_request_validation_errors(sim032: RunningSim) -> None:
     )
     wrong_type = sim032.client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": "many"})
     missing = sim032.client.post("/v1/chat/completions", json={"max_tokens": 3})
+    not_object = sim032.client.post("/v1/chat/completions", json=[1, 2])
+    assert not_object.json()["error"]["message"].startswith("1 validation error:")
     not_json = sim032.client.post("/v1/completions", content=b"prompt=hi", headers={"content-type": "text/plain"})
     for response in (bad_json, wrong_type, missing, not_json):
         assert response.status_code == 400
@@ -281,6 +283,26 @@ def test_request_validation_errors(sim032: RunningSim) -> None:
         assert error["type"] == "Bad Request" and error["code"] == 400
     assert wrong_type.json()["error"]["param"] == "body.max_tokens"
     assert missing.json()["error"]["param"] == "body.messages"
+
+
+def test_echo(sim032: RunningSim) -> None:
+    plain = sim032.client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2}).json()
+    echoed = sim032.client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "echo": True}).json()
+    assert echoed["choices"][0]["text"] == "Hello" + plain["choices"][0]["text"]
+    prompt_only = {"prompt": [19923, 2058], "max_tokens": 0, "echo": True}
+    assert sim032.client.post("/v1/completions", json=prompt_only).json()["choices"][0]["text"] == "Hello world"
+    messages = [*HELLO, {"role": "assistant", "content": "Sure,"}]
+    request = {"messages": messages, "add_generation_prompt": False, "continue_final_message": True, "echo": True}
+    chat = sim032.client.post("/v1/chat/completions", json={**request, "max_tokens": 2}).json()
+    assert chat["choices"][0]["message"]["content"].startswith("Sure, ")
+
+
+def test_return_token_ids(sim032: RunningSim, hf_tokenizer: Any) -> None:
+    request = {"messages": HELLO, "max_tokens": 3, "return_token_ids": True}
+    body = sim032.client.post("/v1/chat/completions", json=request).json()
+    assert body["prompt_token_ids"] == sim032.client.post("/tokenize", json={"messages": HELLO}).json()["tokens"]
+    choice = body["choices"][0]
+    assert hf_tokenizer.decode(choice["token_ids"]) == choice["message"]["content"]
 
 
 def test_continue_final_message_needs_add_generation_prompt_off(sim032: RunningSim) -> None:

@@ -39,8 +39,7 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
         check_tool_fields(body)
         check_stream_options(body)
     fields = Fields(body)
-    extra = {"documents": fields.raw("documents"), "reasoning_effort": fields.raw("reasoning_effort")}
-    options = read_chat_options(fields, extra)
+    options = read_chat_options(fields, _template_inputs(fields))
     model = fields.str_or_none("model")
     max_completion_tokens = fields.int_or_none("max_completion_tokens")
     max_tokens = fields.int_or_none("max_tokens")
@@ -87,6 +86,16 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
         chat_echo=_echo_text(rendered.conversation, role) if echo else None,
         engine_error=engine_error(ctx, token_ids),
     )
+
+
+def _template_inputs(fields: Fields) -> dict[str, Any]:
+    """Chat-only request fields vLLM hands the template next to chat_template_kwargs."""
+    effort = fields.str_or_none("reasoning_effort")
+    inputs: dict[str, Any] = {"documents": fields.list_or_none("documents"), "reasoning_effort": effort}
+    user_kwargs = fields.raw("chat_template_kwargs")
+    if effort is not None and not (isinstance(user_kwargs, dict) and "enable_thinking" in user_kwargs):
+        inputs["enable_thinking"] = effort != "none"  # templates that need explicit opt-in to reasoning
+    return inputs
 
 
 def _truncate_prompt_tokens(fields: Fields) -> int | None:

@@ -69,7 +69,7 @@ class Fields:
         return self.body.get(name)
 
     def require(self, name: str) -> Any:
-        if name not in self.body:
+        if name not in self.body and not self._errors:  # a body that is not an object is one error, not many
             self._fail(f"body.{name}", "missing", "Field required", self.body)
         return self.body.get(name)
 
