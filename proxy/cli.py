@@ -84,7 +84,7 @@ def serve(settings: Settings) -> int:
     from proxy.registry import ModelRegistry
 
     configure_logging(settings.server.log_level)
-    registry = ModelRegistry.from_settings(settings.models)
+    registry = ModelRegistry.from_settings(settings.models, settings.counting)
     app = create_app(settings, registry)
     logging.getLogger("token_guard").info(
         "token-guard listening on http://%s:%d, upstream %s", settings.server.host, settings.server.port,

@@ -2,17 +2,16 @@
 
 Chat: messages -> vLLM's conversation -> the chat template -> encode with add_special_tokens false by default.
 Completions: each string prompt encoded with special tokens (default true); token-id prompts counted as given.
-Encoding goes through `async_encode_batch_fast`, which releases the GIL, so other requests keep flowing.
+The model's `TokenCounter` does the encoding: segment-cached, and off the event loop (see proxy/counter.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from proxy.conversation import ConversationError, to_conversation
+from proxy.counter import TokenCounter
 from proxy.errors import InvalidRequest
 from proxy.parse import ChatRequest, CompletionRequest
+from proxy.settings import CountingSettings
 from proxy.tokenizer import ModelTokenizer
 
 NO_TEMPLATE = (
@@ -45,22 +44,20 @@ def render_chat(tok: ModelTokenizer, req: ChatRequest) -> str:
     return rendered
 
 
-async def count_chat(tok: ModelTokenizer, req: ChatRequest) -> int:
+async def count_chat(tok: ModelTokenizer, req: ChatRequest, counter: TokenCounter | None = None) -> int:
     text = render_chat(tok, req)
-    (count,) = await _encode_lengths(tok, [text], req.add_special_tokens)
+    (count,) = await _counter(tok, counter).count([text], req.add_special_tokens)
     return count
 
 
-async def count_completion(tok: ModelTokenizer, req: CompletionRequest) -> list[int]:
+async def count_completion(
+    tok: ModelTokenizer, req: CompletionRequest, counter: TokenCounter | None = None
+) -> list[int]:
     texts = [p for p in req.prompts if isinstance(p, str)]
-    text_counts = iter(await _encode_lengths(tok, texts, req.add_special_tokens) if texts else [])
+    text_counts = iter(await _counter(tok, counter).count(texts, req.add_special_tokens) if texts else [])
     return [next(text_counts) if isinstance(p, str) else len(p) for p in req.prompts]
 
 
-async def _encode_lengths(tok: ModelTokenizer, texts: list[str], add_special_tokens: bool) -> list[int]:
-    backend: Any = tok.backend
-    if hasattr(backend, "async_encode_batch_fast"):
-        encodings = await backend.async_encode_batch_fast(texts, add_special_tokens=add_special_tokens)
-    else:  # older tokenizers: the batch call still releases the GIL inside a worker thread
-        encodings = await asyncio.to_thread(backend.encode_batch_fast, texts, add_special_tokens=add_special_tokens)
-    return [len(e.ids) for e in encodings]
+def _counter(tok: ModelTokenizer, counter: TokenCounter | None) -> TokenCounter:
+    """The model's counter; one-off callers without one get a throwaway counter with no cache."""
+    return counter if counter is not None else TokenCounter(tok.backend, CountingSettings(cache_mb=0), name=tok.source)

@@ -11,10 +11,11 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from proxy.counter import TokenCounter
 from proxy.decide import Limits
 from proxy.discovery import ModelCard
 from proxy.errors import GuardError, ModelNotFound
-from proxy.settings import ModelSettings, PolicySettings
+from proxy.settings import CountingSettings, ModelSettings, PolicySettings
 from proxy.tokenizer import ModelTokenizer, TokenizerLoadError, load_tokenizer
 
 log = logging.getLogger("token_guard.registry")
@@ -31,6 +32,7 @@ class GuardedModel:
     tokenizer: ModelTokenizer
     max_model_len: int | None
     length_source: str
+    counter: TokenCounter  # one per tokenizer: its segment cache outlives requests
 
     def limits(self, policy: PolicySettings) -> Limits:
         if self.max_model_len is None:
@@ -39,13 +41,17 @@ class GuardedModel:
 
 
 class ModelRegistry:
-    def __init__(self, models: list[GuardedModel], discovering: bool) -> None:
+    def __init__(self, models: list[GuardedModel], discovering: bool, counting: CountingSettings | None = None) -> None:
         self._models = {m.name: m for m in models}
         self._order = [m.name for m in models]
         self.discovering = discovering
+        self._counting = counting or CountingSettings()
 
     @classmethod
-    def from_settings(cls, configured: tuple[ModelSettings, ...]) -> ModelRegistry:
+    def from_settings(
+        cls, configured: tuple[ModelSettings, ...], counting: CountingSettings | None = None
+    ) -> ModelRegistry:
+        counting = counting or CountingSettings()
         models = []
         for i, spec in enumerate(configured):
             try:
@@ -53,11 +59,12 @@ class ModelRegistry:
             except TokenizerLoadError as exc:
                 raise TokenizerLoadError(f"models[{i}] ({spec.name}): {exc}") from exc
             source = "config" if spec.max_model_len is not None else "pending discovery"
-            models.append(GuardedModel(spec.name, tok, spec.max_model_len, source))
+            counter = TokenCounter(tok.backend, counting, name=spec.name)
+            models.append(GuardedModel(spec.name, tok, spec.max_model_len, source, counter))
             log.info("model %s: tokenizer from %s", spec.name, spec.tokenizer)
         # Readiness waits for discovery only when a window is unknown; discovery itself always runs, to warn when the
         # configured window disagrees with the upstream's.
-        return cls(models, discovering=not models or any(m.max_model_len is None for m in models))
+        return cls(models, discovering=not models or any(m.max_model_len is None for m in models), counting=counting)
 
     @property
     def names(self) -> list[str]:
@@ -82,7 +89,7 @@ class ModelRegistry:
         self.discovering = False
 
     def _add_discovered(self, cards: list[ModelCard]) -> None:
-        loaded: dict[str, ModelTokenizer] = {}
+        loaded: dict[str, tuple[ModelTokenizer, TokenCounter]] = {}
         for card in cards:
             root = card.root
             if card.parent is not None and card.parent in by_name(cards):
@@ -93,14 +100,18 @@ class ModelRegistry:
                             "(configure [[models]] with a tokenizer for it)", card.id, root)  # fmt: skip
                 continue
             try:
-                tok = loaded.get(root) or load_tokenizer(root)
+                tok, counter = loaded.get(root) or self._load(root, card.id)
             except TokenizerLoadError as exc:
                 log.warning("model %s: not guarded: %s", card.id, exc)
                 continue
-            loaded[root] = tok
-            self._models[card.id] = GuardedModel(card.id, tok, length, "discovered")
+            loaded[root] = tok, counter
+            self._models[card.id] = GuardedModel(card.id, tok, length, "discovered", counter)
             self._order.append(card.id)
             log.info("model %s: tokenizer from %s, max_model_len %d (discovered)", card.id, root, length)
+
+    def _load(self, root: str, name: str) -> tuple[ModelTokenizer, TokenCounter]:
+        tok = load_tokenizer(root)
+        return tok, TokenCounter(tok.backend, self._counting, name=name)
 
 
 def by_name(cards: list[ModelCard]) -> dict[str, ModelCard]:
