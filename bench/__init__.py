@@ -1,0 +1,2 @@
+"""Benchmarks of token-guard: a load generator, a comparison report against direct, nginx and LiteLLM, and a
+micro-benchmark of counting. Never part of `make test`."""

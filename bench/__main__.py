@@ -1,0 +1,26 @@
+"""`python -m bench <command>`: each subcommand is one module with `add_arguments(parser)` and `main(args)`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {  # name -> (module, help)
+    "load": ("bench.load", "run an OpenAI-compatible load against a server and summarize it"),
+    "report": ("bench.report", "run the comparison (direct, nginx, token-guard, LiteLLM) and write the report"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        importlib.import_module(module).add_arguments(commands.add_parser(name, help=help_text))
+    args = parser.parse_args(argv)
+    result: int = importlib.import_module(COMMANDS[args.command][0]).main(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
