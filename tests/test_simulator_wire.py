@@ -356,3 +356,18 @@ def test_settings_shape_what_the_server_reports(sim_tokenizer_dir: Path) -> None
         body = sim.client.post("/v1/completions", json={"model": "m", "prompt": "Hi", "max_tokens": 64}).json()
         assert body["usage"]["total_tokens"] == 64
         assert body["system_fingerprint"].startswith("vllm-0.32.9-")
+
+
+def test_tokenize_errors(sim032: RunningSim) -> None:
+    for path, body in [
+        ("/tokenize", {"prompt": None}),
+        ("/tokenize", {"messages": None}),
+        ("/detokenize", {"tokens": "1 2"}),
+        ("/detokenize", {"tokens": [-1]}),
+    ]:
+        response = sim032.client.post(path, json=body)
+        assert response.status_code == 400 and response.json()["error"]["type"] == "Bad Request", (path, body)
+    unknown = sim032.client.post("/tokenize", json={"model": "nope", "prompt": "x"})
+    assert unknown.status_code == 404
+    both = {"messages": HELLO, "continue_final_message": True, "add_generation_prompt": True}
+    assert sim032.client.post("/tokenize", json=both).status_code == 400

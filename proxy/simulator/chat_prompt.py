@@ -51,8 +51,8 @@ def check_prompt_flags(body: dict[str, Any]) -> None:
 def read_chat_options(fields: Fields, extra_kwargs: dict[str, Any] | None = None) -> ChatOptions:
     """The template-related fields of a chat or chat-tokenize request; type errors are left in `fields`."""
     messages = fields.require("messages")
-    if messages is not None and not isinstance(messages, list):
-        fields.list_or_none("messages")
+    if fields.has("messages") and not isinstance(messages, list):
+        fields.invalid("body.messages", "list_type", "Input should be a valid list", messages)
     kwargs = fields.dict_or_none("chat_template_kwargs") or {}
     return ChatOptions(
         messages=messages if isinstance(messages, list) else [],

@@ -25,12 +25,12 @@ def tokenize(ctx: Context, body: Any) -> dict[str, Any]:
         ids = render_chat(ctx.tokenizer, options).token_ids
     else:
         prompt = fields.require("prompt")
-        if prompt is not None:
-            prompt = fields.str_or_none("prompt")
+        if fields.has("prompt") and not isinstance(prompt, str):
+            fields.invalid("body.prompt", "string_type", "Input should be a valid string", prompt)
         add_special_tokens = fields.boolean("add_special_tokens", True)
         fields.check()
         ctx.check_model(model)
-        ids = ctx.tokenizer.encode(prompt or "", add_special_tokens)
+        ids = ctx.tokenizer.encode(str(prompt), add_special_tokens)
     return {
         "count": len(ids),
         "max_model_len": ctx.settings.max_model_len,
@@ -44,8 +44,8 @@ def detokenize(ctx: Context, body: Any) -> dict[str, Any]:
     model = fields.str_or_none("model")
     tokens = fields.require("tokens")
     ids = fields.ints("tokens", tokens) if isinstance(tokens, list) else []
-    if tokens is not None and not isinstance(tokens, list):
-        fields.list_or_none("tokens")
+    if fields.has("tokens") and not isinstance(tokens, list):
+        fields.invalid("body.tokens", "list_type", "Input should be a valid list", tokens)
     fields.check()
     ctx.check_model(model)
     return {"prompt": ctx.tokenizer.decode(ids)}
