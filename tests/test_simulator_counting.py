@@ -10,6 +10,11 @@ import pytest
 
 from proxy.conversation import detect_content_format, to_conversation
 from proxy.simulator import SimulatorSettings
+from proxy.simulator.chat import plan_chat
+from proxy.simulator.context import Context
+from proxy.simulator.profiles import get_profile
+from proxy.simulator.tokenize import tokenize
+from proxy.simulator.tokenizer import SimTokenizer
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS, WEATHER_TOOL
 from tests.support.sim_fixtures import (  # noqa: F401
     RunningSim,
@@ -18,7 +23,6 @@ from tests.support.sim_fixtures import (  # noqa: F401
     fixture_sim031,
     fixture_sim032,
     fixture_sim_tokenizer_dir,
-    running_simulator,
 )
 from tests.support.trained import write_trained_tokenizer_dir
 
@@ -115,38 +119,42 @@ def test_tools_are_normalised_like_vllm_before_rendering(sim032: RunningSim, hf_
     assert full["tokens"] == reference_chat_ids(hf_tokenizer, {"messages": messages, "tools": [WEATHER_TOOL]})
 
 
-def test_template_inputs_reach_the_template(tmp_path: Path, sim_tokenizer_dir: Path) -> None:
-    template = tmp_path / "greeting.jinja"
-    template.write_text(
+def handler_context(hf: Any, directory: Path, template: str | None = None) -> Context:
+    """The simulator's handlers over an already loaded tokenizer: the same code path as the HTTP routes,
+    without starting a server (or loading the tokenizer) again."""
+    settings = SimulatorSettings(tokenizer=directory)
+    tokenizer = SimTokenizer(hf, template if template is not None else hf.chat_template)
+    return Context(settings=settings, profile=get_profile("0.32"), tokenizer=tokenizer, fingerprint="fp")
+
+
+def test_template_inputs_reach_the_template(hf_tokenizer: Any, sim_tokenizer_dir: Path) -> None:
+    template = (
         "{% for m in messages %}{{ greeting }} {{ m['content'] }}{% endfor %}{% if enable_thinking %} think{% endif %}"
     )
-    settings = SimulatorSettings(tokenizer=sim_tokenizer_dir, chat_template=template)
-    with running_simulator(settings) as sim:
-        messages = [{"role": "user", "content": "world"}]
-        plain = sim.client.post("/tokenize", json={"messages": messages}).json()["count"]
-        kwargs = {"greeting": "hello there, dear"}
-        greeted = sim.client.post("/tokenize", json={"messages": messages, "chat_template_kwargs": kwargs})
-        assert greeted.json()["count"] > plain
-        # vLLM turns reasoning_effort on into enable_thinking for templates that need the opt-in.
-        request = {"messages": messages, "max_tokens": 1}
-        without = sim.client.post("/v1/chat/completions", json=request).json()["usage"]["prompt_tokens"]
-        thinking = sim.client.post("/v1/chat/completions", json={**request, "reasoning_effort": "high"}).json()
-        assert (without, thinking["usage"]["prompt_tokens"]) == (plain, plain + 1)
+    ctx = handler_context(hf_tokenizer, sim_tokenizer_dir, template)
+    messages = [{"role": "user", "content": "world"}]
+    plain = tokenize(ctx, {"messages": messages})["count"]
+    greeted = tokenize(ctx, {"messages": messages, "chat_template_kwargs": {"greeting": "hello there, dear"}})
+    assert greeted["count"] > plain
+    # vLLM turns reasoning_effort into enable_thinking for templates that need the opt-in.
+    request = {"messages": messages, "max_tokens": 1}
+    without = plan_chat(ctx, request, {}).prompts[0].token_ids
+    thinking = plan_chat(ctx, {**request, "reasoning_effort": "high"}, {}).prompts[0].token_ids
+    assert (len(without), len(thinking)) == (plain, plain + 1)
 
 
-@pytest.fixture(scope="module", name="chatml_sim")
-def fixture_chatml_sim(tmp_path_factory: pytest.TempPathFactory) -> Any:
+@pytest.fixture(scope="module", name="chatml")
+def fixture_chatml(tmp_path_factory: pytest.TempPathFactory) -> tuple[Context, Any]:
+    from transformers import AutoTokenizer
+
     directory = write_trained_tokenizer_dir(tmp_path_factory.mktemp("chatml"))
-    with running_simulator(SimulatorSettings(tokenizer=directory)) as sim:
-        from transformers import AutoTokenizer
-
-        yield sim, AutoTokenizer.from_pretrained(str(directory))
+    hf = AutoTokenizer.from_pretrained(str(directory))
+    return handler_context(hf, directory), hf
 
 
 @pytest.mark.parametrize(("case", "request_fields"), CHAT_CASES, ids=[c for c, _ in CHAT_CASES])
 def test_chat_parity_with_a_template_that_loops_over_parts(
-    chatml_sim: tuple[RunningSim, Any], case: str, request_fields: dict[str, Any]
+    chatml: tuple[Context, Any], case: str, request_fields: dict[str, Any]
 ) -> None:
-    sim, tokenizer = chatml_sim
-    body = sim.client.post("/tokenize", json=request_fields).json()
-    assert body["tokens"] == reference_chat_ids(tokenizer, request_fields)
+    ctx, hf = chatml
+    assert tokenize(ctx, request_fields)["tokens"] == reference_chat_ids(hf, request_fields)
