@@ -1,6 +1,6 @@
 """The per-model token counter: cut each text at its added tokens, look every piece up in a memory-bounded LRU, and
-encode everything uncached in one GIL-releasing batch call, long pieces split first so the batch spreads over the
-cores. A count is always exactly `len(backend.encode(text, add_special_tokens=...))`.
+encode everything uncached in one GIL-releasing batch call on a worker thread, long pieces split first so the batch
+spreads over the cores. A count is always exactly `len(backend.encode(text, add_special_tokens=...))`.
 
 All cache access happens on the event loop's thread; only the encoding runs elsewhere.
 """
@@ -99,12 +99,11 @@ class TokenCounter:
         return counts
 
     async def _encode_lengths(self, texts: list[str], add_special_tokens: bool) -> list[int]:
-        backend = self.backend
-        if hasattr(backend, "async_encode_batch_fast"):
-            encodings = await backend.async_encode_batch_fast(texts, add_special_tokens=add_special_tokens)
-        else:  # older tokenizers: the batch call still releases the GIL, in a worker thread
-            encodings = await asyncio.to_thread(backend.encode_batch_fast, texts, add_special_tokens=add_special_tokens)
-        return [len(e) for e in encodings]
+        # encode_batch_fast releases the GIL (plain `encode` does not), so the loop keeps running while it works.
+        # A worker thread costs ~0.1 ms per call against ~0.6 ms for tokenizers' own async_encode_batch_fast, with
+        # the same event-loop stalls at 128K tokens (measured with tokenizers 0.23.3).
+        encode = self.backend.encode_batch_fast
+        return [len(e) for e in await asyncio.to_thread(encode, texts, add_special_tokens=add_special_tokens)]
 
 
 def available_cores() -> int:
