@@ -1,13 +1,13 @@
-"""The ASGI app: guarded routes (parse -> count -> decide -> forward), pass-through for everything else, and the
-single boundary where the guard's errors become OpenAI-shaped responses."""
+"""The ASGI app: guarded routes (the guard decides, this file carries it out), pass-through for everything else, and
+the single boundary where the guard's errors become OpenAI-shaped responses."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -15,41 +15,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.count import count_chat, count_completion
-from proxy.decide import Plan, decide_chat, decide_completion
 from proxy.discovery import discover
 from proxy.errors import GuardError
+from proxy.fanout import Fanout, PartFailed
 from proxy.forward import ClientGone, Upstream, relay, unless_disconnected
-from proxy.parse import parse_chat, parse_completion, with_changes
+from proxy.guard import Guard
+from proxy.merge import StreamMerger, merge_answers, sum_usage
+from proxy.overflow import FanOut, Forward
 from proxy.registry import ModelRegistry
 from proxy.settings import Settings
+from proxy.streaming import StreamResponse
 
 log = logging.getLogger("token_guard.app")
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
-
-
-@dataclass
-class Guard:
-    settings: Settings
-    registry: ModelRegistry
-    upstream: Upstream
-
-    async def plan(self, path: str, raw: bytes) -> tuple[Plan, bytes]:
-        """Parse, count and decide; returns the plan and the body to forward."""
-        policy = self.settings.policy
-        if path.endswith("/chat/completions"):
-            chat = parse_chat(raw)
-            model = self.registry.resolve(chat.model)
-            plan = decide_chat(chat, await count_chat(model.tokenizer, chat), model.limits(policy))
-            body = chat.body
-        else:
-            completion = parse_completion(raw)
-            model = self.registry.resolve(completion.model)
-            counts = await count_completion(model.tokenizer, completion)
-            plan = decide_completion(completion, counts, model.limits(policy))
-            body = completion.body
-        return plan, with_changes(body, plan.changes) if plan.changes else raw
+SSE = "text/event-stream; charset=utf-8"
 
 
 def create_app(
@@ -58,11 +38,12 @@ def create_app(
     guard = Guard(settings, registry, Upstream(settings.upstream, transport))
 
     async def guarded(request: Request) -> Response:
-        raw = await request.body()
-        plan, body = await guard.plan(request.url.path, raw)
-        if plan.error is not None:
-            return error_response(plan.error, plan.headers())
-        return await _forward(request, body, plan.headers())
+        outcome = await guard.handle(request.url.path, await request.body(), request.headers)
+        if isinstance(outcome, Forward):
+            return await _forward(request, outcome.body, outcome.headers)
+        if isinstance(outcome, FanOut):
+            return await _fan_out(request, outcome)
+        return error_response(outcome.error, outcome.headers)
 
     async def passthrough(request: Request) -> Response:
         return await _forward(request, await request.body(), {})
@@ -75,6 +56,46 @@ def create_app(
             log.info("client went away before the upstream answered %s; upstream request cancelled", request.url.path)
             return Response(status_code=499)
         return relay(upstream, extra, guard.upstream.url)
+
+    async def _fan_out(request: Request, fan: FanOut) -> Response:
+        fanout = Fanout(guard.upstream, request.url.path, request.headers, fan.policy.max_fanout)
+        try:
+            if fan.stream and fan.policy.chunk_merge == "concat":
+                merger = StreamMerger(fan.kind, len(fan.bodies), fan.policy.chunk_separator, fan.include_usage)
+                body = await unless_disconnected(request.receive, fanout.stream(fan.bodies, merger))
+                return StreamResponse(body, headers=fan.headers, media_type=SSE)
+            return await unless_disconnected(request.receive, _answer(fanout, fan))
+        except ClientGone:
+            log.info("client went away during a chunked request; %d parts cancelled", len(fan.bodies))
+            return Response(status_code=499)
+        except (PartFailed, GuardError, ExceptionGroup) as exc:
+            failure = _first_failure(exc)
+            if isinstance(failure, PartFailed):  # the upstream's own error for that part, as it said it
+                return Response(failure.body, failure.status, headers=fan.headers, media_type=failure.content_type)
+            return error_response(failure, fan.headers)
+
+    async def _answer(fanout: Fanout, fan: FanOut) -> Response:
+        bodies = [_non_streaming(b) for b in fan.bodies] if fan.stream else fan.bodies
+        answers = await fanout.answers(bodies)
+        merged = merge_answers(fan.kind, answers, fan.policy.chunk_separator)
+        headers = dict(fan.headers)
+        if fan.policy.chunk_merge == "reduce":
+            reduce = await guard.reduce_body(fan, answers)
+            if reduce is None:
+                headers["x-token-guard-merge"] = "concat (the combining request would not fit)"
+            else:
+                headers["x-token-guard-merge"] = "reduce"
+                if fan.stream:
+                    merger = StreamMerger(fan.kind, 1, "", fan.include_usage, [a.get("usage") for a in answers])
+                    streamed = {**reduce, "stream": True, "stream_options": {"include_usage": True}}
+                    return StreamResponse(await fanout.stream([streamed], merger), headers=headers, media_type=SSE)
+                (final,) = await fanout.answers([reduce])
+                merged = merge_answers(fan.kind, [final], "")
+                merged["usage"] = sum_usage([a.get("usage") for a in [*answers, final]])
+        if fan.stream:  # the client asked for a stream: one merged answer as a stream of chunks
+            merger = StreamMerger(fan.kind, 1, "", fan.include_usage)
+            return StreamResponse(_replay(merger, merged), headers=headers, media_type=SSE)
+        return JSONResponse(merged, headers=headers)
 
     async def health(request: Request) -> Response:
         if registry.discovering:
@@ -102,6 +123,27 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={GuardError: _guard_error, Exception: _crash})
     app.state.guard = guard
     return app
+
+
+def _first_failure(exc: BaseException) -> PartFailed | GuardError:
+    if isinstance(exc, PartFailed | GuardError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if isinstance(inner, PartFailed | GuardError | BaseExceptionGroup):
+                return _first_failure(inner)
+    log.error("a chunked request failed unexpectedly", exc_info=exc)
+    return GuardError("token-guard hit an internal error while running a chunked request.")
+
+
+def _non_streaming(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
+
+
+async def _replay(merger: StreamMerger, answer: dict[str, Any]) -> AsyncGenerator[bytes, None]:
+    """A finished answer as chunks: the role chunk, the text, the finish chunk, usage, [DONE]."""
+    for chunk in merger.chunks_of(answer):
+        yield chunk
 
 
 async def _discover(guard: Guard) -> None:

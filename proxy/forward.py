@@ -7,17 +7,18 @@ soon as the client goes away (that is what makes vLLM abort the generation and f
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Mapping
 from typing import TypeVar
 
 import httpx
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
 from starlette.types import Receive
 
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.settings import UpstreamSettings
+from proxy.streaming import StreamResponse
 
 log = logging.getLogger("token_guard.forward")
 
@@ -89,15 +90,15 @@ def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in connection_listed}
 
 
-def relay(upstream: httpx.Response, extra_headers: Mapping[str, str], url: str) -> StreamingResponse:
+def relay(upstream: httpx.Response, extra_headers: Mapping[str, str], url: str) -> StreamResponse:
     """Relay status, headers and raw body bytes as they arrive; close the upstream when done or abandoned."""
     headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP - {"content-length"}}
     headers.update(extra_headers)
     is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
-    return StreamingResponse(_body(upstream, is_sse, url), status_code=upstream.status_code, headers=headers)
+    return StreamResponse(_body(upstream, is_sse, url), status_code=upstream.status_code, headers=headers)
 
 
-async def _body(upstream: httpx.Response, is_sse: bool, url: str) -> AsyncIterator[bytes]:
+async def _body(upstream: httpx.Response, is_sse: bool, url: str) -> AsyncGenerator[bytes, None]:
     try:
         async for chunk in upstream.aiter_raw():
             yield chunk
@@ -106,7 +107,27 @@ async def _body(upstream: httpx.Response, is_sse: bool, url: str) -> AsyncIterat
         if is_sse:  # the status is already sent: tell a streaming client in-band, as vLLM does
             yield translate(exc, url).sse_bytes()
     finally:
-        await upstream.aclose()
+        await close_quietly(upstream)
+
+
+async def close_quietly(response: httpx.Response) -> None:
+    """Close an upstream response even while this task is being cancelled (the client went away). The close runs as
+    a task of its own, outside any cancel scope of the request, because a close that is itself cancelled can leave the
+    connection open, and then vLLM keeps generating for nobody."""
+    closing = asyncio.get_running_loop().create_task(_close(response), context=contextvars.Context())
+    _closing.add(closing)
+    closing.add_done_callback(_closing.discard)
+    await asyncio.shield(closing)
+
+
+_closing: set[asyncio.Task[None]] = set()  # closes in progress, kept referenced until they finish
+
+
+async def _close(response: httpx.Response) -> None:
+    try:
+        await response.aclose()
+    except httpx.HTTPError:
+        pass
 
 
 async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:

@@ -10,7 +10,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,25 @@ class UpstreamSettings:
     startup_wait_s: float = 300.0
 
 
+OVERFLOW_POLICIES = ("reject", "truncate", "chunk")
+
+
 @dataclass(frozen=True)
 class PolicySettings:
     min_output_tokens: int = 1
     default_max_tokens: int | str | None = None
+    on_overflow: str = "reject"
+    allow_client_override: bool = True
+    truncate_side: str = "left"
+    chunk_tokens: int = 2048
+    chunk_overlap: int = 0
+    chunk_prompt: str | None = None
+    chunk_separator: str = "\n\n"
+    chunk_merge: str = "concat"
+    max_fanout: int = 4
+    reduce_prompt: str = (
+        "Below are answers to consecutive parts of one long input. Combine them into a single answer.\n\n{answers}"
+    )
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,7 @@ class ModelSettings:
     tokenizer: str
     chat_template: Path | None = None
     max_model_len: int | None = None
+    policy: PolicySettings | None = None  # the global policy with this model's [models.policy] overrides
 
 
 @dataclass(frozen=True)
@@ -144,6 +160,41 @@ def _default_max_tokens(value: Any) -> int | str | None:
         raise ValueError('a token count >= 1 or a percentage of the window such as "50%"') from None
 
 
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in options:
+            raise ValueError("one of " + ", ".join(repr(o) for o in options))
+        return value
+
+    return check
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+        return value.lower() in ("true", "1", "yes", "on")
+    raise ValueError("true or false")
+
+
+def _any_text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("a string")
+    return value
+
+
+def _template(*fields: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        text = _any_text(value)
+        try:
+            text.format(**{f: 1 for f in fields})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"a template using only {', '.join('{' + f + '}' for f in fields)} ({exc!r})") from None
+        return text
+
+    return check
+
+
 def _path(value: Any) -> Path:
     return Path(_text(value)).expanduser()
 
@@ -157,7 +208,20 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "write_timeout_s": _positive_float,
         "startup_wait_s": _positive_float,
     },
-    "policy": {"min_output_tokens": _int(1), "default_max_tokens": _default_max_tokens},
+    "policy": {
+        "min_output_tokens": _int(1),
+        "default_max_tokens": _default_max_tokens,
+        "on_overflow": _choice(*OVERFLOW_POLICIES),
+        "allow_client_override": _bool,
+        "truncate_side": _choice("left", "right", "middle"),
+        "chunk_tokens": _int(16),
+        "chunk_overlap": _int(0),
+        "chunk_prompt": _template("i", "n"),
+        "chunk_separator": _any_text,
+        "chunk_merge": _choice("concat", "reduce"),
+        "max_fanout": _int(1),
+        "reduce_prompt": _template("answers"),
+    },
     "counting": {"cache_mb": _non_negative_float, "split_min_chars": _int(256)},
 }
 MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
@@ -165,6 +229,7 @@ MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
     "tokenizer": _text,
     "chat_template": _path,
     "max_model_len": _int(1),
+    "policy": lambda value: value,  # checked key by key against the policy schema in _model()
 }
 SECTIONS = {
     "server": ServerSettings,
@@ -273,7 +338,8 @@ def _validate(merged: _Layer) -> Settings:
             )
         parsed = {key: _check(f"{section}.{key}", checks[key], value, merged.origins) for key, value in given.items()}
         sections[section] = SECTIONS[section](**parsed)
-    models = tuple(_model(i, m) for i, m in enumerate(merged.models or []))
+    _check_policy(sections["policy"], "policy")
+    models = tuple(_model(i, m, sections["policy"]) for i, m in enumerate(merged.models or []))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise SettingsError(f"models: each name must be unique, got {names}")
@@ -287,8 +353,9 @@ def _check(key: str, check: Callable[[Any], Any], value: Any, origins: Mapping[s
         raise SettingsError(f"{key}: expected {exc}, got {value!r} (from {origins.get(key, 'defaults')})") from None
 
 
-def _model(index: int, raw: dict[str, Any]) -> ModelSettings:
+def _model(index: int, raw: dict[str, Any], policy: PolicySettings) -> ModelSettings:
     origin = raw.pop("_origin", "config")
+    overrides = raw.pop("policy", None)
     where = {f"models[{index}].{k}": origin for k in MODEL_SCHEMA}
     unknown = set(raw) - set(MODEL_SCHEMA)
     if unknown:
@@ -297,7 +364,34 @@ def _model(index: int, raw: dict[str, Any]) -> ModelSettings:
         if raw.get(required) in (None, ""):
             raise SettingsError(f"models[{index}].{required}: required (from {origin})")
     parsed = {k: _check(f"models[{index}].{k}", MODEL_SCHEMA[k], v, where) for k, v in raw.items() if v is not None}
+    if overrides is not None:
+        parsed["policy"] = _model_policy(index, overrides, policy, origin)
     return ModelSettings(**parsed)
+
+
+def _model_policy(index: int, overrides: Any, policy: PolicySettings, origin: str) -> PolicySettings:
+    key = f"models[{index}].policy"
+    if not isinstance(overrides, dict):
+        raise SettingsError(f"{key}: expected a table of policy keys (from {origin})")
+    checks = SCHEMA["policy"]
+    unknown = set(overrides) - set(checks)
+    if unknown:
+        raise SettingsError(
+            f"{key}.{sorted(unknown)[0]}: unknown key (from {origin}); expected one of {', '.join(checks)}"
+        )
+    where = {f"{key}.{k}": origin for k in overrides}
+    parsed = {k: _check(f"{key}.{k}", checks[k], v, where) for k, v in overrides.items()}
+    merged = replace(policy, **parsed)
+    _check_policy(merged, key)
+    return merged
+
+
+def _check_policy(policy: PolicySettings, key: str) -> None:
+    if policy.chunk_overlap >= policy.chunk_tokens // 2:
+        raise SettingsError(
+            f"{key}.chunk_overlap: expected fewer than half of chunk_tokens ({policy.chunk_tokens}), "
+            f"got {policy.chunk_overlap}"
+        )
 
 
 def _section_names() -> str:

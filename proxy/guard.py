@@ -1,0 +1,84 @@
+"""The request path of a guarded endpoint: parse -> count -> decide, then the overflow policy when the prompt does
+not fit. Returns what to do (forward a body, refuse, or fan out parts); the app does it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.count import count_chat, count_completion
+from proxy.decide import Plan, decide_chat, decide_completion
+from proxy.forward import Upstream
+from proxy.merge import part_text
+from proxy.overflow import FanOut, Forward, Outcome, Refuse, overflow_chat, overflow_completion
+from proxy.parse import ChatRequest, parse_chat, parse_completion, with_changes
+from proxy.policy import choose_policy
+from proxy.registry import ModelRegistry
+from proxy.settings import PolicySettings, Settings
+
+
+@dataclass
+class Guard:
+    settings: Settings
+    registry: ModelRegistry
+    upstream: Upstream
+
+    async def handle(self, path: str, raw: bytes, headers: Mapping[str, str]) -> Outcome:
+        if path.endswith("/chat/completions"):
+            return await self._chat(raw, headers)
+        return await self._completion(raw, headers)
+
+    async def _chat(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
+        req = parse_chat(raw)
+        model = self.registry.resolve(req.model)
+        policy = self.policy_for(model.name)
+        choice = choose_policy(policy, headers)
+        limits = model.limits(policy)
+        plan = decide_chat(req, await count_chat(model.tokenizer, req, model.counter), limits)
+        if plan.action == "reject" and choice != "reject":
+            return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
+        return _as_outcome(plan, req.body, raw)
+
+    async def _completion(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
+        req = parse_completion(raw)
+        model = self.registry.resolve(req.model)
+        policy = self.policy_for(model.name)
+        choice = choose_policy(policy, headers)
+        limits = model.limits(policy)
+        counts = await count_completion(model.tokenizer, req, model.counter)
+        plan = decide_completion(req, counts, limits)
+        if plan.action == "reject" and choice != "reject":
+            return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
+        return _as_outcome(plan, req.body, raw)
+
+    def policy_for(self, model: str) -> PolicySettings:
+        configured = {m.name: m.policy for m in self.settings.models}
+        return configured.get(model) or self.settings.policy
+
+    async def reduce_body(self, fan: FanOut, answers: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The map-reduce step: one more request asking the model to combine the partial answers, or None when even
+        that request would not fit (the caller then joins the answers instead)."""
+        joined = fan.policy.chunk_separator.join(part_text(fan.kind, a) for a in answers)
+        prompt = fan.policy.reduce_prompt.format(answers=joined)
+        model = self.registry.resolve(fan.original.model)
+        limits = model.limits(fan.policy)
+        body = {k: v for k, v in fan.original.body.items() if k != "stream_options"} | {"stream": False}
+        if isinstance(fan.original, ChatRequest):
+            kept = [m for m in fan.original.messages if m.get("role") in ("system", "developer")]
+            messages = [*kept, {"role": "user", "content": prompt}]
+            body["messages"] = messages
+            req = parse_chat(with_changes(body, {}))
+            plan = decide_chat(req, await count_chat(model.tokenizer, req, model.counter), limits)
+        else:
+            body["prompt"] = prompt
+            completion = parse_completion(with_changes(body, {}))
+            counts = await count_completion(model.tokenizer, completion, model.counter)
+            plan = decide_completion(completion, counts, limits)
+        return None if plan.action == "reject" else {**body, **plan.changes}
+
+
+def _as_outcome(plan: Plan, body: dict[str, Any], raw: bytes) -> Outcome:
+    if plan.error is not None:
+        return Refuse(plan.error, plan.headers())
+    return Forward(with_changes(body, plan.changes) if plan.changes else raw, plan.headers())

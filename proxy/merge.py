@@ -1,0 +1,152 @@
+"""Merge the answers of a chunked request into one, in the usual shape: pure functions over parsed JSON.
+
+Non-streaming: the parts' texts joined in order with the separator, usage summed, finish_reason "length" if any part
+hit its limit else the last part's, a fresh id. Streaming: `StreamMerger` turns the parts' SSE chunks, consumed part
+after part, into one well-formed stream: one role chunk, the separator between parts, one finish chunk, one usage
+chunk when the client asked for usage, one [DONE].
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+USAGE_KEYS = ("prompt_tokens", "total_tokens", "completion_tokens")
+
+
+def fresh_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + "tg" + secrets.token_hex(8)
+
+
+def sum_usage(usages: list[dict[str, Any] | None]) -> dict[str, int]:
+    return {key: sum(int((u or {}).get(key) or 0) for u in usages) for key in USAGE_KEYS}
+
+
+def merged_finish(reasons: list[str | None]) -> str | None:
+    return "length" if "length" in reasons else reasons[-1]
+
+
+def _text_key(kind: str) -> str:
+    return "text" if kind == "completion" else "content"
+
+
+def part_text(kind: str, answer: dict[str, Any]) -> str:
+    choice = answer["choices"][0]
+    value = choice.get("text") if kind == "completion" else (choice.get("message") or {}).get("content")
+    return value or ""
+
+
+def merge_answers(kind: str, answers: list[dict[str, Any]], separator: str) -> dict[str, Any]:
+    merged = copy_json(answers[-1])
+    merged["id"] = fresh_id(kind)
+    merged["created"] = answers[0].get("created", merged.get("created"))
+    choice = merged["choices"][0]
+    text = separator.join(part_text(kind, a) for a in answers)
+    if kind == "completion":
+        choice["text"] = text
+    else:
+        choice["message"]["content"] = text
+    choice["finish_reason"] = merged_finish([a["choices"][0].get("finish_reason") for a in answers])
+    merged["usage"] = {**(merged.get("usage") or {}), **sum_usage([a.get("usage") for a in answers])}
+    return merged
+
+
+def copy_json(value: dict[str, Any]) -> dict[str, Any]:
+    copied: dict[str, Any] = json.loads(json.dumps(value))
+    return copied
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+class StreamMerger:
+    """Rewrites the chunks of parts 0..n-1 (fed in that order) into one stream."""
+
+    def __init__(
+        self, kind: str, parts: int, separator: str, include_usage: bool, prior_usage: list[Any] | None = None
+    ) -> None:
+        self.kind, self.parts, self.separator, self.include_usage = kind, parts, separator, include_usage
+        self.id = fresh_id(kind)
+        self.created: Any = None
+        self.model: Any = None
+        self.usages: list[dict[str, Any] | None] = list(prior_usage or [])  # e.g. the parts before a reduce step
+        self.reasons: list[str | None] = []
+        self._started: set[int] = set()
+
+    def feed(self, part: int, chunk: dict[str, Any]) -> list[bytes]:
+        if self.created is None:
+            self.created, self.model = chunk.get("created"), chunk.get("model")
+        chunk = {**chunk, "id": self.id, "created": self.created, "model": self.model}
+        if not chunk.get("choices"):  # the part's usage chunk: summed into the one sent at the end
+            self.usages.append(chunk.get("usage"))
+            return []
+        chunk.pop("usage", None)  # running usage of one part would mislead; the summed usage comes at the end
+        out = []
+        if part not in self._started:
+            self._started.add(part)
+            if part > 0 and self.separator:
+                out.append(self._text_chunk(chunk, self.separator))
+        choice = dict(chunk["choices"][0])
+        if part > 0 and "delta" in choice and "role" in choice["delta"]:
+            delta = {k: v for k, v in choice["delta"].items() if k != "role"}
+            if not delta.get("content"):
+                return out
+            choice["delta"] = delta
+        if choice.get("finish_reason") is not None:
+            self.reasons.append(choice["finish_reason"])
+            if part < self.parts - 1:  # only the last part's finish chunk stays, carrying the merged reason
+                choice.update(finish_reason=None, stop_reason=None)
+                if not self._has_text(choice):
+                    return out
+            else:
+                choice["finish_reason"] = merged_finish(self.reasons)
+        out.append(sse({**chunk, "choices": [choice]}))
+        return out
+
+    def finish(self) -> list[bytes]:
+        out = []
+        if self.include_usage:
+            usage = sum_usage(self.usages)
+            out.append(sse({"id": self.id, "object": self._object(), "created": self.created, "model": self.model,
+                            "choices": [], "usage": usage}))  # fmt: skip
+        out.append(DONE)
+        return out
+
+    def chunks_of(self, answer: dict[str, Any]) -> list[bytes]:
+        """A finished (merged) answer as the stream vLLM would have sent for it."""
+        choice = answer["choices"][0]
+        base = {"id": self.id, "object": self._object(), "created": answer.get("created"), "model": answer.get("model")}
+        self.created, self.model = base["created"], base["model"]
+        out = []
+        if self.kind == "chat":
+            out.append(sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]}))  # fmt: skip
+        last: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": choice.get("finish_reason")}
+        if self.kind == "completion":
+            last["text"] = choice.get("text") or ""
+        else:
+            last["delta"] = {"content": (choice.get("message") or {}).get("content") or ""}
+        out.append(sse({**base, "choices": [last]}))
+        self.usages.append(answer.get("usage"))
+        return out + self.finish()
+
+    def _object(self) -> str:
+        return "text_completion" if self.kind == "completion" else "chat.completion.chunk"
+
+    def _has_text(self, choice: dict[str, Any]) -> bool:
+        if self.kind == "completion":
+            return bool(choice.get("text"))
+        return bool((choice.get("delta") or {}).get("content"))
+
+    def _text_chunk(self, template: dict[str, Any], text: str) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": None}
+        if self.kind == "completion":
+            choice["text"] = text
+        else:
+            choice["delta"] = {"content": text}
+        return sse({**template, "choices": [choice]})
