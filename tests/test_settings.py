@@ -95,3 +95,35 @@ def test_bad_files(tmp_path: Path, text: str, message: str) -> None:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="cannot be read"):
         load_settings({}, environ={}, config_file=tmp_path / "absent.toml")
+
+
+def test_per_model_policy_overrides_the_global_one(tmp_path: Path) -> None:
+    config = write(
+        tmp_path,
+        '[policy]\non_overflow = "truncate"\nmax_fanout = 2\n'
+        '[[models]]\nname = "a"\ntokenizer = "/a"\n[models.policy]\non_overflow = "chunk"\n'
+        '[[models]]\nname = "b"\ntokenizer = "/b"\n',
+    )
+    settings = load_settings({}, environ={}, config_file=config)
+    first, second = settings.models
+    assert first.policy is not None and (first.policy.on_overflow, first.policy.max_fanout) == ("chunk", 2)
+    assert second.policy is None and settings.policy.on_overflow == "truncate"
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ('[policy]\non_overflow = "summarise"\n', "policy.on_overflow: expected one of 'reject', 'truncate', 'chunk'"),
+        ("[policy]\nchunk_overlap = 1500\n", "policy.chunk_overlap: expected fewer than half of chunk_tokens (2048)"),
+        ('[policy]\nchunk_prompt = "Part {k}"\n', "policy.chunk_prompt: expected a template using only {i}, {n}"),
+        (
+            '[[models]]\nname = "a"\ntokenizer = "t"\n[models.policy]\nmax_fanout = 0\n',
+            r"models\[0\].policy.max_fanout",
+        ),
+        ('[[models]]\nname = "a"\ntokenizer = "t"\n[models.policy]\ncolour = 1\n', "unknown key"),
+    ],
+)
+def test_bad_policy_values(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({}, environ={}, config_file=write(tmp_path, text))
+    assert message in str(info.value)
