@@ -118,7 +118,7 @@ def test_per_model_policy_overrides_the_global_one(tmp_path: Path) -> None:
         ('[policy]\nchunk_prompt = "Part {k}"\n', "policy.chunk_prompt: expected a template using only {i}, {n}"),
         (
             '[[models]]\nname = "a"\ntokenizer = "t"\n[models.policy]\nmax_fanout = 0\n',
-            r"models\[0\].policy.max_fanout",
+            "models[0].policy.max_fanout",
         ),
         ('[[models]]\nname = "a"\ntokenizer = "t"\n[models.policy]\ncolour = 1\n', "unknown key"),
     ],
