@@ -173,3 +173,45 @@ def _loop_targets(root: jn.Template, iterables: list[str], key: str | None) -> I
 def _content_loops(root: jn.Template) -> Iterator[str]:
     message_names = list(_loop_targets(root, list(_aliases(root, "messages")), None))
     return _loop_targets(root, message_names, "content")
+
+
+def to_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
+    """Tools as vLLM's request model re-serializes them before the template sees them: only the known keys, in its
+    order, with `description` and `parameters` null when absent. That changes what `tools | tojson` renders."""
+    if tools is None:
+        return None
+    normalized = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ConversationError(f"tools[{i}] must be an object with a 'function' that has a string 'name'")
+        out: dict[str, Any] = {
+            "name": function["name"],
+            "description": function.get("description"),
+            "parameters": function.get("parameters"),
+        }
+        if function.get("strict") is not None:
+            out["strict"] = function["strict"]
+        defer_loading = function.get("defer_loading", tool.get("defer_loading"))
+        if defer_loading is not None:
+            out["defer_loading"] = defer_loading
+        entry: dict[str, Any] = {"type": "function", "function": out}
+        if tool.get("defer_loading") is not None:
+            entry["defer_loading"] = tool["defer_loading"]
+        normalized.append(entry)
+    return normalized
+
+
+RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "chat_template", "tokenize", "return_dict", "tools"})
+
+
+def template_inputs(body: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The extra variables vLLM hands the template: the client's chat_template_kwargs (minus reserved names), then
+    `documents` and `reasoning_effort` from the request (and `enable_thinking` derived from the latter)."""
+    merged = {k: v for k, v in kwargs.items() if k not in RESERVED_TEMPLATE_KWARGS}
+    effort = body.get("reasoning_effort")
+    extra: dict[str, Any] = {"documents": body.get("documents"), "reasoning_effort": effort}
+    if effort is not None and "enable_thinking" not in kwargs:
+        extra["enable_thinking"] = effort != "none"
+    merged.update({k: v for k, v in extra.items() if v is not None})
+    return merged

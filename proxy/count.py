@@ -7,7 +7,7 @@ The model's `TokenCounter` does the encoding: segment-cached, and off the event 
 
 from __future__ import annotations
 
-from proxy.conversation import ConversationError, to_conversation
+from proxy.conversation import ConversationError, template_inputs, to_conversation, to_tools
 from proxy.counter import TokenCounter
 from proxy.errors import InvalidRequest
 from proxy.parse import ChatRequest, CompletionRequest
@@ -28,12 +28,12 @@ def render_chat(tok: ModelTokenizer, req: ChatRequest) -> str:
         conversation = to_conversation(req.messages, tok.content_format(template))
         rendered = tok.renderer.apply_chat_template(
             conversation,
-            tools=req.tools,
+            tools=to_tools(req.tools),
             chat_template=template,
             tokenize=False,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
-            **req.chat_template_kwargs,
+            **template_inputs(req.body, req.chat_template_kwargs),
         )
     except ConversationError as exc:
         raise InvalidRequest(str(exc), param="messages") from None

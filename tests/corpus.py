@@ -78,6 +78,13 @@ CHAT_CASES: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "bare-tool",
+        {
+            "messages": [{"role": "user", "content": "Ping the server."}],
+            "tools": [{"type": "function", "function": {"name": "ping"}}],
+        },
+    ),
+    (
         "list-of-parts",
         {
             "messages": [

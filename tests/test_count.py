@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from proxy.conversation import detect_content_format, to_conversation
+from proxy.conversation import detect_content_format, to_conversation, to_tools
 from proxy.count import count_chat, count_completion
 from proxy.errors import InvalidRequest
 from proxy.parse import parse_chat, parse_completion
@@ -36,7 +36,7 @@ def reference_chat_count(ref: Any, case: dict[str, Any]) -> int:
     conversation = to_conversation(case["messages"], detect_content_format(template))
     ids = ref.apply_chat_template(
         conversation,
-        tools=case.get("tools"),
+        tools=to_tools(case.get("tools")),  # vLLM re-serializes tools; the simulator's test checks that step
         tokenize=True,
         return_dict=True,
         add_generation_prompt=case.get("add_generation_prompt", True),

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.serving import ServerThread
+from tests.corpus import CHAT_CASES
 from tests.support.servers import MODEL, Tap, guard, simulator, wait_until
 
 WINDOW = 2048
@@ -63,6 +64,15 @@ def test_request_that_fits_is_forwarded_as_the_exact_bytes(proxy: str, sim: Any)
     assert response.status_code == 200 and response.headers["x-token-guard-action"] == "pass"
     assert sim[1].requests[-1] == json.loads(raw)  # parsed by the simulator: same fields, extra kept
     assert response.json()["usage"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize("name,case", CHAT_CASES, ids=[c[0] for c in CHAT_CASES])
+def test_guard_count_equals_the_upstream_count_for_the_corpus(proxy: str, name: str, case: dict[str, Any]) -> None:
+    body = {"model": MODEL, **case, "max_tokens": 1}
+    through = httpx.post(f"{proxy}/v1/chat/completions", json=body)
+    tokenized = httpx.post(f"{proxy}/tokenize", json={"model": MODEL, **case}).json()["count"]
+    assert through.status_code == 200, through.text
+    assert int(through.headers["x-token-guard-prompt-tokens"]) == through.json()["usage"]["prompt_tokens"] == tokenized
 
 
 def test_async_stream_is_clamped_and_reports_usage(proxy: str) -> None:
