@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from statistics import median
 from typing import Any
@@ -32,30 +33,46 @@ class Figures:
 
 
 def figures(runs: list[Run]) -> Figures:
-    records = [r for run in runs for r in run.records]
-    ok = [r for r in records if r.error is None and r.status == 200]
-    ttft = distribution_ms([r.ttft for r in ok if r.ttft is not None]) or {}
-    total = distribution_ms([r.total for r in ok if r.total is not None]) or {}
+    """Each figure is the median of the rounds' figures, so one round disturbed by a neighbour moves nothing."""
+    per_round = [_round(run) for run in runs]
     cpu = [run.cpu_s for run in runs if run.cpu_s is not None]
     peaks = [run.peak_mb for run in runs if run.peak_mb is not None]
+    requests = sum(run.summary["requests"] for run in runs)
+
+    def mid(key: str) -> float:
+        values = [v for r in per_round if (v := r[key]) is not None and not math.isnan(v)]
+        return median(values) if values else math.nan
+
     return Figures(
-        requests=len(records),
-        errors=len(records) - len(ok),
-        ttft_p50=ttft.get("p50", float("nan")),
-        ttft_p99=ttft.get("p99", float("nan")),
-        total_p50=total.get("p50", float("nan")),
-        total_p99=total.get("p99", float("nan")),
+        requests=requests,
+        errors=requests - sum(run.summary["ok"] for run in runs),
+        ttft_p50=mid("ttft_p50"),
+        ttft_p99=mid("ttft_p99"),
+        total_p50=mid("total_p50"),
+        total_p99=mid("total_p99"),
         throughput=median(run.summary["throughput_rps"] for run in runs),
         tokens_per_s=median(run.summary["output_tokens_per_s"] for run in runs),
-        cpu_ms=1000 * sum(cpu) / max(1, len(records)) if cpu else None,
+        cpu_ms=1000 * sum(cpu) / max(1, requests) if cpu else None,
         peak_mb=max(peaks) if peaks else None,
-        late_total_p50=_late_p50(ok),
+        late_total_p50=None if math.isnan(mid("late_total_p50")) else mid("late_total_p50"),
     )
 
 
-def _late_p50(ok: list[Record]) -> float | None:
-    late = distribution_ms([r.total for r in ok if r.turn is not None and r.turn >= LATE_TURNS and r.total])
-    return late["p50"] if late else None
+def _round(run: Run) -> dict[str, float | None]:
+    summary = run.summary
+    ttft, total = summary["ttft_ms"] or {}, summary["total_ms"] or {}
+    late = distribution_ms([r.total for r in run.records if _ok(r) and (r.turn or 0) >= LATE_TURNS and r.total])
+    return {
+        "ttft_p50": ttft.get("p50"),
+        "ttft_p99": ttft.get("p99"),
+        "total_p50": total.get("p50"),
+        "total_p99": total.get("p99"),
+        "late_total_p50": late["p50"] if late else None,
+    }
+
+
+def _ok(record: Record) -> bool:
+    return record.error is None and record.status == 200
 
 
 def pool(runs: list[Run]) -> dict[str, dict[str, Figures]]:

@@ -52,12 +52,14 @@ def _latency(pooled: dict[str, dict[str, Figures]], axes: Any) -> bool:
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=system, color=COLORS[system])
                 drawn = True
+        ax.set_yscale("symlog", linthresh=1.0)  # from under a millisecond to seconds
         ax.set(
             xscale="log",
             xlabel="prompt tokens (concurrency 8, max_tokens 16)",
             ylabel=f"added {label} latency over direct (ms)",
             title=f"Added {label} latency vs prompt size",
         )
+        ax.set_xticks(list(PROMPT_SIZES.values()), [f"{n:,}" for n in PROMPT_SIZES.values()])
         ax.axhline(0, color="#999999", linewidth=0.8)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -82,6 +84,7 @@ def _throughput(pooled: dict[str, dict[str, Figures]], axes: Any) -> bool:
             ylabel="ratio to direct" if relative else "requests per second",
             title="Throughput vs concurrency" + (", relative to direct" if relative else ""),
         )
+        ax.set_xticks(list(CONCURRENCY.values()), [str(c) for c in CONCURRENCY.values()])
         ax.grid(alpha=0.3)
         ax.legend()
     return drawn

@@ -118,8 +118,8 @@ def method_text(settings: dict[str, Any]) -> str:
         "Rounds are interleaved: each round runs every system once per scenario, the order rotated each round; "
         f"{settings['rounds']} rounds of {settings['duration_s']:g} s (conversations: one per worker), each run after "
         "a warm-up of one short request per connection.",
-        "Latency percentiles pool the rounds' requests; throughput is the median of the rounds, a request still "
-        "running at the end of a run counting by the share of it inside the run.",
+        "Each figure is the median of the rounds' figures (percentiles taken within each run); throughput counts a "
+        "request still running at the end of a run by the share of it inside the run.",
         "Every request carries a prompt no system saw before, built to the exact token count with the model's "
         "tokenizer and chat template, so no cache answers from memory except within a conversation.",
         "Proxy CPU and RSS come from `/proc` of the proxy's process tree: `utime + stime` over the measured run, "

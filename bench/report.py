@@ -35,8 +35,8 @@ SHARED_NOTE = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="output folder (default: bench/results/<today>)")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--duration", type=float, default=6.0, help="seconds per measured run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per measured run")
     parser.add_argument("--no-warmup", action="store_true", help="no warm-up request per connection before each run")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
     parser.add_argument("--scenarios", default=",".join(s.key for s in SCENARIOS), help="comma-separated keys")
@@ -152,6 +152,5 @@ def run_counting(raw: Path) -> dict[str, Any] | None:
     if done.returncode != 0 or not path.exists():
         print("bench: the counting micro-benchmark failed; the report goes without it", file=sys.stderr)
         return None
-    from bench.counting_summary import summarize_counting
-
-    return summarize_counting(json.loads(path.read_text()))
+    data: dict[str, Any] = json.loads(path.read_text())  # markdown, one_shot_ratios, per_turn_ratio, ...
+    return data
