@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -16,49 +17,89 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.discovery import discover
-from proxy.errors import GuardError
+from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.fanout import Fanout, PartFailed
 from proxy.forward import ClientGone, Upstream, relay, unless_disconnected
 from proxy.guard import Guard
 from proxy.merge import StreamMerger, merge_answers, sum_usage
+from proxy.metrics import Metrics
 from proxy.overflow import FanOut, Forward
+from proxy.records import REQUEST_ID, RequestRecord, log_fields, log_line, request_id
 from proxy.registry import ModelRegistry
 from proxy.settings import Settings
 from proxy.streaming import StreamResponse
 
 log = logging.getLogger("token_guard.app")
+requests_log = logging.getLogger("token_guard.requests")
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 SSE = "text/event-stream; charset=utf-8"
+Handler = Callable[[Request, RequestRecord], Awaitable[Response]]
 
 
 def create_app(
     settings: Settings, registry: ModelRegistry, transport: httpx.AsyncBaseTransport | None = None
 ) -> Starlette:
     guard = Guard(settings, registry, Upstream(settings.upstream, transport))
+    metrics = Metrics(lambda: {name: registry.resolve(name).counter.stats() for name in registry.names})
 
     async def guarded(request: Request) -> Response:
-        outcome = await guard.handle(request.url.path, await request.body(), request.headers)
-        if isinstance(outcome, Forward):
-            return await _forward(request, outcome.body, outcome.headers)
-        if isinstance(outcome, FanOut):
-            return await _fan_out(request, outcome)
-        return error_response(outcome.error, outcome.headers)
+        return await _recorded(request, True, _guarded)
 
     async def passthrough(request: Request) -> Response:
-        return await _forward(request, await request.body(), {})
+        return await _recorded(request, False, lambda r, rec: _forward(r, rec, b"", {}, read_body=True))
 
-    async def _forward(request: Request, body: bytes, extra: dict[str, str]) -> Response:
-        opening = guard.upstream.open(request.method, request.url.path, request.url.query, request.headers, body)
+    async def _recorded(request: Request, is_guarded: bool, handler: Handler) -> Response:
+        record = RequestRecord(
+            request_id(request.headers.get(REQUEST_ID)), request.method, request.url.path, is_guarded
+        )
+        try:
+            response = await handler(request, record)
+        except GuardError as exc:
+            if isinstance(exc, UpstreamTimeout | UpstreamUnavailable):
+                record.upstream_error = "timeout" if isinstance(exc, UpstreamTimeout) else "unavailable"
+            response = error_response(exc)
+        response.headers[REQUEST_ID] = record.request_id
+        if isinstance(response, StreamResponse):
+            response.on_close = lambda gone: _done(record, response.status_code, gone)
+        else:
+            _done(record, response.status_code, response.status_code == 499)
+        return response
+
+    def _done(record: RequestRecord, status: int, client_gone: bool) -> None:
+        record.client_gone = record.client_gone or client_gone
+        record.finish(status)
+        metrics.observe(record)
+        fields = log_fields(record)
+        requests_log.info("%s", log_line(fields), extra={"fields": fields})
+
+    async def _guarded(request: Request, record: RequestRecord) -> Response:
+        outcome = await guard.handle(request.url.path, await request.body(), request.headers, record)
+        if isinstance(outcome, Forward):
+            return await _forward(request, record, outcome.body, outcome.headers)
+        if isinstance(outcome, FanOut):
+            return await _fan_out(request, record, outcome)
+        return error_response(outcome.error, outcome.headers)
+
+    async def _forward(
+        request: Request, record: RequestRecord, body: bytes, extra: dict[str, str], read_body: bool = False
+    ) -> Response:
+        body = await request.body() if read_body else body
+        headers = {**request.headers, REQUEST_ID: record.request_id}  # vLLM makes it the response id
+        opening = guard.upstream.open(request.method, request.url.path, request.url.query, headers, body)
         try:
             upstream = await unless_disconnected(request.receive, opening)
         except ClientGone:
             log.info("client went away before the upstream answered %s; upstream request cancelled", request.url.path)
             return Response(status_code=499)
-        return relay(upstream, extra, guard.upstream.url)
+        record.upstream_first_byte_s = time.perf_counter() - record.started
+        if upstream.status_code >= 500:
+            record.upstream_error = f"http_{upstream.status_code}"
+        return relay(upstream, extra, guard.upstream.url, record)
 
-    async def _fan_out(request: Request, fan: FanOut) -> Response:
-        fanout = Fanout(guard.upstream, request.url.path, request.headers, fan.policy.max_fanout)
+    async def _fan_out(request: Request, record: RequestRecord, fan: FanOut) -> Response:
+        headers = {**request.headers, REQUEST_ID: record.request_id}
+        fanout = Fanout(guard.upstream, request.url.path, headers, fan.policy.max_fanout, metrics.fanout)
         try:
             if fan.stream and fan.policy.chunk_merge == "concat":
                 merger = StreamMerger(fan.kind, len(fan.bodies), fan.policy.chunk_separator, fan.include_usage)
@@ -97,6 +138,9 @@ def create_app(
             return StreamResponse(_replay(merger, merged), headers=headers, media_type=SSE)
         return JSONResponse(merged, headers=headers)
 
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
     async def health(request: Request) -> Response:
         if registry.discovering:
             return JSONResponse({"status": "starting", "detail": "learning the upstream's models"}, status_code=503)
@@ -116,12 +160,14 @@ def create_app(
 
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/chat/completions", guarded, methods=["POST"]),
         Route("/v1/completions", guarded, methods=["POST"]),
         Route("/{path:path}", passthrough, methods=ALL_METHODS),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={GuardError: _guard_error, Exception: _crash})
     app.state.guard = guard
+    app.state.metrics = metrics
     return app
 
 

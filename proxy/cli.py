@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from proxy.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.tokenizer import TokenizerLoadError
 
@@ -18,6 +19,7 @@ FLAGS = {  # flag destination -> settings key
     "host": "server.host",
     "port": "server.port",
     "log_level": "server.log_level",
+    "log_format": "server.log_format",
     "upstream": "upstream.url",
     "min_output_tokens": "policy.min_output_tokens",
     "default_max_tokens": "policy.default_max_tokens",
@@ -31,18 +33,16 @@ FLAGS = {  # flag destination -> settings key
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="token-guard", description="A token-aware OpenAI-compatible proxy for vLLM.")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the proxy in front of an upstream")
-    serve.add_argument("--config", type=Path, help="TOML settings file (also TOKEN_GUARD_CONFIG)")
+    serve = add_settings_flags(commands.add_parser("serve", help="run the proxy in front of an upstream"))
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", help="port to listen on (default 8080)")
-    serve.add_argument("--upstream", help="base URL of vLLM or any OpenAI-compatible server")
-    serve.add_argument("--model", help="served model name clients send as `model`")
-    serve.add_argument("--tokenizer", help="tokenizer directory, tokenizer.json, or cached Hugging Face id")
-    serve.add_argument("--chat-template", help="chat template file overriding the tokenizer's")
-    serve.add_argument("--max-model-len", help="context window in tokens (default: asked from the upstream)")
     serve.add_argument("--min-output-tokens", help="reject prompts that leave fewer tokens for the answer")
     serve.add_argument("--default-max-tokens", help='max_tokens for chat requests without one: N or "50%%"')
-    serve.add_argument("--log-level", help="critical, error, warning, info or debug")
+    serve.add_argument("--log-format", help="text (default) or json: one JSON object per line")
+    check = add_settings_flags(commands.add_parser("check", help="compare the guard's token counts with vLLM's"))
+    check.add_argument("--samples", type=Path, help="JSONL file of chat or completions requests to check as well")
+    check.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the upstream (default 5)")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
 
     from proxy.simulator import command as simulate
 
@@ -53,11 +53,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_settings_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags `serve` and `check` share: where the config, the upstream and the model are."""
+    parser.add_argument("--config", type=Path, help="TOML settings file (also TOKEN_GUARD_CONFIG)")
+    parser.add_argument("--upstream", help="base URL of vLLM or any OpenAI-compatible server")
+    parser.add_argument("--model", help="served model name clients send as `model`")
+    parser.add_argument("--tokenizer", help="tokenizer directory, tokenizer.json, or cached Hugging Face id")
+    parser.add_argument("--chat-template", help="chat template file overriding the tokenizer's")
+    parser.add_argument("--max-model-len", help="context window in tokens (default: asked from the upstream)")
+    parser.add_argument("--log-level", help="critical, error, warning, info or debug")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
             return serve(settings_from(args))
+        if args.command == "check":
+            from proxy.check import run_check
+
+            return run_check(settings_from(args), args.samples, args.wait, args.json)
         if args.command == "simulate":
             from proxy.simulator import command as simulate
 
@@ -83,7 +99,7 @@ def serve(settings: Settings) -> int:
     from proxy.app import create_app
     from proxy.registry import ModelRegistry
 
-    configure_logging(settings.server.log_level)
+    configure_logging(settings.server.log_level, settings.server.log_format)
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
     app = create_app(settings, registry)
     logging.getLogger("token_guard").info(
@@ -92,7 +108,3 @@ def serve(settings: Settings) -> int:
     )  # fmt: skip
     uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level="warning", access_log=False)
     return 0
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

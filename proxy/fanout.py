@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from prometheus_client import Gauge
 
 from proxy.errors import GuardError, UpstreamUnavailable
 from proxy.forward import Upstream, close_quietly
@@ -30,9 +31,12 @@ class PartFailed(Exception):
 
 
 class Fanout:
-    def __init__(self, upstream: Upstream, path: str, headers: Mapping[str, str], max_fanout: int) -> None:
+    def __init__(
+        self, upstream: Upstream, path: str, headers: Mapping[str, str], max_fanout: int, in_flight: Gauge | None = None
+    ) -> None:
         self.upstream, self.path, self.headers = upstream, path, headers
         self.gate = asyncio.Semaphore(max_fanout)
+        self.in_flight = in_flight
 
     async def answers(self, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
         async with asyncio.TaskGroup() as group:
@@ -47,6 +51,7 @@ class Fanout:
             except httpx.HTTPError as exc:
                 raise UpstreamUnavailable(f"a part's answer broke off: {type(exc).__name__}") from exc
             finally:
+                self._part_done()
                 await close_quietly(response)
         if response.status_code != 200:
             raise PartFailed(response.status_code, raw, response.headers.get("content-type", "application/json"))
@@ -58,7 +63,17 @@ class Fanout:
 
     async def _open(self, body: dict[str, Any]) -> httpx.Response:
         raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        return await self.upstream.open("POST", self.path, "", self.headers, raw)
+        if self.in_flight is not None:
+            self.in_flight.inc()
+        try:
+            return await self.upstream.open("POST", self.path, "", self.headers, raw)
+        except BaseException:
+            self._part_done()
+            raise
+
+    def _part_done(self) -> None:
+        if self.in_flight is not None:
+            self.in_flight.dec()
 
     async def stream(self, bodies: list[dict[str, Any]], merger: StreamMerger) -> AsyncGenerator[bytes, None]:
         """Start every part now; the first part's failure to start is raised here, before any byte is sent."""
@@ -86,6 +101,7 @@ class Fanout:
                     async for event in sse_events(response):
                         await queues[index].put(event)
                 finally:
+                    self._part_done()
                     await close_quietly(response)
             await queues[index].put(None)
         except Exception as exc:  # any failure must reach the reader, or it would wait forever

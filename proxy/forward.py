@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from collections.abc import AsyncGenerator, Awaitable, Mapping
 from typing import TypeVar
 
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.types import Receive
 
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
+from proxy.records import RequestRecord
 from proxy.settings import UpstreamSettings
 from proxy.streaming import StreamResponse
 
@@ -90,23 +92,28 @@ def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in connection_listed}
 
 
-def relay(upstream: httpx.Response, extra_headers: Mapping[str, str], url: str) -> StreamResponse:
+def relay(
+    upstream: httpx.Response, extra_headers: Mapping[str, str], url: str, record: RequestRecord
+) -> StreamResponse:
     """Relay status, headers and raw body bytes as they arrive; close the upstream when done or abandoned."""
     headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP - {"content-length"}}
     headers.update(extra_headers)
     is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
-    return StreamResponse(_body(upstream, is_sse, url), status_code=upstream.status_code, headers=headers)
+    body = _body(upstream, is_sse, url, record)
+    return StreamResponse(body, status_code=upstream.status_code, headers=headers)
 
 
-async def _body(upstream: httpx.Response, is_sse: bool, url: str) -> AsyncGenerator[bytes, None]:
+async def _body(upstream: httpx.Response, is_sse: bool, url: str, record: RequestRecord) -> AsyncGenerator[bytes, None]:
     try:
         async for chunk in upstream.aiter_raw():
             yield chunk
     except httpx.HTTPError as exc:
         log.warning("upstream %s failed mid-response: %r", url, exc)
+        record.upstream_error = "broken_stream"
         if is_sse:  # the status is already sent: tell a streaming client in-band, as vLLM does
             yield translate(exc, url).sse_bytes()
     finally:
+        record.upstream_s = time.perf_counter() - record.started
         await close_quietly(upstream)
 
 

@@ -3,6 +3,7 @@ not fit. Returns what to do (forward a body, refuse, or fan out parts); the app 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from proxy.merge import part_text
 from proxy.overflow import FanOut, Forward, Outcome, Refuse, overflow_chat, overflow_completion
 from proxy.parse import ChatRequest, parse_chat, parse_completion, with_changes
 from proxy.policy import choose_policy
+from proxy.records import RequestRecord
 from proxy.registry import ModelRegistry
 from proxy.settings import PolicySettings, Settings
 
@@ -24,29 +26,41 @@ class Guard:
     registry: ModelRegistry
     upstream: Upstream
 
-    async def handle(self, path: str, raw: bytes, headers: Mapping[str, str]) -> Outcome:
+    async def handle(self, path: str, raw: bytes, headers: Mapping[str, str], record: RequestRecord) -> Outcome:
         if path.endswith("/chat/completions"):
-            return await self._chat(raw, headers)
-        return await self._completion(raw, headers)
+            outcome = await self._chat(raw, headers, record)
+        else:
+            outcome = await self._completion(raw, headers, record)
+        _note(record, outcome)
+        return outcome
 
-    async def _chat(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
+    async def _chat(self, raw: bytes, headers: Mapping[str, str], record: RequestRecord) -> Outcome:
         req = parse_chat(raw)
         model = self.registry.resolve(req.model)
+        record.model = model.name
+        record.max_tokens_before = req.requested_output[1] if req.requested_output else None
         policy = self.policy_for(model.name)
         choice = choose_policy(policy, headers)
         limits = model.limits(policy)
-        plan = decide_chat(req, await count_chat(model.tokenizer, req, model.counter), limits)
+        started = time.perf_counter()
+        prompt_tokens = await count_chat(model.tokenizer, req, model.counter)
+        record.count_s = time.perf_counter() - started
+        plan = decide_chat(req, prompt_tokens, limits)
         if plan.action == "reject" and choice != "reject":
             return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
         return _as_outcome(plan, req.body, raw)
 
-    async def _completion(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
+    async def _completion(self, raw: bytes, headers: Mapping[str, str], record: RequestRecord) -> Outcome:
         req = parse_completion(raw)
         model = self.registry.resolve(req.model)
+        record.model = model.name
+        record.max_tokens_before = req.requested_output[1]
         policy = self.policy_for(model.name)
         choice = choose_policy(policy, headers)
         limits = model.limits(policy)
+        started = time.perf_counter()
         counts = await count_completion(model.tokenizer, req, model.counter)
+        record.count_s = time.perf_counter() - started
         plan = decide_completion(req, counts, limits)
         if plan.action == "reject" and choice != "reject":
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
@@ -76,6 +90,20 @@ class Guard:
             counts = await count_completion(model.tokenizer, completion, model.counter)
             plan = decide_completion(completion, counts, limits)
         return None if plan.action == "reject" else {**body, **plan.changes}
+
+
+def _note(record: RequestRecord, outcome: Outcome) -> None:
+    """What the decision was, for the request's log line and metrics (read back from the headers it sends)."""
+    headers = outcome.headers
+    record.action = headers.get("x-token-guard-action")
+    record.prompt_tokens = _int(headers.get("x-token-guard-prompt-tokens"))
+    record.max_tokens_after = _int(headers.get("x-token-guard-max-tokens"))
+    record.chunks = _int(headers.get("x-token-guard-chunks"))
+    record.truncated_tokens = _int(headers.get("x-token-guard-truncated-tokens"))
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None else None
 
 
 def _as_outcome(plan: Plan, body: dict[str, Any], raw: bytes) -> Outcome:

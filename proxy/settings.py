@@ -27,6 +27,7 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8080
     log_level: str = "info"
+    log_format: str = "text"
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ def _path(value: Any) -> Path:
 
 
 SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "server": {"host": _text, "port": _int(1, 65535), "log_level": _log_level},
+    "server": {"host": _text, "port": _int(1, 65535), "log_level": _log_level, "log_format": _choice("text", "json")},
     "upstream": {
         "url": _url,
         "connect_timeout_s": _positive_float,

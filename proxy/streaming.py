@@ -9,7 +9,7 @@ sender and a disconnect watcher as plain asyncio tasks and closes the body outsi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -24,6 +24,7 @@ class StreamResponse(Response):
         media_type: str | None = None,
     ) -> None:
         self.stream = body
+        self.on_close: Callable[[bool], None] | None = None  # told whether the client went away first
         self.status_code = status_code
         self.media_type = media_type
         self.background = None
@@ -39,6 +40,8 @@ class StreamResponse(Response):
                 task.cancel()
             await asyncio.gather(sending, watching, return_exceptions=True)
             await self.stream.aclose()
+            if self.on_close is not None:
+                self.on_close(watching.done() and not watching.cancelled())
         if sending.done() and not sending.cancelled() and sending.exception() is not None:
             raise sending.exception()  # type: ignore[misc]
 

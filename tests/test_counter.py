@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, processors
 from transformers import AutoTokenizer
 
-from proxy.conversation import detect_content_format, to_conversation
+from proxy.conversation import detect_content_format, to_conversation, to_tools
 from proxy.count import count_chat, count_completion
 from proxy.counter import TokenCounter
 from proxy.parse import parse_chat, parse_completion
@@ -74,7 +74,7 @@ def reference_count(ref: Any, case: dict[str, Any]) -> int:
     conversation = to_conversation(case["messages"], detect_content_format(ref.chat_template))
     encoded = ref.apply_chat_template(
         conversation,
-        tools=case.get("tools"),
+        tools=to_tools(case.get("tools")),  # as vLLM re-serializes them
         tokenize=True,
         return_dict=True,
         add_generation_prompt=case.get("add_generation_prompt", True),

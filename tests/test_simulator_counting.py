@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.conversation import detect_content_format, to_conversation
+from proxy.conversation import detect_content_format, to_conversation, to_tools
 from proxy.simulator import SimulatorSettings
 from proxy.simulator.chat import plan_chat
 from proxy.simulator.context import Context
@@ -27,13 +27,14 @@ from tests.support.sim_fixtures import (  # noqa: F401
 from tests.support.trained import write_trained_tokenizer_dir
 
 
-def reference_chat_ids(tokenizer: Any, request: dict[str, Any]) -> list[int]:
-    """The count a vLLM would reach: vLLM's conversation, then transformers' own apply_chat_template."""
+def reference_chat_ids(tokenizer: Any, request: dict[str, Any], normalize_tools: bool = True) -> list[int]:
+    """The count a vLLM would reach: vLLM's conversation and tools, then transformers' own apply_chat_template."""
     template = tokenizer.chat_template
     conversation = to_conversation(request["messages"], detect_content_format(template))
+    tools = request.get("tools")
     encoded = tokenizer.apply_chat_template(
         conversation,
-        tools=request.get("tools"),
+        tools=to_tools(tools) if normalize_tools else tools,
         chat_template=template,
         add_generation_prompt=request.get("add_generation_prompt", True),
         continue_final_message=request.get("continue_final_message", False),
@@ -112,7 +113,7 @@ def test_tools_are_normalised_like_vllm_before_rendering(sim032: RunningSim, hf_
     messages = [{"role": "user", "content": "Ping?"}]
     normalised = {"type": "function", "function": {"name": "ping", "description": None, "parameters": None}}
     expected = reference_chat_ids(hf_tokenizer, {"messages": messages, "tools": [normalised]})
-    assert expected != reference_chat_ids(hf_tokenizer, {"messages": messages, "tools": [bare]})
+    assert expected != reference_chat_ids(hf_tokenizer, {"messages": messages, "tools": [bare]}, normalize_tools=False)
     body = sim032.client.post("/tokenize", json={"messages": messages, "tools": [bare]}).json()
     assert body["tokens"] == expected
     full = sim032.client.post("/tokenize", json={"messages": messages, "tools": [WEATHER_TOOL]}).json()

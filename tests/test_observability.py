@@ -1,0 +1,103 @@
+"""Metrics, request ids and one structured log line per request."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.logs import JsonFormatter
+from tests.support.servers import MODEL, guard, simulator, wait_until
+
+
+@pytest.fixture(scope="module")
+def stack(deepseek_dir: Path) -> Iterator[tuple[str, Any]]:
+    with simulator(deepseek_dir, profile="0.31", max_model_len=2048) as (sim, stats, _):
+        with guard(sim.url, deepseek_dir, **{"model.max_model_len": 2048}) as proxy:
+            yield proxy.url, stats
+
+
+def chat(url: str, content: str, max_tokens: int, **headers: str) -> httpx.Response:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            found = dict(part.split("=", 1) for part in line[line.find("{") + 1 : line.find("}")].split(",") if part)
+            if all(found.get(k) == f'"{v}"' for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_move_with_the_traffic(stack: tuple[str, Any]) -> None:
+    url, _ = stack
+    before = httpx.get(f"{url}/metrics").text
+    assert chat(url, "hello", 5).headers["x-token-guard-action"] == "pass"
+    assert chat(url, "hello", 5000).headers["x-token-guard-action"] == "clamp"
+    assert chat(url, "word " * 3000, 5).status_code == 400
+    assert chat(url, "word " * 3000, 5, **{"x-token-guard-overflow": "chunk"}).status_code == 200
+    assert chat(url, "word " * 3000, 5, **{"x-token-guard-overflow": "truncate"}).status_code == 200
+    httpx.get(f"{url}/v1/models")
+    after = httpx.get(f"{url}/metrics")
+    assert after.headers["content-type"].startswith("text/plain")
+    text = after.text
+    for action, status in [("pass", "200"), ("clamp", "200"), ("reject", "400"), ("chunk", "200"), ("truncate", "200")]:
+        labels = {"model": MODEL, "endpoint": "/v1/chat/completions", "action": action, "status": status}
+        assert (
+            metric(text, "token_guard_requests_total", **labels)
+            == metric(before, "token_guard_requests_total", **labels) + 1
+        )
+    me = {"model": MODEL, "endpoint": "/v1/chat/completions"}
+    assert metric(text, "token_guard_clamped_tokens_total", **me) >= 5000 - 2048
+    assert metric(text, "token_guard_overflow_rejections_total", **me) >= 1
+    assert metric(text, "token_guard_truncated_tokens_total", **me) > 0
+    assert metric(text, "token_guard_chunks_count", **me) >= 1
+    assert metric(text, "token_guard_prompt_tokens_count", **me) >= 5
+    assert metric(text, "token_guard_tokenize_seconds_count", model=MODEL) >= 5
+    assert metric(text, "token_guard_upstream_first_byte_seconds_count", model="", endpoint="/v1/models") >= 1
+    assert metric(text, "token_guard_count_cache_misses_total", model=MODEL) > 0
+
+
+def test_request_id_is_honoured_forwarded_and_returned(stack: tuple[str, Any]) -> None:
+    url, stats = stack
+    response = chat(url, "hi", 3, **{"x-request-id": "trace-42"})
+    assert response.headers["x-request-id"] == "trace-42"
+    assert response.json()["id"] == "chatcmpl-trace-42"  # vLLM (and the simulator) make it the response id
+    generated = chat(url, "hi", 3)
+    assert len(generated.headers["x-request-id"]) == 32
+    assert generated.json()["id"] == "chatcmpl-" + generated.headers["x-request-id"]
+    rejected = chat(url, "word " * 3000, 3, **{"x-request-id": "too-long-1"})
+    assert rejected.status_code == 400 and rejected.headers["x-request-id"] == "too-long-1"
+
+
+def test_one_structured_line_per_request(stack: tuple[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    url, _ = stack
+    caplog.set_level(logging.INFO, logger="token_guard.requests")
+    chat(url, "hello there", 4000, **{"x-request-id": "log-me"})
+    assert wait_until(lambda: any(getattr(r, "fields", {}).get("request_id") == "log-me" for r in caplog.records))
+    (record,) = [r for r in caplog.records if getattr(r, "fields", {}).get("request_id") == "log-me"]
+    line = json.loads(JsonFormatter().format(record))
+    assert line["level"] == "info" and line["logger"] == "token_guard.requests"
+    assert line["model"] == MODEL and line["endpoint"] == "/v1/chat/completions" and line["action"] == "clamp"
+    assert line["max_tokens_before"] == 4000 and line["max_tokens_after"] == 2048 - line["prompt_tokens"]
+    assert line["status"] == 200 and line["total_s"] >= line["upstream_s"] >= line["upstream_first_byte_s"] > 0
+    assert "log-me" in record.getMessage() and "action=clamp" in record.getMessage()
+
+
+def test_client_disconnects_are_counted(deepseek_dir: Path) -> None:
+    with simulator(deepseek_dir, profile="0.31", max_model_len=2048, itl_s=0.02) as (sim, stats, _):
+        with guard(sim.url, deepseek_dir, **{"model.max_model_len": 2048}) as proxy:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 500, "stream": True}
+            with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as response:
+                next(response.iter_lines())
+            assert wait_until(lambda: stats.aborted == 1)
+            assert wait_until(
+                lambda: metric(httpx.get(f"{proxy.url}/metrics").text, "token_guard_client_disconnects_total") == 1
+            )
