@@ -28,15 +28,37 @@ class ServerSettings:
     port: int = 8080
     log_level: str = "info"
     log_format: str = "text"
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = 32 * 2**20
+    max_json_depth: int = 64
+    max_messages: int = 10_000
+    drain_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
 class UpstreamSettings:
     url: str = "http://127.0.0.1:8000"
+    urls: tuple[str, ...] = ()  # replicas of the same model; when set, `url` is not used for traffic
+    api_key: str | None = None
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 600.0
+    first_byte_timeout_s: float = 600.0
+    read_timeout_s: float = 600.0  # the longest silence allowed between two chunks of an answer
     write_timeout_s: float = 60.0
     startup_wait_s: float = 300.0
+    retries: int = 2
+    health_interval_s: float = 5.0
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return self.urls or (self.url,)
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    max_inflight_tokens: int | str = 0  # 0: off; "auto": from the upstream's KV cache size
+    max_inflight_requests: int = 0
+    queue_timeout_s: float = 30.0
+    max_queue: int = 1000
 
 
 OVERFLOW_POLICIES = ("reject", "truncate", "chunk")
@@ -81,6 +103,7 @@ class Settings:
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
     counting: CountingSettings = field(default_factory=CountingSettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     models: tuple[ModelSettings, ...] = ()
 
 
@@ -196,18 +219,65 @@ def _template(*fields: str) -> Callable[[Any], str]:
     return check
 
 
+def _list_of(check: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, ...]]:
+    def parse(value: Any) -> tuple[Any, ...]:
+        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise ValueError("a list (or a comma-separated string)")
+        try:
+            return tuple(check(item) for item in items)
+        except ValueError as exc:
+            raise ValueError(f"a list of {exc}") from None
+
+    return parse
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value in (None, "") else _text(value)
+
+
+def _budget(value: Any) -> int | str:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _int(0)(value)
+    except ValueError:
+        raise ValueError('a token count >= 0 (0 = off) or "auto"') from None
+
+
 def _path(value: Any) -> Path:
     return Path(_text(value)).expanduser()
 
 
 SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "server": {"host": _text, "port": _int(1, 65535), "log_level": _log_level, "log_format": _choice("text", "json")},
+    "server": {
+        "host": _text,
+        "port": _int(1, 65535),
+        "log_level": _log_level,
+        "log_format": _choice("text", "json"),
+        "api_keys": _list_of(_text),
+        "max_body_bytes": _int(1024),
+        "max_json_depth": _int(8),
+        "max_messages": _int(1),
+        "drain_timeout_s": _positive_float,
+    },
     "upstream": {
         "url": _url,
+        "urls": _list_of(_url),
+        "api_key": _optional_text,
         "connect_timeout_s": _positive_float,
+        "first_byte_timeout_s": _positive_float,
         "read_timeout_s": _positive_float,
         "write_timeout_s": _positive_float,
         "startup_wait_s": _positive_float,
+        "retries": _int(0),
+        "health_interval_s": _positive_float,
+    },
+    "admission": {
+        "max_inflight_tokens": _budget,
+        "max_inflight_requests": _int(0),
+        "queue_timeout_s": _positive_float,
+        "max_queue": _int(0),
     },
     "policy": {
         "min_output_tokens": _int(1),
@@ -237,6 +307,7 @@ SECTIONS = {
     "upstream": UpstreamSettings,
     "policy": PolicySettings,
     "counting": CountingSettings,
+    "admission": AdmissionSettings,
 }
 
 
