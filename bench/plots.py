@@ -17,10 +17,10 @@ COLORS = {"direct": "#555555", "nginx": "#2a9d8f", "token-guard": "#e76f51", "li
 def draw(pooled: dict[str, dict[str, Figures]], out: Path) -> list[str]:
     """Write the plots into `out`; returns their file names (none when matplotlib is missing)."""
     try:
-        import matplotlib
+        import matplotlib  # type: ignore[import-not-found, unused-ignore]  # optional: the bench extra
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         print("bench: matplotlib is not installed; no plots (pip install matplotlib)", file=sys.stderr)
         return []
