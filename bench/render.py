@@ -96,7 +96,10 @@ def headline(pooled: Pooled, idle_mb: dict[str, float]) -> str:
 
 
 def targets_table(targets: list[Target]) -> str:
-    return table(["target", "measured", "pass / miss"], [[t.goal, t.measured, t.verdict] for t in targets])
+    def measured(t: Target) -> str:
+        return "-" if math.isnan(t.measured) else t.shown or f"{t.measured:.{t.digits}f}{t.unit}"
+
+    return table(["target", "measured", "pass / miss"], [[t.goal, measured(t), t.verdict] for t in targets])
 
 
 def machine_text(machine: dict[str, Any]) -> str:
@@ -115,6 +118,10 @@ def method_text(settings: dict[str, Any]) -> str:
         "Every system is a process of its own on loopback in front of the same simulator process (`python -m proxy "
         f"simulate`, vLLM 0.32 profile, max_model_len {settings['max_model_len']:,}; {timings}).",
         f"The load generator (httpx, one process) shares the {settings['cores']} cores with them.",
+        "nginx: the Debian package with a generated config (one worker, keepalive upstream, HTTP/1.1, request and "
+        "response buffering off, access log off). LiteLLM: `litellm[proxy]` at a pinned version in its own virtual "
+        "environment, one worker, the model as `openai/<name>` on the simulator, a master key, the local cost map, "
+        "logging at ERROR. token-guard: `python -m proxy serve` with the default policy, log level warning.",
         "Rounds are interleaved: each round runs every system once per scenario, the order rotated each round; "
         f"{settings['rounds']} rounds of {settings['duration_s']:g} s (conversations: one per worker), each run after "
         "a warm-up of one short request per connection.",
@@ -136,6 +143,7 @@ def report(
     idle_mb: dict[str, float],
     counting_md: str | None,
     plots: list[str],
+    closing: str | None = None,
 ) -> str:
     parts = [
         f"# token-guard performance report ({settings['date']})",
@@ -150,4 +158,6 @@ def report(
             parts.append(f"## {scenario.title}\n\n" + scenario_table(scenario, pooled[scenario.key]))
     if counting_md:
         parts.append("## Counting alone (`python -m bench counting`)\n\n" + counting_md.strip())
+    if closing:
+        parts.append("## Closing note\n\n" + closing.strip())
     return "\n\n".join(parts) + "\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import plots, render, targets
-from bench.aggregate import pool
+from bench.aggregate import Figures, pool
 from bench.load import demo_tokenizer, prompt_source
 from bench.machine import describe
 from bench.procstats import usage
@@ -43,9 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: the DeepSeek demo tokenizer)")
     parser.add_argument("--no-counting", action="store_true", help="skip the counting micro-benchmark")
     parser.add_argument("--note", default=SHARED_NOTE, help="a sentence about the machine's state during the run")
+    parser.add_argument("--notes", type=Path, help="a Markdown file to end the report with (the closing note)")
+    parser.add_argument("--rerender", type=Path, metavar="DIR", help="rewrite DIR's report and plots, no measuring")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.rerender:
+        write(args.rerender, json.loads((args.rerender / "results.json").read_text()), args.notes)
+        print(f"bench: rewrote {args.rerender / 'report.md'} from its results.json", file=sys.stderr)
+        return 0
     date = datetime.date.today().isoformat()
     out = args.out or Path("bench/results") / date
     raw = out / "raw"
@@ -78,22 +84,38 @@ def main(args: argparse.Namespace) -> int:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
     counting = None if args.no_counting else run_counting(raw)
-    pooled = pool(measurement.runs)
-    checked = targets.check(pooled, idle_mb, counting)
-    drawn = plots.draw(pooled, out)
-    text = render.report(pooled, machine, settings, checked, idle_mb, (counting or {}).get("markdown"), drawn)
-    (out / "report.md").write_text(text)
-    summary = {
+    results = {
         "settings": settings,
         "machine": machine,
         "idle_rss_mb": idle_mb,
         "counting": counting,
-        "targets": [vars(t) | {"verdict": t.verdict} for t in checked],
-        "figures": {s: {n: f.to_json() for n, f in fs.items()} for s, fs in pooled.items()},
+        "figures": {s: {n: f.to_json() for n, f in fs.items()} for s, fs in pool(measurement.runs).items()},
     }
-    (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write(out, results, args.notes)
     print(f"bench: wrote {out / 'report.md'} in {time.monotonic() - began:.0f} s", file=sys.stderr)
     return 0
+
+
+def write(out: Path, results: dict[str, Any], notes: Path | None) -> None:
+    """report.md, the plots and results.json (the figures, small enough to commit) from a run's results."""
+    pooled = {s: {n: Figures(**f) for n, f in fs.items()} for s, fs in results["figures"].items()}
+    counting, idle_mb = results["counting"], results["idle_rss_mb"]
+    checked = targets.check(pooled, idle_mb, counting)
+    drawn = plots.draw(pooled, out)
+    closing = notes.read_text() if notes else None
+    text = render.report(
+        pooled,
+        results["machine"],
+        results["settings"],
+        checked,
+        idle_mb,
+        (counting or {}).get("markdown"),
+        drawn,
+        closing,
+    )
+    (out / "report.md").write_text(text)
+    results = {**results, "targets": [t.to_json() for t in checked]}
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
 def _phase(
