@@ -12,15 +12,19 @@ from typing import Any
 
 import httpx
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from proxy.admission import TooBusy
+from proxy.auth import ApiKeyAuth
 from proxy.discovery import discover
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.fanout import Fanout, PartFailed
-from proxy.forward import ClientGone, Upstream, relay, unless_disconnected
+from proxy.forward import ClientGone, relay, unless_disconnected
 from proxy.guard import Guard
+from proxy.limits import BodyLimit
 from proxy.merge import StreamMerger, merge_answers, sum_usage
 from proxy.metrics import Metrics
 from proxy.overflow import FanOut, Forward
@@ -28,6 +32,7 @@ from proxy.records import REQUEST_ID, RequestRecord, log_fields, log_line, reque
 from proxy.registry import ModelRegistry
 from proxy.settings import Settings
 from proxy.streaming import StreamResponse
+from proxy.upstream import Upstream
 
 log = logging.getLogger("token_guard.app")
 requests_log = logging.getLogger("token_guard.requests")
@@ -35,12 +40,13 @@ requests_log = logging.getLogger("token_guard.requests")
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 SSE = "text/event-stream; charset=utf-8"
 Handler = Callable[[Request, RequestRecord], Awaitable[Response]]
+QUEUE_HEADER = "x-token-guard-queue-ms"
 
 
 def create_app(
     settings: Settings, registry: ModelRegistry, transport: httpx.AsyncBaseTransport | None = None
 ) -> Starlette:
-    guard = Guard(settings, registry, Upstream(settings.upstream, transport))
+    guard = Guard(settings, registry, Upstream(settings.upstream, settings.admission, transport))
     metrics = Metrics(lambda: {name: registry.resolve(name).counter.stats() for name in registry.names})
 
     async def guarded(request: Request) -> Response:
@@ -76,26 +82,35 @@ def create_app(
     async def _guarded(request: Request, record: RequestRecord) -> Response:
         outcome = await guard.handle(request.url.path, await request.body(), request.headers, record)
         if isinstance(outcome, Forward):
-            return await _forward(request, record, outcome.body, outcome.headers)
+            return await _forward(request, record, outcome.body, outcome.headers, cost=outcome.cost)
         if isinstance(outcome, FanOut):
             return await _fan_out(request, record, outcome)
         return error_response(outcome.error, outcome.headers)
 
     async def _forward(
-        request: Request, record: RequestRecord, body: bytes, extra: dict[str, str], read_body: bool = False
+        request: Request,
+        record: RequestRecord,
+        body: bytes,
+        extra: dict[str, str],
+        read_body: bool = False,
+        cost: int | None = None,
     ) -> Response:
         body = await request.body() if read_body else body
         headers = {**request.headers, REQUEST_ID: record.request_id}  # vLLM makes it the response id
-        opening = guard.upstream.open(request.method, request.url.path, request.url.query, headers, body)
+        opening = guard.upstream.open(request.method, request.url.path, request.url.query, headers, body, cost)
         try:
-            upstream = await unless_disconnected(request.receive, opening)
+            opened = await unless_disconnected(request.receive, opening)
         except ClientGone:
             log.info("client went away before the upstream answered %s; upstream request cancelled", request.url.path)
             return Response(status_code=499)
         record.upstream_first_byte_s = time.perf_counter() - record.started
-        if upstream.status_code >= 500:
-            record.upstream_error = f"http_{upstream.status_code}"
-        return relay(upstream, extra, guard.upstream.url, record)
+        if opened.response.status_code >= 500:
+            record.upstream_error = f"http_{opened.response.status_code}"
+        if opened.ticket is not None and opened.ticket.waited_s > 0:
+            extra = {**extra, QUEUE_HEADER: str(round(opened.ticket.waited_s * 1000))}
+        response = relay(opened.response, extra, opened.replica, record)
+        response.on_release = lambda: guard.upstream.release(opened.ticket)  # streams hold budget to their last byte
+        return response
 
     async def _fan_out(request: Request, record: RequestRecord, fan: FanOut) -> Response:
         headers = {**request.headers, REQUEST_ID: record.request_id}
@@ -103,7 +118,7 @@ def create_app(
         try:
             if fan.stream and fan.policy.chunk_merge == "concat":
                 merger = StreamMerger(fan.kind, len(fan.bodies), fan.policy.chunk_separator, fan.include_usage)
-                body = await unless_disconnected(request.receive, fanout.stream(fan.bodies, merger))
+                body = await unless_disconnected(request.receive, fanout.stream(fan.bodies, fan.costs, merger))
                 return StreamResponse(body, headers=fan.headers, media_type=SSE)
             return await unless_disconnected(request.receive, _answer(fanout, fan))
         except ClientGone:
@@ -117,7 +132,7 @@ def create_app(
 
     async def _answer(fanout: Fanout, fan: FanOut) -> Response:
         bodies = [_non_streaming(b) for b in fan.bodies] if fan.stream else fan.bodies
-        answers = await fanout.answers(bodies)
+        answers = await fanout.answers(bodies, fan.costs)
         merged = merge_answers(fan.kind, answers, fan.policy.chunk_separator)
         headers = dict(fan.headers)
         if fan.policy.chunk_merge == "reduce":
@@ -126,11 +141,13 @@ def create_app(
                 headers["x-token-guard-merge"] = "concat (the combining request would not fit)"
             else:
                 headers["x-token-guard-merge"] = "reduce"
+                reduce_body, reduce_cost = reduce
                 if fan.stream:
                     merger = StreamMerger(fan.kind, 1, "", fan.include_usage, [a.get("usage") for a in answers])
-                    streamed = {**reduce, "stream": True, "stream_options": {"include_usage": True}}
-                    return StreamResponse(await fanout.stream([streamed], merger), headers=headers, media_type=SSE)
-                (final,) = await fanout.answers([reduce])
+                    streamed = {**reduce_body, "stream": True, "stream_options": {"include_usage": True}}
+                    body = await fanout.stream([streamed], [reduce_cost], merger)
+                    return StreamResponse(body, headers=headers, media_type=SSE)
+                (final,) = await fanout.answers([reduce_body], [reduce_cost])
                 merged = merge_answers(fan.kind, [final], "")
                 merged["usage"] = sum_usage([a.get("usage") for a in [*answers, final]])
         if fan.stream:  # the client asked for a stream: one merged answer as a stream of chunks
@@ -150,12 +167,15 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.ensure_future(_discover(guard))
+        tasks = [asyncio.ensure_future(_discover(guard)), asyncio.ensure_future(guard.upstream.watch_health())]
+        if guard.upstream.auto_budget:
+            tasks.append(asyncio.ensure_future(guard.upstream.learn_budgets()))
         try:
             yield
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await guard.upstream.aclose()
 
     routes = [
@@ -165,7 +185,16 @@ def create_app(
         Route("/v1/completions", guarded, methods=["POST"]),
         Route("/{path:path}", passthrough, methods=ALL_METHODS),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={GuardError: _guard_error, Exception: _crash})
+    middleware = [  # outermost first: a client without a key gets its 401 before any of its body is read
+        Middleware(ApiKeyAuth, api_keys=settings.server.api_keys),
+        Middleware(BodyLimit, max_body_bytes=settings.server.max_body_bytes),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={GuardError: _guard_error, Exception: _crash},
+    )
     app.state.guard = guard
     app.state.metrics = metrics
     return app
@@ -204,6 +233,9 @@ async def _discover(guard: Guard) -> None:
 
 
 def error_response(error: GuardError, headers: dict[str, str] | None = None) -> Response:
+    headers = dict(headers or {})
+    if isinstance(error, TooBusy):
+        headers["retry-after"] = str(error.retry_after_s)
     return Response(error.json_bytes(), status_code=error.status, headers=headers, media_type="application/json")
 
 

@@ -38,6 +38,12 @@ class Plan:
     changes: dict[str, int] = field(default_factory=dict)
     error: ContextLengthExceeded | None = None
 
+    def cost(self, limits: Limits, sequences: int) -> int:
+        """KV tokens the request holds while it runs: (prompt + output limit) per sequence; with no limit, vLLM
+        may fill the window."""
+        output = self.max_tokens if self.max_tokens is not None else limits.max_model_len - self.prompt_tokens
+        return (self.prompt_tokens + output) * sequences
+
     def headers(self) -> dict[str, str]:
         headers = {"x-token-guard-prompt-tokens": str(self.prompt_tokens), "x-token-guard-action": self.action}
         if self.max_tokens is not None:

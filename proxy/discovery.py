@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from proxy.errors import GuardError
-from proxy.forward import Upstream
+from proxy.upstream import Upstream
 
 log = logging.getLogger("token_guard.discovery")
 

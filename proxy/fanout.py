@@ -17,7 +17,8 @@ import httpx
 from prometheus_client import Gauge
 
 from proxy.errors import GuardError, UpstreamUnavailable
-from proxy.forward import Upstream, close_quietly
+from proxy.forward import close_quietly
+from proxy.upstream import Opened, Upstream
 from proxy.merge import StreamMerger, sse
 
 
@@ -38,20 +39,22 @@ class Fanout:
         self.gate = asyncio.Semaphore(max_fanout)
         self.in_flight = in_flight
 
-    async def answers(self, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def answers(self, bodies: list[dict[str, Any]], costs: list[int]) -> list[dict[str, Any]]:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(self._answer(body)) for body in bodies]
+            tasks = [group.create_task(self._answer(b, c)) for b, c in zip(bodies, costs, strict=True)]
         return [task.result() for task in tasks]
 
-    async def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _answer(self, body: dict[str, Any], cost: int) -> dict[str, Any]:
         async with self.gate:
-            response = await self._open(body)
+            opened = await self._open(body, cost)
+            response = opened.response
             try:
                 raw = await response.aread()
             except httpx.HTTPError as exc:
                 raise UpstreamUnavailable(f"a part's answer broke off: {type(exc).__name__}") from exc
             finally:
                 self._part_done()
+                self.upstream.release(opened.ticket)
                 await close_quietly(response)
         if response.status_code != 200:
             raise PartFailed(response.status_code, raw, response.headers.get("content-type", "application/json"))
@@ -61,12 +64,12 @@ class Fanout:
             raise UpstreamUnavailable("a part's answer was not valid JSON") from exc
         return answer
 
-    async def _open(self, body: dict[str, Any]) -> httpx.Response:
+    async def _open(self, body: dict[str, Any], cost: int) -> Opened:
         raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         if self.in_flight is not None:
             self.in_flight.inc()
         try:
-            return await self.upstream.open("POST", self.path, "", self.headers, raw)
+            return await self.upstream.open("POST", self.path, "", self.headers, raw, cost=cost)
         except BaseException:
             self._part_done()
             raise
@@ -75,11 +78,16 @@ class Fanout:
         if self.in_flight is not None:
             self.in_flight.dec()
 
-    async def stream(self, bodies: list[dict[str, Any]], merger: StreamMerger) -> AsyncGenerator[bytes, None]:
+    async def stream(
+        self, bodies: list[dict[str, Any]], costs: list[int], merger: StreamMerger
+    ) -> AsyncGenerator[bytes, None]:
         """Start every part now; the first part's failure to start is raised here, before any byte is sent."""
         queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in bodies]
         first_open: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        tasks = [asyncio.ensure_future(self._produce(i, b, queues, first_open)) for i, b in enumerate(bodies)]
+        tasks = [
+            asyncio.ensure_future(self._produce(i, b, c, queues, first_open))
+            for i, (b, c) in enumerate(zip(bodies, costs, strict=True))
+        ]
         try:
             await asyncio.shield(first_open)
         except BaseException:
@@ -87,11 +95,12 @@ class Fanout:
             raise
         return self._consume(queues, tasks, merger)
 
-    async def _produce(self, index: int, body: dict[str, Any], queues: list[asyncio.Queue[Any]],
+    async def _produce(self, index: int, body: dict[str, Any], cost: int, queues: list[asyncio.Queue[Any]],
                        first_open: asyncio.Future[None]) -> None:  # fmt: skip
         try:
             async with self.gate:
-                response = await self._open(body)
+                opened = await self._open(body, cost)
+                response = opened.response
                 try:
                     if response.status_code != 200:
                         raw = await response.aread()
@@ -102,6 +111,7 @@ class Fanout:
                         await queues[index].put(event)
                 finally:
                     self._part_done()
+                    self.upstream.release(opened.ticket)
                     await close_quietly(response)
             await queues[index].put(None)
         except Exception as exc:  # any failure must reach the reader, or it would wait forever

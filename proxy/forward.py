@@ -1,7 +1,6 @@
-"""Send a request to the upstream and relay its answer byte for byte, streams included.
-
-httpx errors are translated into the guard's errors here and nowhere else. The upstream connection is closed as
-soon as the client goes away (that is what makes vLLM abort the generation and free its KV cache).
+"""Relay the upstream's answer byte for byte, streams included, and close the upstream connection as soon as the
+client goes away (that is what makes vLLM abort the generation and free its KV cache). httpx errors are translated
+into the guard's errors by `translate`, here and in proxy/upstream.py only.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from starlette.types import Receive
 
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.records import RequestRecord
-from proxy.settings import UpstreamSettings
 from proxy.streaming import StreamResponse
 
 log = logging.getLogger("token_guard.forward")
@@ -40,51 +38,6 @@ def translate(exc: httpx.HTTPError, url: str) -> GuardError:
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamTimeout(f"The upstream at {url} did not answer in time ({type(exc).__name__}).")
     return UpstreamUnavailable(f"The upstream at {url} could not be reached ({type(exc).__name__}).")
-
-
-class Upstream:
-    """The HTTP client toward vLLM: one connection pool, opened at start-up and closed at shutdown."""
-
-    def __init__(self, settings: UpstreamSettings, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.url = settings.url
-        timeout = httpx.Timeout(
-            connect=settings.connect_timeout_s,
-            read=settings.read_timeout_s,
-            write=settings.write_timeout_s,
-            pool=settings.connect_timeout_s,
-        )
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=limits, transport=transport)
-
-    async def open(self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes) -> httpx.Response:
-        """Send the request and return once the upstream's status and headers have arrived (body unread)."""
-        request = self._client.build_request(
-            method, path, params=httpx.QueryParams(query), headers=forwardable(headers), content=body
-        )
-        try:
-            return await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise translate(exc, self.url) from None
-
-    async def get_json(self, path: str, timeout_s: float) -> object:
-        try:
-            response = await self._client.get(path, timeout=timeout_s)
-            response.raise_for_status()
-            return response.json()
-        except httpx.HTTPError as exc:
-            raise translate(exc, self.url) from None
-        except ValueError as exc:
-            raise UpstreamUnavailable(f"The upstream at {self.url} answered {path} with invalid JSON.") from exc
-
-    async def is_healthy(self, timeout_s: float = 2.0) -> bool:
-        try:
-            response = await self._client.get("/health", timeout=timeout_s)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
 
 def forwardable(headers: Mapping[str, str]) -> dict[str, str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from proxy.count import count_chat, count_completion
 from proxy.decide import Plan, decide_chat, decide_completion
-from proxy.forward import Upstream
+from proxy.upstream import Upstream
 from proxy.merge import part_text
 from proxy.overflow import FanOut, Forward, Outcome, Refuse, overflow_chat, overflow_completion
 from proxy.parse import ChatRequest, parse_chat, parse_completion, with_changes
@@ -48,7 +48,7 @@ class Guard:
         plan = decide_chat(req, prompt_tokens, limits)
         if plan.action == "reject" and choice != "reject":
             return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
-        return _as_outcome(plan, req.body, raw)
+        return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n))
 
     async def _completion(self, raw: bytes, headers: Mapping[str, str], record: RequestRecord) -> Outcome:
         req = parse_completion(raw)
@@ -64,13 +64,13 @@ class Guard:
         plan = decide_completion(req, counts, limits)
         if plan.action == "reject" and choice != "reject":
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
-        return _as_outcome(plan, req.body, raw)
+        return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)))
 
     def policy_for(self, model: str) -> PolicySettings:
         configured = {m.name: m.policy for m in self.settings.models}
         return configured.get(model) or self.settings.policy
 
-    async def reduce_body(self, fan: FanOut, answers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    async def reduce_body(self, fan: FanOut, answers: list[dict[str, Any]]) -> tuple[dict[str, Any], int] | None:
         """The map-reduce step: one more request asking the model to combine the partial answers, or None when even
         that request would not fit (the caller then joins the answers instead)."""
         joined = fan.policy.chunk_separator.join(part_text(fan.kind, a) for a in answers)
@@ -89,7 +89,7 @@ class Guard:
             completion = parse_completion(with_changes(body, {}))
             counts = await count_completion(model.tokenizer, completion, model.counter)
             plan = decide_completion(completion, counts, limits)
-        return None if plan.action == "reject" else {**body, **plan.changes}
+        return None if plan.action == "reject" else ({**body, **plan.changes}, plan.cost(limits, 1))
 
 
 def _note(record: RequestRecord, outcome: Outcome) -> None:
@@ -106,7 +106,7 @@ def _int(value: str | None) -> int | None:
     return int(value) if value is not None else None
 
 
-def _as_outcome(plan: Plan, body: dict[str, Any], raw: bytes) -> Outcome:
+def _as_outcome(plan: Plan, body: dict[str, Any], raw: bytes, cost: int) -> Outcome:
     if plan.error is not None:
         return Refuse(plan.error, plan.headers())
-    return Forward(with_changes(body, plan.changes) if plan.changes else raw, plan.headers())
+    return Forward(with_changes(body, plan.changes) if plan.changes else raw, plan.headers(), cost)

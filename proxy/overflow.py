@@ -23,6 +23,7 @@ from proxy.truncate import truncate_chat, truncate_completion
 class Forward:
     body: bytes
     headers: dict[str, str]
+    cost: int | None = None  # KV tokens it holds while running, for admission
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Refuse:
 class FanOut:
     kind: str  # "chat" or "completion"
     bodies: list[dict[str, Any]]
+    costs: list[int]
     headers: dict[str, str]
     stream: bool
     include_usage: bool
@@ -69,7 +71,7 @@ async def overflow_chat(
         trimmed = _chat_with(req, cut.prompt)
         fitted = decide_chat(trimmed, cut.prompt_tokens, limits)
         headers = {**fitted.headers(), **cut.headers(), "x-token-guard-action": "truncate"}
-        return Forward(with_changes(trimmed.body, fitted.changes), headers)
+        return Forward(with_changes(trimmed.body, fitted.changes), headers, fitted.cost(limits, req.n))
     try:
         refuse_unsound(req.body, req.n, "chat")
         split = await split_chat(
@@ -77,10 +79,10 @@ async def overflow_chat(
         )
     except CannotChunk as exc:
         return refuse(plan, f"The chunk policy was not applied: {exc}.")
-    bodies = [
-        _chat_part(_chat_with(req, m), n, limits) for m, n in zip(split.prompts, split.prompt_tokens, strict=True)
-    ]
-    return _fan_out("chat", req, plan, split, bodies, policy)
+    parts = [_chat_with(req, m) for m in split.prompts]
+    plans = [decide_chat(part, n, limits) for part, n in zip(parts, split.prompt_tokens, strict=True)]
+    bodies = [{**part.body, **p.changes} for part, p in zip(parts, plans, strict=True)]
+    return _fan_out("chat", req, plan, split, bodies, [p.cost(limits, 1) for p in plans], policy)
 
 
 async def overflow_completion(
@@ -94,7 +96,8 @@ async def overflow_completion(
                           body={**req.body, "prompt": cut.prompt})  # fmt: skip
         fitted = decide_completion(trimmed, [len(p) for p in trimmed.prompts], limits)
         headers = {**fitted.headers(), **cut.headers(), "x-token-guard-action": "truncate"}
-        return Forward(with_changes(trimmed.body, fitted.changes), headers)
+        cost = fitted.cost(limits, req.n * len(trimmed.prompts))
+        return Forward(with_changes(trimmed.body, fitted.changes), headers, cost)
     try:
         refuse_unsound(req.body, req.n, "completion")
         if len(req.prompts) != 1:
@@ -102,23 +105,21 @@ async def overflow_completion(
         split = await split_completion(tok, req, budget, policy.chunk_tokens, policy.chunk_overlap)
     except CannotChunk as exc:
         return refuse(plan, f"The chunk policy was not applied: {exc}.")
-    bodies = []
+    bodies, costs = [], []
     for ids in split.prompts:
         part = replace(req, prompts=[ids], body={**req.body, "prompt": ids})
-        bodies.append({**part.body, **decide_completion(part, [len(ids)], limits).changes})
-    return _fan_out("completion", req, plan, split, bodies, policy)
+        part_plan = decide_completion(part, [len(ids)], limits)
+        bodies.append({**part.body, **part_plan.changes})
+        costs.append(part_plan.cost(limits, 1))
+    return _fan_out("completion", req, plan, split, bodies, costs, policy)
 
 
 def _chat_with(req: ChatRequest, messages: list[Any]) -> ChatRequest:
     return replace(req, messages=messages, body={**req.body, "messages": messages})
 
 
-def _chat_part(part: ChatRequest, prompt_tokens: int, limits: Limits) -> dict[str, Any]:
-    return {**part.body, **decide_chat(part, prompt_tokens, limits).changes}
-
-
 def _fan_out(kind: str, req: ChatRequest | CompletionRequest, plan: Plan, split: Split,
-             bodies: list[dict[str, Any]], policy: PolicySettings) -> FanOut:  # fmt: skip
+             bodies: list[dict[str, Any]], costs: list[int], policy: PolicySettings) -> FanOut:  # fmt: skip
     options = req.body.get("stream_options")
     include_usage = req.stream and isinstance(options, dict) and bool(options.get("include_usage"))
     if include_usage:  # each part must report its usage so that the merged usage chunk can sum them
@@ -129,4 +130,4 @@ def _fan_out(kind: str, req: ChatRequest | CompletionRequest, plan: Plan, split:
         "x-token-guard-prompt-tokens": str(plan.prompt_tokens),
         "x-token-guard-chunk-tokens": ",".join(str(n) for n in split.prompt_tokens),
     }
-    return FanOut(kind, bodies, headers, req.stream, include_usage, policy, req)
+    return FanOut(kind, bodies, costs, headers, req.stream, include_usage, policy, req)

@@ -25,6 +25,7 @@ class StreamResponse(Response):
     ) -> None:
         self.stream = body
         self.on_close: Callable[[bool], None] | None = None  # told whether the client went away first
+        self.on_release: Callable[[], None] | None = None  # frees what the stream held (admission budget)
         self.status_code = status_code
         self.media_type = media_type
         self.background = None
@@ -40,6 +41,8 @@ class StreamResponse(Response):
                 task.cancel()
             await asyncio.gather(sending, watching, return_exceptions=True)
             await self.stream.aclose()
+            if self.on_release is not None:
+                self.on_release()
             if self.on_close is not None:
                 self.on_close(watching.done() and not watching.cancelled())
         if sending.done() and not sending.cancelled() and sending.exception() is not None:
