@@ -3,7 +3,9 @@
     GuardError                      status, message, type, param, code
     ├── InvalidRequest              400  a body or field the guard cannot read
     │   └── ContextLengthExceeded   400  the prompt leaves no room for output
+    ├── Unauthorized                401  no valid `Authorization: Bearer <key>` (server.api_keys)
     ├── ModelNotFound               404  a model the guard has no tokenizer for
+    ├── PayloadTooLarge             413  a body above server.max_body_bytes
     ├── UpstreamUnavailable         502  connection refused / reset / garbage
     └── UpstreamTimeout             504  the upstream did not answer in time
 
@@ -46,6 +48,19 @@ class InvalidRequest(GuardError):
 class ContextLengthExceeded(InvalidRequest):
     def __init__(self, message: str, *, param: str) -> None:
         super().__init__(message, param=param, code="context_length_exceeded")
+
+
+class Unauthorized(GuardError):
+    status = 401
+    error_type = "AuthenticationError"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="invalid_api_key")
+
+
+class PayloadTooLarge(GuardError):
+    status = 413
+    error_type = "PayloadTooLargeError"
 
 
 class ModelNotFound(GuardError):
