@@ -68,6 +68,7 @@ class Admission:
         self.max_queue = max_queue
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._freed: collections.deque[tuple[float, int]] = collections.deque()  # (when, tokens) released lately
+        self._turn = 0
 
     @property
     def queued(self) -> int:
@@ -78,6 +79,7 @@ class Admission:
         replica = self._pick(cost, exclude) if not self._queue else None
         if replica is not None:
             self._reserve(replica, cost)
+            return Ticket(replica, cost, 0.0)
         else:
             if len(self._queue) >= self.max_queue:
                 message = f"token-guard's queue is full ({self.max_queue} requests waiting)."
@@ -110,8 +112,16 @@ class Admission:
             head.future.set_result(replica)
 
     def _pick(self, cost: int, exclude: frozenset[int]) -> int | None:
+        """The fitting replica with the fewest in-flight tokens (then requests); ties rotate, to spread idle load."""
         fitting = [i for i, b in enumerate(self.budgets) if i not in exclude and b.fits(cost)]
-        return min(fitting, key=lambda i: (self.budgets[i].tokens, self.budgets[i].requests), default=None)
+        count = len(self.budgets)
+        chosen = min(
+            fitting, key=lambda i: (self.budgets[i].tokens, self.budgets[i].requests, (i - self._turn) % count),
+            default=None,
+        )  # fmt: skip
+        if chosen is not None:
+            self._turn = (chosen + 1) % count
+        return chosen
 
     def _reserve(self, replica: int, cost: int) -> None:
         self.budgets[replica].tokens += cost

@@ -57,6 +57,7 @@ class ServerThread:
     """`running()` in a thread with its own event loop, for synchronous callers (tests, scripts)."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
+        self.app = app
         self._app, self._host, self._port, self._options = app, host, port, options
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None

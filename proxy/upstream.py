@@ -64,7 +64,6 @@ class Upstream:
         self.settings = settings
         self.auto_budget = admission.max_inflight_tokens == "auto"
         self.admission = Admission([r.budget for r in self.replicas], admission.queue_timeout_s, admission.max_queue)
-        self.gated = bool(tokens or admission.max_inflight_requests or self.auto_budget)
         timeout = httpx.Timeout(
             connect=settings.connect_timeout_s,
             read=settings.read_timeout_s,
@@ -118,7 +117,7 @@ class Upstream:
             up = {min(rest, key=lambda i: self.replicas[i].down_until)}
             self.replicas[next(iter(up))].budget.available = True
         exclude = frozenset(set(range(len(self.replicas))) - up)
-        if cost is not None and self.gated:
+        if cost is not None:  # guarded requests always pass the gate: without budgets it only counts, and routes
             ticket = await self.admission.acquire(cost, exclude)
             return ticket, ticket.replica
         return None, min(up, key=lambda i: (self.replicas[i].budget.tokens, self.replicas[i].budget.requests))

@@ -55,14 +55,15 @@ def simulator(tokenizer: Path, **options: Any) -> Iterator[tuple[ServerThread, A
 
 
 @contextmanager
-def guard(upstream: str, tokenizer: Path | None = None, **flags: Any) -> Iterator[ServerThread]:
+def guard(upstream: str, tokenizer: Path | None = None, wait: bool = True, **flags: Any) -> Iterator[ServerThread]:
     settings_flags: dict[str, Any] = {"upstream.url": upstream, **flags}
     if tokenizer is not None:
         settings_flags.update({"model.name": MODEL, "model.tokenizer": str(tokenizer)})
     settings = load_settings(settings_flags, environ={})
     app = create_app(settings, ModelRegistry.from_settings(settings.models))
     with ServerThread(app) as server:
-        wait_healthy(server.url)
+        if wait:
+            wait_healthy(server.url)
         yield server
 
 

@@ -1,0 +1,215 @@
+"""Keeping vLLM out of overload, and surviving a bad upstream: admission by KV cost, replicas, timeouts, garbage.
+
+Fault injection with the simulator and small raw servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.serving import ServerThread, bind_socket
+from proxy.simulator import SimulatorSettings
+from proxy.simulator import create_app as create_simulator
+from tests.support.servers import MODEL, guard, simulator, wait_until
+
+WINDOW = 2048
+HUGE = 10**9  # a KV capacity that never slows the simulator down, so that it only records its running cost
+
+
+def body(content: str = "Tell me a story.", max_tokens: int = 100, stream: bool = False) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "stream": stream}  # fmt: skip
+
+
+def cost_of(url: str, content: str, max_tokens: int) -> int:
+    prompt = httpx.post(f"{url}/tokenize", json={"model": MODEL, "messages": body(content)["messages"]}).json()
+    return int(prompt["count"]) + max_tokens
+
+
+def test_forty_concurrent_requests_within_a_budget_of_four(deepseek_dir: Path) -> None:
+    with simulator(deepseek_dir, max_model_len=WINDOW, itl_s=0.004, kv_capacity_tokens=HUGE) as (sim, stats, _):
+        budget = 4 * cost_of(sim.url, "Tell me a story.", 100)
+        flags = {"model.max_model_len": WINDOW, "admission.max_inflight_tokens": budget}
+        with guard(sim.url, deepseek_dir, **flags) as proxy:
+
+            async def run() -> list[httpx.Response]:
+                async with httpx.AsyncClient(timeout=120) as client:
+                    calls = [client.post(f"{proxy.url}/v1/chat/completions", json=body()) for _ in range(40)]
+                    return await asyncio.gather(*calls)
+
+            responses = asyncio.run(run())
+    assert [r.status_code for r in responses] == [200] * 40
+    assert all(r.json()["usage"]["completion_tokens"] == 100 for r in responses)
+    assert stats.kv.peak <= budget  # what the simulator itself saw running at once
+    assert stats.kv.peak >= budget // 2  # and the budget was used, not serialized to one at a time
+    assert sum("x-token-guard-queue-ms" in r.headers for r in responses) >= 30  # the excess waited
+
+
+def test_queue_timeout_gives_429_with_retry_after(deepseek_dir: Path) -> None:
+    # the admitted request runs for 5 s, far longer than the 0.2 s the others may wait
+    with simulator(deepseek_dir, max_model_len=WINDOW, itl_s=0.05) as (sim, _, _):
+        one = cost_of(sim.url, "Tell me a story.", 100)
+        flags = {"model.max_model_len": WINDOW, "admission.max_inflight_tokens": one,
+                 "admission.queue_timeout_s": 0.2}  # fmt: skip
+        with guard(sim.url, deepseek_dir, **flags) as proxy:
+            client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
+
+            async def one_call() -> Any:
+                return await client.chat.completions.create(model=MODEL, messages=body()["messages"], max_tokens=100)
+
+            async def run() -> list[Any]:
+                results = await asyncio.gather(*(one_call() for _ in range(4)), return_exceptions=True)
+                await client.close()
+                return results
+
+            results = asyncio.run(run())
+    limited = [r for r in results if isinstance(r, openai.RateLimitError)]
+    assert len(limited) == 3 and sum(not isinstance(r, Exception) for r in results) == 1
+    for error in limited:
+        assert int(error.response.headers["retry-after"]) >= 1
+        assert isinstance(error.body, dict) and error.body["code"] == "rate_limit_exceeded"
+
+
+def test_disconnect_while_queued_releases_nothing_twice_and_leaks_nothing(deepseek_dir: Path) -> None:
+    with simulator(deepseek_dir, max_model_len=WINDOW, itl_s=0.01) as (sim, stats, _):
+        flags = {"model.max_model_len": WINDOW, "admission.max_inflight_tokens": cost_of(sim.url, "x", 150)}
+        with guard(sim.url, deepseek_dir, **flags) as proxy:
+            admission = proxy.app.state.guard.upstream.admission  # the gate's own counters
+            with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body("x", 150, stream=True)) as first:
+                lines = first.iter_lines()
+                next(lines)
+                for _ in range(3):  # three clients give up while waiting behind the first
+                    with pytest.raises(httpx.ReadTimeout):
+                        httpx.post(f"{proxy.url}/v1/chat/completions", json=body("x", 150), timeout=0.3)
+                assert wait_until(lambda: admission.queued == 0)
+                rest = [line for line in lines if line]
+            assert rest[-1] == "data: [DONE]"
+            assert wait_until(lambda: admission.budgets[0].tokens == 0 and admission.budgets[0].requests == 0)
+            assert stats.received == 1  # the ones that left the queue never reached the upstream
+            after = httpx.post(f"{proxy.url}/v1/chat/completions", json=body("x", 150), timeout=30)
+            assert after.status_code == 200 and "x-token-guard-queue-ms" not in after.headers
+
+
+@pytest.fixture
+def two_replicas(deepseek_dir: Path) -> Iterator[tuple[list[ServerThread], list[Any], list[int]]]:
+    apps = [create_simulator(SimulatorSettings(tokenizer=deepseek_dir, model=MODEL, max_model_len=WINDOW))
+            for _ in range(2)]  # fmt: skip
+    servers = [ServerThread(app).start() for app in apps]
+    ports = [int(s.url.rsplit(":", 1)[1]) for s in servers]
+    try:
+        yield servers, [a.state.stats for a in apps], ports
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_a_dead_replica_is_routed_around_and_comes_back(
+    deepseek_dir: Path, two_replicas: tuple[list[ServerThread], list[Any], list[int]]
+) -> None:
+    servers, stats, ports = two_replicas
+    urls = ",".join(s.url for s in servers)
+    flags = {"upstream.urls": urls, "model.max_model_len": WINDOW, "upstream.health_interval_s": 0.1}
+    with guard(servers[0].url, deepseek_dir, **flags) as proxy:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
+        for _ in range(6):
+            client.chat.completions.create(model=MODEL, messages=body()["messages"], max_tokens=5)
+        assert stats[0].received > 0 and stats[1].received > 0  # both take traffic
+        servers[1].stop()
+        served_before = stats[0].received
+        for _ in range(10):  # no client-visible error for requests started after the replica died
+            reply = client.chat.completions.create(model=MODEL, messages=body()["messages"], max_tokens=5)
+            assert reply.usage is not None and reply.usage.completion_tokens == 5
+        assert stats[0].received == served_before + 10
+        revived = create_simulator(SimulatorSettings(tokenizer=deepseek_dir, model=MODEL, max_model_len=WINDOW))
+        with ServerThread(revived, port=ports[1]):
+
+            def back() -> bool:
+                client.chat.completions.create(model=MODEL, messages=body()["messages"], max_tokens=1)
+                return bool(revived.state.stats.received > 0)
+
+            assert wait_until(back, attempts=100, pause=0.1)
+
+
+def test_idle_stream_times_out_into_an_error_event_then_done(deepseek_dir: Path) -> None:
+    with simulator(deepseek_dir, max_model_len=WINDOW, itl_s=2.0) as (sim, stats, _):
+        with guard(sim.url, deepseek_dir, **{"model.max_model_len": WINDOW, "upstream.read_timeout_s": 0.3}) as proxy:
+            response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body(max_tokens=5, stream=True), timeout=30)
+            events = [e for e in response.text.split("\n\n") if e]
+            assert response.status_code == 200 and events[-1] == "data: [DONE]"
+            assert json.loads(events[-2][6:])["error"]["type"] == "GatewayTimeoutError"
+            assert wait_until(lambda: stats.aborted == 1)  # the upstream connection was closed
+
+
+def test_slow_first_byte_is_504(deepseek_dir: Path) -> None:
+    with simulator(deepseek_dir, max_model_len=WINDOW, ttft_s=3.0) as (sim, _, _):
+        flags = {"model.max_model_len": WINDOW, "upstream.first_byte_timeout_s": 0.3}
+        with guard(sim.url, deepseek_dir, **flags) as proxy:
+            response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body(max_tokens=5), timeout=30)
+            assert response.status_code == 504 and response.json()["error"]["type"] == "GatewayTimeoutError"
+
+
+class RawServer:
+    """A TCP server on loopback that answers every connection with fixed bytes, then closes it."""
+
+    def __init__(self, reply: bytes, pause_s: float = 0.0) -> None:
+        self.reply, self.pause_s = reply, pause_s
+        self.sock = bind_socket()
+        self.sock.listen()
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.reply)
+                if self.pause_s:
+                    threading.Event().wait(self.pause_s)
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def guard_in_front_of(raw: RawServer, deepseek_dir: Path) -> Any:
+    return guard(raw.url, deepseek_dir, wait=False, **{"model.max_model_len": WINDOW})
+
+
+def test_reset_mid_stream_is_an_error_event_then_done(deepseek_dir: Path) -> None:
+    chunk = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+    raw = RawServer(head + b"%x\r\n" % len(chunk) + chunk + b"\r\n", pause_s=0.1)
+    try:
+        with guard_in_front_of(raw, deepseek_dir) as proxy:
+            response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body(stream=True), timeout=30)
+            events = [e for e in response.text.split("\n\n") if e]
+            assert events[0] == chunk.decode().strip()
+            assert json.loads(events[-2][6:])["error"]["type"] == "BadGatewayError"
+            assert events[-1] == "data: [DONE]"
+    finally:
+        raw.close()
+
+
+def test_garbage_from_the_upstream_is_502(deepseek_dir: Path) -> None:
+    raw = RawServer(b"this is not HTTP at all\r\n\r\n")
+    try:
+        with guard_in_front_of(raw, deepseek_dir) as proxy:
+            response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body(), timeout=30)
+            assert response.status_code == 502 and response.json()["error"]["type"] == "BadGatewayError"
+            assert "Traceback" not in response.text
+    finally:
+        raw.close()
