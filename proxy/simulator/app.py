@@ -50,7 +50,8 @@ class Endpoints:
     def __init__(self, ctx: Context, stats: SimulatorStats) -> None:
         self.ctx = ctx
         self.stats = stats
-        self.engine = Engine(ctx.tokenizer.pieces, ctx.settings.ttft_s, ctx.settings.itl_s)
+        kv = stats.kv if ctx.settings.kv_capacity_tokens is not None else None
+        self.engine = Engine(ctx.tokenizer.pieces, ctx.settings.ttft_s, ctx.settings.itl_s, kv)
 
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, plan_chat)
@@ -78,6 +79,8 @@ class Endpoints:
             tracker.finish("rejected")
             return internal_error(exc)
         wire, engine = Wire(generation, self.ctx.fingerprint), self.engine
+        if generation.engine_error is None:
+            tracker.occupy(generation.kv_tokens)
         if generation.stream:
             stream = events(generation, wire, engine, tracker)
             return TrackedStream(stream, tracker, failed=generation.engine_error is not None)
@@ -160,7 +163,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 def create_app(settings: SimulatorSettings) -> Starlette:
     """Load the tokenizer and build the app; `app.state.stats` counts what reaches it."""
-    stats = SimulatorStats()
+    stats = SimulatorStats(settings.kv_capacity_tokens)
     endpoints = Endpoints(Context.load(settings), stats)
     routes = [
         Route("/v1/chat/completions", endpoints.chat, methods=["POST"]),

@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--itl", type=float, default=0.0, help="seconds between tokens (default: 0)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8001, help="port to listen on (default: 8001)")
+    parser.add_argument(
+        "--kv-capacity", type=int, default=None, help="KV cache in tokens; over it every request slows (preemption)"
+    )
     parser.add_argument("--root", default=None, help="`root` shown by /v1/models (default: the tokenizer path)")
 
 
@@ -46,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
             ttft_s=args.ttft,
             itl_s=args.itl,
             root=args.root,
+            kv_capacity_tokens=args.kv_capacity,
         )
         app = create_app(settings)
     except (OSError, ValueError) as exc:

@@ -13,6 +13,7 @@ from typing import Literal
 import anyio
 
 from proxy.simulator.errors import ApiError
+from proxy.simulator.kv import KvCache
 
 Piece = tuple[int, str]
 
@@ -46,18 +47,28 @@ class Generation:
     # error event after the 200 of a stream.
     engine_error: ApiError | None = None
 
+    @property
+    def kv_tokens(self) -> int:
+        """What the request holds in the KV cache while it runs: prompt + max_tokens for each of its sequences."""
+        return self.n * sum(len(p.token_ids) + p.max_tokens for p in self.prompts)
+
 
 @dataclass(frozen=True)
 class Engine:
-    """The fake engine's fixed inputs: the token pieces it cycles through and its pacing."""
+    """The fake engine's fixed inputs: the token pieces it cycles through, its pacing, and the KV cache whose
+    oversubscription slows every step (None: no capacity, nothing slows)."""
 
     pieces: list[Piece]
     ttft_s: float = 0.0
     itl_s: float = 0.0
+    kv: KvCache | None = None
 
     @property
     def instant(self) -> bool:
         return self.ttft_s == 0 and self.itl_s == 0
+
+    def slowdown(self) -> float:
+        return 1.0 if self.kv is None else self.kv.slowdown()
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,7 @@ async def steps(seqs: list[Sequence], engine: Engine) -> AsyncIterator[list[Toke
     """One engine step at a time: every unfinished sequence produces one token per step."""
     longest = max((s.max_tokens for s in seqs), default=0)
     for position in range(longest):
-        delay = engine.ttft_s if position == 0 else engine.itl_s
+        delay = (engine.ttft_s if position == 0 else engine.itl_s) * engine.slowdown()
         if delay > 0:
             await anyio.sleep(delay)
         step = []

@@ -19,6 +19,8 @@ class SimulatorSettings:
     itl_s: float = 0.0
     root: str | None = None
     version: str | None = None
+    # The KV cache in tokens: over it, every running sequence slows down (preemption); None = unlimited.
+    kv_capacity_tokens: int | None = None
 
     def __post_init__(self) -> None:
         get_profile(self.profile)
@@ -26,6 +28,8 @@ class SimulatorSettings:
             raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}")
         if self.ttft_s < 0 or self.itl_s < 0:
             raise ValueError("ttft_s and itl_s must not be negative")
+        if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < 1:
+            raise ValueError(f"kv_capacity_tokens must be at least 1, got {self.kv_capacity_tokens}")
         if not self.model:
             raise ValueError("model must not be empty")
 

@@ -1,5 +1,6 @@
 """Counters a test reads to see what reached the simulator: how many generation requests came in, how each
-ended, how many tokens were generated, and the JSON bodies of the last 200 (what a proxy actually forwarded).
+ended, how many tokens were generated, the KV load (running cost, its peak, preemptions), and the JSON bodies of the
+last 200 (what a proxy actually forwarded).
 
 The server runs in its own thread in tests, so updates and snapshots take a lock.
 """
@@ -10,13 +11,16 @@ import threading
 from collections import deque
 from typing import Any, Literal
 
+from proxy.simulator.kv import KvCache
+
 Outcome = Literal["completed", "aborted", "rejected"]
 MAX_BODIES = 200
 
 
 class SimulatorStats:
-    def __init__(self) -> None:
+    def __init__(self, kv_capacity_tokens: int | None = None) -> None:
         self._lock = threading.Lock()
+        self.kv = KvCache(kv_capacity_tokens)
         self.received = 0
         self.completed = 0
         self.aborted = 0
@@ -39,7 +43,8 @@ class SimulatorStats:
         with self._lock:
             self.tokens_generated += count
 
-    def _finish(self, outcome: Outcome) -> None:
+    def _finish(self, outcome: Outcome, kv_tokens: int) -> None:
+        self.kv.release(kv_tokens)
         with self._lock:
             self.active -= 1
             setattr(self, outcome, getattr(self, outcome) + 1)
@@ -53,6 +58,10 @@ class SimulatorStats:
                 "rejected": self.rejected,
                 "active": self.active,
                 "tokens_generated": self.tokens_generated,
+                "kv_capacity_tokens": self.kv.capacity,
+                "running_tokens": self.kv.running,
+                "peak_running_tokens": self.kv.peak,
+                "preemptions": self.kv.preemptions,
                 "requests": list(self.requests),
             }
 
@@ -61,6 +70,7 @@ class SimulatorStats:
         with self._lock:
             self.received = self.completed = self.aborted = self.rejected = self.tokens_generated = 0
             self.requests.clear()
+        self.kv.reset()
 
 
 class RequestTracker:
@@ -69,6 +79,12 @@ class RequestTracker:
     def __init__(self, stats: SimulatorStats) -> None:
         self._stats = stats
         self.outcome: Outcome | None = None
+        self.kv_tokens = 0
+
+    def occupy(self, kv_tokens: int) -> None:
+        """The request starts running and holds this many tokens of KV cache until it finishes."""
+        self.kv_tokens = kv_tokens
+        self._stats.kv.occupy(kv_tokens)
 
     def generated(self, count: int) -> None:
         self._stats.add_tokens(count)
@@ -76,4 +92,4 @@ class RequestTracker:
     def finish(self, outcome: Outcome) -> None:
         if self.outcome is None:
             self.outcome = outcome
-            self._stats._finish(outcome)
+            self._stats._finish(outcome, self.kv_tokens)

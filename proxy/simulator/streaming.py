@@ -49,9 +49,13 @@ async def run_unless_disconnected(receive: Receive, work: Callable[[], Awaitable
 
 
 async def generate_body(generation: Generation, wire: Wire, engine: Engine, tracker: RequestTracker) -> dict[str, Any]:
-    delay = duration(sequences(generation), engine)
-    if delay > 0:
-        await anyio.sleep(delay)
+    if engine.kv is None:
+        delay = duration(sequences(generation), engine)
+        if delay > 0:
+            await anyio.sleep(delay)
+    else:  # step by step, so that the pace follows the KV load as other requests come and go
+        async for _ in steps(sequences(generation), engine):
+            pass
     done = outputs(generation, engine.pieces)
     tracker.generated(sum(len(o.token_ids) for o in done))
     return wire.chat_body(done) if generation.endpoint == "chat" else wire.completion_body(done)
