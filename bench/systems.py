@@ -215,7 +215,7 @@ def nginx_version() -> str:
 
 
 def start_nginx(upstream: Upstream, workdir: Path) -> Running:
-    home = workdir / "nginx"
+    home = (workdir / "nginx").resolve()  # nginx reads relative paths from its prefix, not from here
     for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (home / sub).mkdir(parents=True, exist_ok=True)
         (home / sub).chmod(0o777)  # workers drop to `nobody` when nginx starts as root
