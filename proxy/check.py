@@ -23,11 +23,12 @@ from proxy.conversation import template_inputs
 from proxy.count import count_chat, count_completion
 from proxy.discovery import ModelCard, discover
 from proxy.errors import GuardError, InvalidRequest, UpstreamUnavailable
-from proxy.forward import Upstream, translate
+from proxy.forward import translate
 from proxy.parse import parse_chat, parse_completion
 from proxy.registry import GuardedModel, ModelRegistry
 from proxy.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
 from proxy.settings import Settings
+from proxy.upstream import Upstream
 
 OK, MISMATCH, REFUSED = "OK", "MISMATCH", "REFUSED"
 SMALLER, UNKNOWN = "SMALLER", "UNKNOWN"
@@ -256,7 +257,7 @@ def _error_message(payload: Any, raw: bytes) -> str:
 async def upstream_count(upstream: Upstream, model: str, sample: Sample) -> Count:
     """The upstream's count; raises GuardError when it cannot be asked at all (unreachable, no /tokenize)."""
     body = json.dumps(tokenize_body(model, sample)).encode()
-    response = await upstream.open("POST", "/tokenize", "", JSON_HEADERS, body)
+    response = (await upstream.open("POST", "/tokenize", "", JSON_HEADERS, body)).response
     try:
         raw = await response.aread()
     except httpx.HTTPError as exc:

@@ -18,8 +18,8 @@ from prometheus_client import Gauge
 
 from proxy.errors import GuardError, UpstreamUnavailable
 from proxy.forward import close_quietly
-from proxy.upstream import Opened, Upstream
 from proxy.merge import StreamMerger, sse
+from proxy.upstream import Opened, Upstream
 
 
 @dataclass

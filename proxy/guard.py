@@ -10,7 +10,6 @@ from typing import Any
 
 from proxy.count import count_chat, count_completion
 from proxy.decide import Plan, decide_chat, decide_completion
-from proxy.upstream import Upstream
 from proxy.merge import part_text
 from proxy.overflow import FanOut, Forward, Outcome, Refuse, overflow_chat, overflow_completion
 from proxy.parse import ChatRequest, parse_chat, parse_completion, with_changes
@@ -18,6 +17,7 @@ from proxy.policy import choose_policy
 from proxy.records import RequestRecord
 from proxy.registry import ModelRegistry
 from proxy.settings import PolicySettings, Settings
+from proxy.upstream import Upstream
 
 
 @dataclass

@@ -31,10 +31,10 @@ from proxy.check import (
     window_verdict,
 )
 from proxy.cli import main
-from proxy.forward import Upstream
 from proxy.registry import ModelRegistry
 from proxy.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
 from proxy.settings import load_settings
+from proxy.upstream import Upstream
 from tests.support.servers import MODEL, simulator
 from tests.support.trained import CHATML_TEMPLATE
 

@@ -164,7 +164,7 @@ class RawServer:
         self.reply, self.pause_s = reply, pause_s
         self.sock = bind_socket()
         self.sock.listen()
-        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
