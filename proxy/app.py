@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from proxy.admission import TooBusy
 from proxy.auth import ApiKeyAuth
+from proxy.check import drift_warnings
 from proxy.discovery import discover
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.fanout import Fanout, PartFailed
@@ -155,6 +156,10 @@ def create_app(
             return StreamResponse(_replay(merger, merged), headers=headers, media_type=SSE)
         return JSONResponse(merged, headers=headers)
 
+    async def alive(request: Request) -> Response:
+        """Liveness: the process serves requests, whatever the upstream's state (that is /health's job)."""
+        return JSONResponse({"status": "alive"})
+
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -181,6 +186,7 @@ def create_app(
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/livez", alive, methods=["GET"]),
         Route("/v1/chat/completions", guarded, methods=["POST"]),
         Route("/v1/completions", guarded, methods=["POST"]),
         Route("/{path:path}", passthrough, methods=ALL_METHODS),
@@ -229,7 +235,9 @@ async def _discover(guard: Guard) -> None:
             log.error("%s; still retrying", exc.message)
             continue
         guard.registry.apply_discovery(cards)
-        return
+        break
+    for line in await drift_warnings(guard.settings, guard.registry, guard.upstream):
+        log.warning("%s", line)
 
 
 def error_response(error: GuardError, headers: dict[str, str] | None = None) -> Response:

@@ -260,8 +260,8 @@ def test_token_guard_port_and_probes_agree_with_the_image() -> None:
     assert port["containerPort"] == ServerSettings().port == int(final()["EXPOSE"][0])
     found = probes(guard)
     assert {"readinessProbe", "livenessProbe"} <= set(found)
-    for probe in found.values():
-        assert probe["httpGet"]["path"] == "/health"
+    for kind, probe in found.items():  # liveness must not depend on vLLM: /livez; readiness waits for both: /health
+        assert probe["httpGet"]["path"] == ("/livez" if kind == "livenessProbe" else "/health")
         assert port_number(guard, probe["httpGet"]["port"]) == ServerSettings().port
 
 

@@ -122,3 +122,12 @@ def test_demo_tour_shows_pass_clamp_and_reject() -> None:
     assert "action pass" in out and "action clamp" in out and "action reject" in out
     assert "maximum context length" in out and "= 2048 of 2048" in out
     assert "OpenAI(base_url=" in out and "curl" in out
+
+
+def test_livez_answers_while_the_upstream_is_down(deepseek_dir: Path) -> None:
+    sock = bind_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    with guard_unready(f"http://127.0.0.1:{port}", deepseek_dir) as proxy:
+        assert httpx.get(f"{proxy.url}/health").status_code == 503
+        assert httpx.get(f"{proxy.url}/livez").status_code == 200
