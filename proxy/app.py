@@ -48,7 +48,10 @@ def create_app(
     settings: Settings, registry: ModelRegistry, transport: httpx.AsyncBaseTransport | None = None
 ) -> Starlette:
     guard = Guard(settings, registry, Upstream(settings.upstream, settings.admission, transport))
-    metrics = Metrics(lambda: {name: registry.resolve(name).counter.stats() for name in registry.names})
+    metrics = Metrics(
+        lambda: {name: registry.resolve(name).counter.stats() for name in registry.names},
+        lambda: (guard.upstream.admission.queued, {r.url: r.budget.tokens for r in guard.upstream.replicas}),
+    )
 
     async def guarded(request: Request) -> Response:
         return await _recorded(request, True, _guarded)
@@ -108,6 +111,7 @@ def create_app(
         if opened.response.status_code >= 500:
             record.upstream_error = f"http_{opened.response.status_code}"
         if opened.ticket is not None and opened.ticket.waited_s > 0:
+            record.queue_s = opened.ticket.waited_s
             extra = {**extra, QUEUE_HEADER: str(round(opened.ticket.waited_s * 1000))}
         response = relay(opened.response, extra, opened.replica, record)
         response.on_release = lambda: guard.upstream.release(opened.ticket)  # streams hold budget to their last byte

@@ -41,11 +41,15 @@ DEFINITIONS: list[tuple[str, type, str, str, tuple[str, ...], tuple[float, ...] 
      COUNT_BUCKETS),
     ("disconnects", Counter, "token_guard_client_disconnects", "Clients that went away before their answer ended",
      ("endpoint",), None),
+    ("queue_wait", Histogram, "token_guard_admission_wait_seconds", "Time requests waited for admission", ME,
+     LATENCY_BUCKETS),
 ]  # fmt: skip
 
 
 class Metrics:
-    def __init__(self, counters: Callable[[], dict[str, CounterStats]]) -> None:
+    def __init__(
+        self, counters: Callable[[], dict[str, CounterStats]], gate: Callable[[], tuple[int, dict[str, int]]]
+    ) -> None:
         self.registry = CollectorRegistry()
         for attr, kind, name, help_text, labels, buckets in DEFINITIONS:
             options: dict[str, Any] = {"registry": self.registry}
@@ -53,6 +57,7 @@ class Metrics:
                 options["buckets"] = buckets
             setattr(self, attr, kind(name, help_text, labels, **options))
         self.registry.register(_CounterCaches(counters))
+        self.registry.register(_Gate(gate))
 
     requests: Counter
     prompt_tokens: Histogram
@@ -67,6 +72,7 @@ class Metrics:
     upstream_errors: Counter
     count_time: Histogram
     disconnects: Counter
+    queue_wait: Histogram
 
     def observe(self, record: RequestRecord) -> None:
         labels = (record.model or "", record.endpoint)
@@ -94,6 +100,8 @@ class Metrics:
             self.upstream_errors.labels(record.upstream_error).inc()
         if record.client_gone:
             self.disconnects.labels(record.endpoint).inc()
+        if record.queue_s is not None:
+            self.queue_wait.labels(*labels).observe(record.queue_s)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -118,3 +126,19 @@ class _CounterCaches(Collector):
             misses.add_metric([name], s.misses)
             size.add_metric([name], s.bytes)
         return [hits, misses, size]
+
+
+class _Gate(Collector):
+    """The admission gate's state, read when scraped: requests queued, and tokens in flight per replica."""
+
+    def __init__(self, gate: Callable[[], tuple[int, dict[str, int]]]) -> None:
+        self.gate = gate
+
+    def collect(self) -> Iterable[Metric]:
+        queued, inflight = self.gate()
+        depth = GaugeMetricFamily("token_guard_admission_queue_depth", "Requests waiting for admission")
+        depth.add_metric([], queued)
+        tokens = GaugeMetricFamily("token_guard_inflight_tokens", "KV tokens admitted and running", labels=["replica"])
+        for replica, value in inflight.items():
+            tokens.add_metric([replica], value)
+        return [depth, tokens]

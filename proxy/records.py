@@ -27,6 +27,7 @@ class RequestRecord:
     chunks: int | None = None
     truncated_tokens: int | None = None
     count_s: float | None = None
+    queue_s: float | None = None
     status: int | None = None
     upstream_first_byte_s: float | None = None
     upstream_s: float | None = None

@@ -47,7 +47,12 @@ def test_forty_concurrent_requests_within_a_budget_of_four(deepseek_dir: Path) -
                     return await asyncio.gather(*calls)
 
             responses = asyncio.run(run())
+            scraped = httpx.get(f"{proxy.url}/metrics").text
     assert [r.status_code for r in responses] == [200] * 40
+    waits = [line for line in scraped.splitlines() if line.startswith("token_guard_admission_wait_seconds_count")]
+    assert waits and float(waits[0].rsplit(" ", 1)[1]) >= 30
+    assert f'token_guard_inflight_tokens{{replica="{sim.url}"}} 0.0' in scraped  # all released
+    assert "token_guard_admission_queue_depth 0.0" in scraped
     assert all(r.json()["usage"]["completion_tokens"] == 100 for r in responses)
     assert stats.kv.peak <= budget  # what the simulator itself saw running at once
     assert stats.kv.peak >= budget // 2  # and the budget was used, not serialized to one at a time
