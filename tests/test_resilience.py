@@ -19,7 +19,7 @@ import pytest
 from proxy.serving import ServerThread, bind_socket
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
-from tests.support.servers import MODEL, guard, simulator, wait_until
+from tests.support.servers import MODEL, guard, guard_unchecked, simulator, wait_until
 
 WINDOW = 2048
 HUGE = 10**9  # a KV capacity that never slows the simulator down, so that it only records its running cost
@@ -191,7 +191,7 @@ class RawServer:
 
 
 def guard_in_front_of(raw: RawServer, deepseek_dir: Path) -> Any:
-    return guard(raw.url, deepseek_dir, wait=False, **{"model.max_model_len": WINDOW})
+    return guard_unchecked(raw.url, deepseek_dir, **{"model.max_model_len": WINDOW})
 
 
 def test_reset_mid_stream_is_an_error_event_then_done(deepseek_dir: Path) -> None:

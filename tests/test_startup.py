@@ -15,7 +15,7 @@ from proxy.cli import main
 from proxy.serving import ServerThread, bind_socket
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
-from tests.support.servers import MODEL, guard, simulator, wait_until
+from tests.support.servers import MODEL, guard, guard_unchecked, simulator, wait_until
 
 
 def test_zero_config_sidecar_learns_model_window_and_tokenizer_from_the_upstream(deepseek_dir: Path) -> None:
@@ -42,7 +42,7 @@ def test_guard_waits_for_an_upstream_that_starts_late(deepseek_dir: Path) -> Non
     sock = bind_socket()
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there yet
-    with guard_unready(f"http://127.0.0.1:{port}", deepseek_dir) as proxy:
+    with guard_unchecked(f"http://127.0.0.1:{port}", deepseek_dir) as proxy:
         health = httpx.get(f"{proxy.url}/health")
         assert health.status_code == 503 and health.json()["status"] == "starting"
         early = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "messages": [
@@ -54,16 +54,6 @@ def test_guard_waits_for_an_upstream_that_starts_late(deepseek_dir: Path) -> Non
             ok = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "max_tokens": 9000,
                             "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
             assert ok.status_code == 200 and ok.json()["usage"]["total_tokens"] == 777
-
-
-def guard_unready(upstream: str, tokenizer: Path) -> ServerThread:
-    from proxy.app import create_app
-    from proxy.registry import ModelRegistry
-    from proxy.settings import load_settings
-
-    flags = {"upstream.url": upstream, "model.name": MODEL, "model.tokenizer": str(tokenizer)}
-    settings = load_settings(flags, environ={})
-    return ServerThread(create_app(settings, ModelRegistry.from_settings(settings.models)))
 
 
 def test_configured_window_wins_over_the_discovered_one_with_a_warning(
@@ -128,6 +118,6 @@ def test_livez_answers_while_the_upstream_is_down(deepseek_dir: Path) -> None:
     sock = bind_socket()
     port = sock.getsockname()[1]
     sock.close()
-    with guard_unready(f"http://127.0.0.1:{port}", deepseek_dir) as proxy:
+    with guard_unchecked(f"http://127.0.0.1:{port}", deepseek_dir) as proxy:
         assert httpx.get(f"{proxy.url}/health").status_code == 503
         assert httpx.get(f"{proxy.url}/livez").status_code == 200

@@ -55,16 +55,30 @@ def simulator(tokenizer: Path, **options: Any) -> Iterator[tuple[ServerThread, A
 
 
 @contextmanager
-def guard(upstream: str, tokenizer: Path | None = None, wait: bool = True, **flags: Any) -> Iterator[ServerThread]:
+def guard(upstream: str, tokenizer: Path | None = None, **flags: Any) -> Iterator[ServerThread]:
+    """The guard in front of `upstream`, once its /health says ready."""
+    with _guard(upstream, tokenizer, flags) as server:
+        wait_healthy(server.url)
+        yield server
+
+
+def guard_unchecked(upstream: str, tokenizer: Path | None = None, **flags: Any) -> ServerThread:
+    """The guard in front of an upstream that may never be healthy (a started ServerThread's context manager)."""
+    return ServerThread(_app(upstream, tokenizer, flags))
+
+
+@contextmanager
+def _guard(upstream: str, tokenizer: Path | None, flags: dict[str, Any]) -> Iterator[ServerThread]:
+    with ServerThread(_app(upstream, tokenizer, flags)) as server:
+        yield server
+
+
+def _app(upstream: str, tokenizer: Path | None, flags: dict[str, Any]) -> Any:
     settings_flags: dict[str, Any] = {"upstream.url": upstream, **flags}
     if tokenizer is not None:
         settings_flags.update({"model.name": MODEL, "model.tokenizer": str(tokenizer)})
     settings = load_settings(settings_flags, environ={})
-    app = create_app(settings, ModelRegistry.from_settings(settings.models))
-    with ServerThread(app) as server:
-        if wait:
-            wait_healthy(server.url)
-        yield server
+    return create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
 
 
 def wait_healthy(url: str, attempts: int = 200) -> None:
