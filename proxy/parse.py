@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.errors import InvalidRequest
+from proxy.settings import ServerSettings
+
+MAX_DEPTH = ServerSettings.max_json_depth
+MAX_MESSAGES = ServerSettings.max_messages
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ class CompletionRequest:
         return "max_tokens", 16 if self.max_tokens is None else self.max_tokens
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
+def parse_json_object(raw: bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
+    check_depth(raw, max_depth)
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -68,11 +73,42 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_chat(raw: bytes) -> ChatRequest:
-    body = parse_json_object(raw)
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_SQUARE = bytes.maketrans(b"{}", b"[]")
+
+
+def check_depth(raw: bytes, max_depth: int) -> None:
+    """A 400 for arrays and objects nested deeper than `max_depth`, before json.loads builds (or recurses into)
+    anything. Only C-speed bytes operations: drop the strings, keep the brackets, then drop the innermost `[]` pairs
+    once per level; a body nested d deep is empty after d passes."""
+    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+        return
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")  # after this, every `"` opens or closes a string
+    shape = b"".join(unescaped.split(b'"')[::2]).translate(_SQUARE, _NOT_BRACKET)
+    too_deep = b"[" * (max_depth + 1)
+    for level in range(max_depth):
+        if level < 2 and too_deep in shape:  # the plain nesting bomb, with or without leaves, ends here at once
+            break
+        shorter = shape.replace(b"[]", b"")
+        if len(shorter) == len(shape):
+            return  # no pairs left: shallow enough (or not JSON, which json.loads will say)
+        shape = shorter
+    if b"[]" in shape or too_deep in shape:
+        raise InvalidRequest(
+            f"The request body is nested too deeply: more than {max_depth} levels (server.max_json_depth)."
+        )
+
+
+def parse_chat(raw: bytes, max_messages: int = MAX_MESSAGES, max_depth: int = MAX_DEPTH) -> ChatRequest:
+    body = parse_json_object(raw, max_depth)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array of message objects.", param="messages")
+    if len(messages) > max_messages:
+        raise InvalidRequest(
+            f"'messages' has {len(messages)} messages; at most {max_messages} are accepted (server.max_messages).",
+            param="messages",
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'.", param="messages")
@@ -105,8 +141,8 @@ def parse_chat(raw: bytes) -> ChatRequest:
     )
 
 
-def parse_completion(raw: bytes) -> CompletionRequest:
-    body = parse_json_object(raw)
+def parse_completion(raw: bytes, max_depth: int = MAX_DEPTH) -> CompletionRequest:
+    body = parse_json_object(raw, max_depth)
     return CompletionRequest(
         body=body,
         model=_model(body),

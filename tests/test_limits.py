@@ -1,0 +1,200 @@
+"""Limits at the door: a body above server.max_body_bytes is a 413 without being read whole (declared or chunked), and
+pathological JSON (deep nesting, too many messages) is a clear 400 before anything else looks at it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from starlette.types import Message
+
+from proxy.errors import InvalidRequest, PayloadTooLarge
+from proxy.limits import counting
+from proxy.parse import check_depth, parse_chat, parse_completion, parse_json_object
+from tests.support.servers import MODEL, guard, simulator
+
+LIMIT = 64 * 1024
+JSON = {"content-type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def sim(deepseek_dir: Path) -> Iterator[Any]:
+    with simulator(deepseek_dir) as (server, stats, _):
+        yield server, stats
+
+
+@pytest.fixture(scope="module")
+def small(sim: Any, deepseek_dir: Path) -> Iterator[str]:
+    with guard(sim[0].url, deepseek_dir, **{"server.max_body_bytes": LIMIT}) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def default(sim: Any, deepseek_dir: Path) -> Iterator[str]:
+    with guard(sim[0].url, deepseek_dir) as server:
+        yield server.url
+
+
+def chat(content: str = "Hi", **fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 3, **fields}
+
+
+def padded(size: int) -> bytes:
+    """A valid chat body of exactly `size` bytes, padded in a field that is not counted (`user`)."""
+    raw = json.dumps(chat(user="")).encode()
+    return json.dumps(chat(user="x" * (size - len(raw)))).encode()
+
+
+def assert_too_large(response: httpx.Response) -> None:
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("PayloadTooLargeError", 413)
+    assert f"limit of {LIMIT} bytes" in error["message"]
+    assert response.headers["x-request-id"]
+
+
+def test_declared_length_above_the_limit_is_413_and_never_forwarded(small: str, sim: Any) -> None:
+    before = sim[1].received
+    assert_too_large(httpx.post(f"{small}/v1/chat/completions", content=padded(LIMIT + 1)))
+    assert_too_large(httpx.post(f"{small}/tokenize", content=padded(2 * LIMIT)))  # pass-through routes too
+    assert sim[1].received == before
+
+
+def test_declared_length_is_refused_before_any_body_byte_is_sent(small: str) -> None:
+    address = urlsplit(small)
+    assert address.hostname is not None and address.port is not None
+    with socket.create_connection((address.hostname, address.port), timeout=30) as conn:
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000000\r\n\r\n"
+        )  # and not one byte of the gigabyte: a server that waited for it would never answer
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413 ")
+
+
+def test_chunked_body_above_the_limit_is_413_and_never_forwarded(small: str, sim: Any) -> None:
+    before = sim[1].received
+    raw = padded(4 * LIMIT)
+    chunks = (raw[i : i + 4096] for i in range(0, len(raw), 4096))  # no Content-Length: sent chunked
+    assert_too_large(httpx.post(f"{small}/v1/chat/completions", content=chunks))
+    assert sim[1].received == before
+
+
+@pytest.mark.parametrize("size", [LIMIT // 2, LIMIT])
+def test_bodies_up_to_the_limit_pass(small: str, size: int) -> None:
+    raw = padded(size)
+    assert httpx.post(f"{small}/v1/chat/completions", content=raw, headers=JSON).status_code == 200
+    chunked = iter([raw[:100], raw[100:]])
+    assert httpx.post(f"{small}/v1/chat/completions", content=chunked, headers=JSON).status_code == 200
+
+
+def test_counting_stops_reading_at_the_limit() -> None:
+    pulled = 0
+
+    async def receive() -> Message:
+        nonlocal pulled
+        pulled += 1
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": True}  # an endless upload
+
+    async def read_all() -> None:
+        counted = counting(receive, 10_500)
+        while True:
+            await counted()
+
+    with pytest.raises(PayloadTooLarge):
+        asyncio.run(read_all())
+    assert pulled == 11  # the chunk that crossed 10,500 bytes was the last one taken
+
+
+def nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def test_deep_nesting_is_a_400_at_the_guard(default: str, sim: Any) -> None:
+    before = sim[1].received
+    message = {"role": "user", "content": "Hi", "extra": nested(100)}
+    response = httpx.post(f"{default}/v1/chat/completions", json={"model": MODEL, "messages": [message]})
+    assert response.status_code == 400
+    assert "nested too deeply" in response.json()["error"]["message"]
+    bomb = b'{"messages": ' + b"[" * 5_000_000 + b"]" * 5_000_000 + b"}"
+    response = httpx.post(f"{default}/v1/completions", content=bomb, timeout=60)
+    assert response.status_code == 400 and "nested too deeply" in response.json()["error"]["message"]
+    assert sim[1].received == before
+
+
+def test_too_many_messages_is_a_400_at_the_guard(default: str, sim: Any) -> None:
+    before = sim[1].received
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}] * 10_001}
+    response = httpx.post(f"{default}/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "messages" and "at most 10000" in error["message"]
+    assert sim[1].received == before
+
+
+def depth_of(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(depth_of, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(depth_of, value.values()), default=0)
+    return 0
+
+
+@pytest.mark.parametrize("depth", [1, 7, 8, 9, 64, 65])
+def test_depth_limit_is_exact(depth: int) -> None:
+    raw = json.dumps({"a": nested(depth - 1)}).encode()
+    if depth > 8:
+        with pytest.raises(InvalidRequest, match="more than 8 levels"):
+            parse_json_object(raw, max_depth=8)
+    else:
+        assert parse_json_object(raw, max_depth=8)["a"] == nested(depth - 1)
+    assert (depth <= 64) == _passes(raw, 64)
+
+
+def _passes(raw: bytes, max_depth: int) -> bool:
+    try:
+        check_depth(raw, max_depth)
+    except InvalidRequest:
+        return False
+    return True
+
+
+def test_brackets_inside_strings_do_not_count() -> None:
+    tricky = ["[[[[[[[[[[", "{{{{{{{{{{", '\\"[[[[[[[[[[', "\\\\", '"]]]]]]]]]]"', '\\\\\\"[[[[[[[[']
+    raw = json.dumps({"messages": [{"role": "user", "content": t} for t in tricky]}).encode()
+    assert parse_chat(raw, max_depth=3).messages[0]["content"] == tricky[0]
+    assert parse_completion(json.dumps({"prompt": "[" * 1000}).encode(), max_depth=2).prompts == ["[" * 1000]
+
+
+json_values = st.recursive(
+    st.none() | st.integers() | st.text(alphabet='[]{}"\\ ax', max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(alphabet='[]{}"\\a', max_size=3), inner),
+    max_leaves=30,
+)
+
+
+@given(json_values, st.integers(min_value=1, max_value=10))
+def test_depth_check_agrees_with_the_parsed_depth(value: Any, max_depth: int) -> None:
+    assert _passes(json.dumps(value).encode(), max_depth) == (depth_of(value) <= max_depth)
+
+
+def test_message_count_limit() -> None:
+    raw = json.dumps({"messages": [{"role": "user", "content": "x"}] * 5}).encode()
+    assert len(parse_chat(raw, max_messages=5).messages) == 5
+    with pytest.raises(InvalidRequest, match="at most 4 are accepted") as info:
+        parse_chat(raw, max_messages=4)
+    assert info.value.param == "messages"
