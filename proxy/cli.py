@@ -106,5 +106,14 @@ def serve(settings: Settings) -> int:
         "token-guard listening on http://%s:%d, upstream %s", settings.server.host, settings.server.port,
         settings.upstream.url,
     )  # fmt: skip
-    uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_level="warning",
+        access_log=False,
+        # On SIGTERM: stop accepting, let in-flight requests (streams too) finish for up to this long, then close.
+        # uvicorn annotates it int but hands it to asyncio.timeout, which takes fractions of a second as well.
+        timeout_graceful_shutdown=settings.server.drain_timeout_s,  # type: ignore[arg-type]
+    )
     return 0
