@@ -117,7 +117,7 @@ class Fanout:
         except Exception as exc:  # any failure must reach the reader, or it would wait forever
             if index == 0 and not first_open.done():
                 first_open.set_exception(exc)
-            for queue in queues[index:]:  # whoever is being read now learns of the failure
+            for queue in queues:  # the reader learns of the failure at once, whichever part it is reading
                 queue.put_nowait(exc)
 
     async def _consume(self, queues: list[asyncio.Queue[Any]], tasks: Sequence[asyncio.Future[None]],
