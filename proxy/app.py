@@ -23,7 +23,7 @@ from proxy.check import drift_warnings
 from proxy.discovery import discover
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.fanout import Fanout, PartFailed
-from proxy.forward import ClientGone, relay, unless_disconnected
+from proxy.forward import ClientGone, relay, relay_error, unless_disconnected
 from proxy.guard import Guard
 from proxy.limits import BodyLimit
 from proxy.merge import StreamMerger, merge_answers, sum_usage
@@ -113,6 +113,12 @@ def create_app(
         if opened.ticket is not None and opened.ticket.waited_s > 0:
             record.queue_s = opened.ticket.waited_s
             extra = {**extra, QUEUE_HEADER: str(round(opened.ticket.waited_s * 1000))}
+        streamed = opened.response.headers.get("content-type", "").startswith("text/event-stream")
+        if opened.response.status_code >= 500 and not streamed:
+            try:
+                return await relay_error(opened.response, extra, record)
+            finally:
+                guard.upstream.release(opened.ticket)
         response = relay(opened.response, extra, opened.replica, record)
         response.on_release = lambda: guard.upstream.release(opened.ticket)  # streams hold budget to their last byte
         return response

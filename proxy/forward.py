@@ -14,10 +14,12 @@ from typing import TypeVar
 
 import httpx
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Receive
 
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.records import RequestRecord
+from proxy.sanitize import sanitize_upstream_error
 from proxy.streaming import StreamResponse
 
 log = logging.getLogger("token_guard.forward")
@@ -43,6 +45,25 @@ def translate(exc: httpx.HTTPError, url: str) -> GuardError:
 def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
     connection_listed = {h.strip().lower() for h in headers.get("connection", "").split(",")}
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in connection_listed}
+
+
+async def relay_error(upstream: httpx.Response, extra_headers: Mapping[str, str], record: RequestRecord) -> Response:
+    """A non-streamed 5xx read whole, so that a traceback or a path in it never reaches the client."""
+    try:
+        raw = await upstream.aread()
+    except httpx.HTTPError as exc:
+        raise translate(exc, str(upstream.url)) from None
+    finally:
+        record.upstream_s = time.perf_counter() - record.started
+        await close_quietly(upstream)
+    content_type = upstream.headers.get("content-type", "")
+    sanitized = sanitize_upstream_error(upstream.status_code, content_type, raw)
+    if sanitized is not None:
+        log.warning("upstream %s answered %d with internal details, withheld from the client: %r",
+                    upstream.url, upstream.status_code, raw[:2000])  # fmt: skip
+        content_type = "application/json"
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP | {"content-type"}}
+    return Response(sanitized or raw, upstream.status_code, {**headers, **extra_headers}, media_type=content_type)
 
 
 def relay(

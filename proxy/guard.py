@@ -35,7 +35,8 @@ class Guard:
         return outcome
 
     async def _chat(self, raw: bytes, headers: Mapping[str, str], record: RequestRecord) -> Outcome:
-        req = parse_chat(raw)
+        server = self.settings.server
+        req = parse_chat(raw, server.max_messages, server.max_json_depth)
         model = self.registry.resolve(req.model)
         record.model = model.name
         record.max_tokens_before = req.requested_output[1] if req.requested_output else None
@@ -51,7 +52,7 @@ class Guard:
         return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n))
 
     async def _completion(self, raw: bytes, headers: Mapping[str, str], record: RequestRecord) -> Outcome:
-        req = parse_completion(raw)
+        req = parse_completion(raw, self.settings.server.max_json_depth)
         model = self.registry.resolve(req.model)
         record.model = model.name
         record.max_tokens_before = req.requested_output[1]

@@ -20,6 +20,7 @@ from proxy.admission import Admission, Budget, Ticket, kv_capacity
 from proxy.errors import GuardError, UpstreamUnavailable
 from proxy.forward import forwardable, translate
 from proxy.settings import AdmissionSettings, UpstreamSettings
+from proxy.upstream_headers import outgoing, upstream_auth
 
 log = logging.getLogger("token_guard.upstream")
 
@@ -72,6 +73,7 @@ class Upstream:
         )
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
 
     async def open(
         self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes, cost: int | None = None
@@ -125,8 +127,9 @@ class Upstream:
     async def _send(
         self, replica: Replica, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes
     ) -> httpx.Response:
+        sent = outgoing(forwardable(headers), self.settings.api_key)
         request = self._client.build_request(
-            method, replica.url + path, params=httpx.QueryParams(query), headers=forwardable(headers), content=body
+            method, replica.url + path, params=httpx.QueryParams(query), headers=sent, content=body
         )
         return await asyncio.wait_for(self._client.send(request, stream=True), self.settings.first_byte_timeout_s)
 
@@ -141,7 +144,7 @@ class Upstream:
         errors: list[GuardError] = []
         for replica in self._by_health():
             try:
-                response = await self._client.get(replica.url + path, timeout=timeout_s)
+                response = await self._client.get(replica.url + path, timeout=timeout_s, headers=self._own)
                 response.raise_for_status()
                 return response.json()
             except httpx.HTTPError as exc:
@@ -152,7 +155,7 @@ class Upstream:
 
     async def get_text(self, url: str, timeout_s: float = 5.0) -> str | None:
         try:
-            response = await self._client.get(url, timeout=timeout_s)
+            response = await self._client.get(url, timeout=timeout_s, headers=self._own)
         except httpx.HTTPError:
             return None
         return response.text if response.status_code == 200 else None
@@ -164,7 +167,7 @@ class Upstream:
 
     async def _health(self, replica: Replica, timeout_s: float) -> bool:
         try:
-            response = await self._client.get(replica.url + "/health", timeout=timeout_s)
+            response = await self._client.get(replica.url + "/health", timeout=timeout_s, headers=self._own)
         except httpx.HTTPError:
             return False
         return response.status_code == 200

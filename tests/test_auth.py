@@ -139,7 +139,6 @@ def test_without_keys_everything_is_open(upstream: tuple[str, HeaderTap], deepse
         assert upstream[1].authorization("/v1/chat/completions") == ["Bearer anything"]  # passed through as sent
 
 
-@pytest.mark.xfail(strict=True, reason="waits for Upstream to send outgoing(...) headers (issue 4, the lead's part)")
 def test_the_upstream_key_replaces_the_clients(upstream: tuple[str, HeaderTap], deepseek_dir: Path) -> None:
     flags = {"server.api_keys": "k1", "upstream.api_key": "up-secret"}
     with guard(upstream[0], deepseek_dir, **flags) as server:

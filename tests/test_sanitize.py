@@ -87,7 +87,6 @@ def proxy(deepseek_dir: Path) -> Iterator[str]:
         yield server.url
 
 
-@pytest.mark.xfail(strict=True, reason="waits for the relay to call sanitize_upstream_error (issue 4, the lead's part)")
 def test_a_traceback_from_the_upstream_never_reaches_the_client(proxy: str) -> None:
     response = httpx.get(f"{proxy}/version")
     assert response.status_code == 500
