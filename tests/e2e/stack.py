@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,7 @@ import httpx
 import openai
 
 from tests.e2e import runtime
+from tests.e2e.recorder import Recorder
 
 VLLM_READY_TIMEOUT = 240
 PROXY_READY_TIMEOUT = 60
@@ -17,7 +19,10 @@ PROXY_READY_TIMEOUT = 60
 
 @dataclass
 class Stack:
-    """One vLLM version with its guard; `direct` talks to vLLM, `guarded` to the proxy."""
+    """One vLLM version with its guard; `direct` talks to vLLM, `guarded` to the proxy.
+
+    The guard reaches vLLM through `recorder`, which keeps every byte of that leg for comparison.
+    """
 
     version: str
     vllm_url: str
@@ -25,6 +30,7 @@ class Stack:
     direct: openai.OpenAI
     guarded: openai.OpenAI
     http: httpx.Client
+    recorder: Recorder
 
     def tokenize(self, **body: object) -> int:
         response = self.http.post(self.vllm_url + "/tokenize", json=body)
@@ -44,6 +50,7 @@ class Stacks:
     workdir: Path
     vllms: dict[str, runtime.Process] = field(default_factory=dict)
     proxies: dict[str, runtime.Process] = field(default_factory=dict)
+    recorders: dict[str, Recorder] = field(default_factory=dict)
     stacks: dict[str, Stack] = field(default_factory=dict)
     failures: dict[str, BaseException] = field(default_factory=dict)
 
@@ -64,13 +71,18 @@ class Stacks:
             if wanted not in self.vllms:
                 venv = runtime.vllm_venv(wanted)
                 self.vllms[wanted] = runtime.start_vllm(venv, model_dir, self.workdir / wanted)
+        # Wait for every vLLM, not just this one: one still loading takes CPU from the tests of the other.
+        for other in self.vllms.values():
+            with contextlib.suppress(RuntimeError, TimeoutError):  # its own tests will report it
+                other.wait_ready("/v1/models", VLLM_READY_TIMEOUT)
         vllm = self.vllms[version]
         vllm.wait_ready("/v1/models", VLLM_READY_TIMEOUT)
         warm_up(vllm.url)
-        proxy = runtime.start_proxy(vllm.url, model_dir, self.workdir / f"{version}-guard")
-        self.proxies[version] = proxy
+        recorder = self.recorders[version] = Recorder(int(vllm.url.rsplit(":", 1)[1]))
+        proxy = self.proxies[version] = runtime.start_proxy(recorder.url, model_dir, self.workdir / f"{version}-guard")
         proxy.wait_ready("/health", PROXY_READY_TIMEOUT)
-        return Stack(version, vllm.url, proxy.url, client(vllm.url), client(proxy.url), httpx.Client(timeout=120))
+        http = httpx.Client(timeout=120)
+        return Stack(version, vllm.url, proxy.url, client(vllm.url), client(proxy.url), http, recorder)
 
     def model_dir(self) -> Path:
         # Built with the oldest vLLM's transformers, so every version can read the saved config.
@@ -87,6 +99,8 @@ class Stacks:
             stack.http.close()
         for process in self.processes():
             process.stop()
+        for recorder in self.recorders.values():
+            recorder.close()
 
 
 def client(base_url: str) -> openai.OpenAI:
