@@ -23,7 +23,7 @@ class Sample:
     body: dict[str, Any]
 
 
-_WEATHER_TOOL = {
+WEATHER_TOOL = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -62,7 +62,7 @@ BUILTIN_SAMPLES: tuple[Sample, ...] = (
         _user("Weather in Paris?"),
         {"role": "assistant", "content": None, "tool_calls": [_CALL]},
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
-        tools=[_WEATHER_TOOL],
+        tools=[WEATHER_TOOL],
     ),
     _chat("list-of-parts", _user([{"type": "text", "text": "First part."}, {"type": "text", "text": "Second."}])),
     _chat("cjk-emoji", _user("你好，世界！こんにちは 🌏🎌 Ünïcödé — “quotes” … 👍🏽🧑‍🤝‍🧑")),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.samples import WEATHER_TOOL as SAMPLE_TOOL
+
 LONG_TEXT = (
     "The quick brown fox jumps over the lazy dog. " * 40
     + "\n\ndef add(a, b):\n    return a + b\n\n"
@@ -15,18 +17,7 @@ LONG_TEXT = (
     + "Emoji run: 🎉🚀👍🏽🧑‍🤝‍🧑 " * 15
 )
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER_TOOL = SAMPLE_TOOL  # the same tool the built-in `token-guard check` samples use
 
 CHAT_CASES: list[tuple[str, dict[str, Any]]] = [
     ("plain", {"messages": [{"role": "user", "content": "Hello!"}]}),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.conversation import ConversationError, to_conversation
+from proxy.conversation import ConversationError, to_conversation, to_tools
 from proxy.simulator.errors import ApiError
 from proxy.simulator.tokenizer import SimTokenizer
 from proxy.simulator.wire import Fields
@@ -78,35 +78,19 @@ def _template_kwargs(user: dict[str, Any], extra: dict[str, Any]) -> dict[str, A
 
 
 def normalize_tools(fields: Fields) -> list[dict[str, Any]] | None:
-    """`tool.model_dump()` of vLLM's tool model: only known keys, in its order, `description`/`parameters`
-    kept as null when absent, `strict` dropped when unset. This changes what `tools | tojson` renders."""
+    """`tool.model_dump()` of vLLM's tool model (see `to_tools`); a tool without a function name is a 400, reported
+    as pydantic reports it."""
     tools = fields.list_or_none("tools")
     if tools is None:
         return None
-    normalized = []
+    valid = True
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             name = function.get("name") if isinstance(function, dict) else function
             fields.invalid(f"body.tools.{i}.function.name", "string_type", "Input should be a valid string", name)
-            continue
-        out: dict[str, Any] = {
-            "name": function["name"],
-            "description": function.get("description"),
-            "parameters": function.get("parameters"),
-        }
-        defer_loading = function.get("defer_loading")
-        if defer_loading is None:
-            defer_loading = tool.get("defer_loading")
-        if function.get("strict") is not None:
-            out["strict"] = function["strict"]
-        if defer_loading is not None:
-            out["defer_loading"] = defer_loading
-        entry: dict[str, Any] = {"type": "function", "function": out}
-        if tool.get("defer_loading") is not None:
-            entry["defer_loading"] = tool["defer_loading"]
-        normalized.append(entry)
-    return normalized
+            valid = False
+    return to_tools(tools) if valid else None
 
 
 def render_chat(tokenizer: SimTokenizer, options: ChatOptions) -> RenderedChat:
