@@ -29,6 +29,9 @@ HOP_BY_HOP = frozenset(
      "transfer-encoding", "upgrade", "host", "content-length"}
 )  # fmt: skip
 
+# uvicorn writes its own Date and Server on every response; relaying the upstream's too would send each twice.
+NOT_RELAYED = HOP_BY_HOP | {"date", "server"}
+
 T = TypeVar("T")
 
 
@@ -62,7 +65,7 @@ async def relay_error(upstream: httpx.Response, extra_headers: Mapping[str, str]
         log.warning("upstream %s answered %d with internal details, withheld from the client: %r",
                     upstream.url, upstream.status_code, raw[:2000])  # fmt: skip
         content_type = "application/json"
-    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP | {"content-type"}}
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in NOT_RELAYED | {"content-type"}}
     return Response(sanitized or raw, upstream.status_code, {**headers, **extra_headers}, media_type=content_type)
 
 
@@ -70,7 +73,7 @@ def relay(
     upstream: httpx.Response, extra_headers: Mapping[str, str], url: str, record: RequestRecord
 ) -> StreamResponse:
     """Relay status, headers and raw body bytes as they arrive; close the upstream when done or abandoned."""
-    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP - {"content-length"}}
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in NOT_RELAYED - {"content-length"}}
     headers.update(extra_headers)
     is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
     body = _body(upstream, is_sse, url, record)

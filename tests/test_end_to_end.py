@@ -253,3 +253,11 @@ def test_0_32_profile_through_the_guard_clamps_before_vllm_would(deepseek_dir: P
             assert usage is not None and usage.prompt_tokens + usage.completion_tokens == WINDOW
             assert raw.headers["x-token-guard-action"] == "clamp"
             assert stats.requests[-1]["max_tokens"] == WINDOW - usage.prompt_tokens
+
+
+def test_each_singleton_header_appears_once(proxy: str) -> None:
+    for stream in (False, True):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": stream}
+        response = httpx.post(f"{proxy}/v1/chat/completions", json=body)
+        for name in ("date", "server", "content-type", "content-length", "transfer-encoding"):
+            assert len(response.headers.get_list(name)) <= 1, (name, response.headers.get_list(name))

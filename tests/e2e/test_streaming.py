@@ -151,10 +151,6 @@ def test_sdk_reads_the_guarded_stream(stack: Stack) -> None:
     assert chunks[-1].usage.prompt_tokens == stack.tokenize(messages=MESSAGES)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="token-guard relays vLLM's date and server headers and uvicorn adds its own: both appear twice",
-)
 def test_guarded_response_has_one_of_each_singleton_header(stack: Stack) -> None:
     with httpx.Client(timeout=120) as http:
         for streamed in (False, True):
