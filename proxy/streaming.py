@@ -34,8 +34,10 @@ class StreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sending = asyncio.ensure_future(self._send_all(send))
         watching = asyncio.ensure_future(_client_gone(receive))
+        gone = True  # unless the whole answer went out (the server reports a disconnect after that, too)
         try:
             await asyncio.wait({sending, watching}, return_when=asyncio.FIRST_COMPLETED)
+            gone = not (sending.done() and not sending.cancelled() and sending.exception() is None)
         finally:
             for task in (sending, watching):
                 task.cancel()
@@ -44,7 +46,7 @@ class StreamResponse(Response):
             if self.on_release is not None:
                 self.on_release()
             if self.on_close is not None:
-                self.on_close(watching.done() and not watching.cancelled())
+                self.on_close(gone)
         if sending.done() and not sending.cancelled() and sending.exception() is not None:
             raise sending.exception()  # type: ignore[misc]
 

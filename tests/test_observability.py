@@ -101,3 +101,12 @@ def test_client_disconnects_are_counted(deepseek_dir: Path) -> None:
             assert wait_until(
                 lambda: metric(httpx.get(f"{proxy.url}/metrics").text, "token_guard_client_disconnects_total") == 1
             )
+
+
+def test_a_finished_answer_is_not_counted_as_a_disconnect(stack: tuple[str, Any]) -> None:
+    url, _ = stack
+    before = metric(httpx.get(f"{url}/metrics").text, "token_guard_client_disconnects_total")
+    for stream in (False, True):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": stream}
+        assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 200
+    assert metric(httpx.get(f"{url}/metrics").text, "token_guard_client_disconnects_total") == before
