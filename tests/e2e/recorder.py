@@ -68,24 +68,32 @@ class Recorder:
             record = Connection()
             with self._lock:
                 self._connections.append(record)
-            for side, source, sink, log in (
-                ("guard", downstream, upstream, record.sent),
-                ("vllm", upstream, downstream, record.received),
-            ):
-                args = (side, source, sink, log, record, (downstream, upstream))
+            legs = (
+                ("guard", "vllm", downstream, upstream, record.sent),
+                ("vllm", "guard", upstream, downstream, record.received),
+            )
+            for leg in legs:
+                args = (*leg, record, (downstream, upstream))
                 threading.Thread(target=self._pump, args=args, name="recorder-pump", daemon=True).start()
 
-    def _pump(self, side: str, source: Sock, sink: Sock, log: bytearray, record: Connection, pair: SockPair) -> None:
+    def _pump(
+        self, side: str, other: str, source: Sock, sink: Sock, log: bytearray, record: Connection, pair: SockPair
+    ) -> None:
+        closer = side  # the source ended or reset its side...
         try:
             while data := source.recv(65536):
                 with self._lock:
                     log.extend(data)  # recorded before it is passed on
-                sink.sendall(data)
+                try:
+                    sink.sendall(data)
+                except OSError:
+                    closer = other  # ...unless the write failed: then the other side had hung up first
+                    break
         except OSError:
             pass
         finally:  # either side closing closes both, as a proxy that drops its upstream would
             with self._lock:
-                record.closed_by = record.closed_by or side
+                record.closed_by = record.closed_by or closer
             for sock in pair:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 MAX_TOKENS = 2000  # about 8 s of decoding, far longer than an abort takes
 MESSAGES: list[Any] = [{"role": "user", "content": "Write a very long essay."}]
 ATTEMPTS = 3
-GUARD_CLOSE_S = 3
+GUARD_CLOSE_S = 5  # usually well under 1 s; a loaded 2-core machine has shown 3 s
 
 
 def running(stack: Stack) -> float:
@@ -49,8 +49,13 @@ def settled(stack: Stack) -> tuple[float, float]:
     return counters(stack)
 
 
-def guard_hung_up(stack: Stack, mark: Mark) -> bool:
-    return wait_until(lambda: stack.recorder.closed_by_guard_since(mark) > 0, timeout=GUARD_CLOSE_S)
+def assert_guard_hung_up(stack: Stack, mark: Mark) -> None:
+    left = time.monotonic()
+    if wait_until(lambda: stack.recorder.closed_by_guard_since(mark) > 0, timeout=GUARD_CLOSE_S):
+        return
+    late = wait_until(lambda: stack.recorder.closed_by_guard_since(mark) > 0, timeout=20)
+    after = f"only after {time.monotonic() - left:.1f} s" if late else "not within 20 s"
+    pytest.fail(f"the client left; the guard closed its connection to vLLM {after} (allowed: {GUARD_CLOSE_S} s)")
 
 
 def assert_disconnect_aborts(stack: Stack, leave_early: Callable[[], bool]) -> None:
@@ -60,7 +65,7 @@ def assert_disconnect_aborts(stack: Stack, leave_early: Callable[[], bool]) -> N
         before, mark = counters(stack), stack.recorder.mark()
         in_time = leave_early() and stack.recorder.sent_since(mark)
         if in_time:
-            assert guard_hung_up(stack, mark), f"client gone, guard still connected to vLLM after {GUARD_CLOSE_S} s"
+            assert_guard_hung_up(stack, mark)
         finished, generated = settled(stack)
         if not in_time or generated == before[1]:
             inconclusive.append("vLLM was not mid-generation when the client left")
