@@ -16,6 +16,7 @@ from typing import Any
 
 CONFIG_ENV = "TOKEN_GUARD_CONFIG"
 ENV_PREFIX = "TOKEN_GUARD_"
+TOOLING_PREFIXES = ("TOKEN_GUARD_E2E_", "TOKEN_GUARD_BENCH_")  # the test and bench harnesses' own variables
 
 
 class SettingsError(ValueError):
@@ -369,7 +370,7 @@ def _env_layer(environ: Mapping[str, str]) -> _Layer:
     layer = _Layer()
     single: dict[str, Any] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV:
+        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV or name.startswith(TOOLING_PREFIXES):
             continue
         rest = name[len(ENV_PREFIX) :].lower()
         section, _, key = rest.partition("_")

@@ -127,3 +127,8 @@ def test_bad_policy_values(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(SettingsError) as info:
         load_settings({}, environ={}, config_file=write(tmp_path, text))
     assert message in str(info.value)
+
+
+def test_the_harnesses_own_variables_are_not_settings() -> None:
+    env = {"TOKEN_GUARD_E2E_CACHE": "/tmp/x", "TOKEN_GUARD_BENCH_ROUNDS": "3"}
+    assert load_settings({}, environ=env) == Settings()
