@@ -7,12 +7,13 @@ expected and where the value came from. Nothing else in the package reads the en
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from proxy import values as v
 
 CONFIG_ENV = "TOKEN_GUARD_CONFIG"
 ENV_PREFIX = "TOKEN_GUARD_"
@@ -108,199 +109,57 @@ class Settings:
     models: tuple[ModelSettings, ...] = ()
 
 
-# --- value checkers: each returns the parsed value or raises ValueError with what was expected ---
-
-
-def _int(low: int, high: int | None = None) -> Callable[[Any], int]:
-    expected = f"an integer from {low} to {high}" if high else f"an integer >= {low}"
-
-    def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            raise ValueError(expected)
-        try:
-            number = int(value)
-        except ValueError:
-            raise ValueError(expected) from None
-        if number < low or (high is not None and number > high):
-            raise ValueError(expected)
-        return number
-
-    return check
-
-
-def _positive_float(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError("a number of seconds > 0") from None
-    if isinstance(value, bool) or not number > 0:
-        raise ValueError("a number of seconds > 0")
-    return number
-
-
-def _non_negative_float(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError("a number >= 0") from None
-    if isinstance(value, bool) or not number >= 0:
-        raise ValueError("a number >= 0")
-    return number
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("a non-empty string")
-    return value.strip()
-
-
-def _url(value: Any) -> str:
-    text = _text(value)
-    if not re.match(r"^https?://[^/\s]+", text):
-        raise ValueError("an http:// or https:// URL")
-    return text.rstrip("/")
-
-
-def _log_level(value: Any) -> str:
-    levels = ("critical", "error", "warning", "info", "debug")
-    if not isinstance(value, str) or value.lower() not in levels:
-        raise ValueError("one of " + ", ".join(levels))
-    return value.lower()
-
-
-def _default_max_tokens(value: Any) -> int | str | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, str) and value.strip().endswith("%"):
-        try:
-            percent = float(value.strip()[:-1])
-        except ValueError:
-            raise ValueError('a token count or a percentage of the window such as "50%"') from None
-        if not 0 < percent <= 100:
-            raise ValueError("a percentage above 0% and at most 100%")
-        return value.strip()
-    try:
-        return _int(1)(value)
-    except ValueError:
-        raise ValueError('a token count >= 1 or a percentage of the window such as "50%"') from None
-
-
-def _choice(*options: str) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if not isinstance(value, str) or value not in options:
-            raise ValueError("one of " + ", ".join(repr(o) for o in options))
-        return value
-
-    return check
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-        return value.lower() in ("true", "1", "yes", "on")
-    raise ValueError("true or false")
-
-
-def _any_text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError("a string")
-    return value
-
-
-def _template(*fields: str) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        text = _any_text(value)
-        try:
-            text.format(**{f: 1 for f in fields})
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"a template using only {', '.join('{' + f + '}' for f in fields)} ({exc!r})") from None
-        return text
-
-    return check
-
-
-def _list_of(check: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, ...]]:
-    def parse(value: Any) -> tuple[Any, ...]:
-        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
-        if not isinstance(items, list | tuple):
-            raise ValueError("a list (or a comma-separated string)")
-        try:
-            return tuple(check(item) for item in items)
-        except ValueError as exc:
-            raise ValueError(f"a list of {exc}") from None
-
-    return parse
-
-
-def _optional_text(value: Any) -> str | None:
-    return None if value in (None, "") else _text(value)
-
-
-def _budget(value: Any) -> int | str:
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    try:
-        return _int(0)(value)
-    except ValueError:
-        raise ValueError('a token count >= 0 (0 = off) or "auto"') from None
-
-
-def _path(value: Any) -> Path:
-    return Path(_text(value)).expanduser()
-
-
 SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "server": {
-        "host": _text,
-        "port": _int(1, 65535),
-        "log_level": _log_level,
-        "log_format": _choice("text", "json"),
-        "api_keys": _list_of(_text),
-        "max_body_bytes": _int(1024),
-        "max_json_depth": _int(8),
-        "max_messages": _int(1),
-        "drain_timeout_s": _positive_float,
+        "host": v.nonempty_text,
+        "port": v.integer(1, 65535),
+        "log_level": v.log_level,
+        "log_format": v.choice("text", "json"),
+        "api_keys": v.list_of(v.nonempty_text),
+        "max_body_bytes": v.integer(1024),
+        "max_json_depth": v.integer(8),
+        "max_messages": v.integer(1),
+        "drain_timeout_s": v.positive_float,
     },
     "upstream": {
-        "url": _url,
-        "urls": _list_of(_url),
-        "api_key": _optional_text,
-        "connect_timeout_s": _positive_float,
-        "first_byte_timeout_s": _positive_float,
-        "read_timeout_s": _positive_float,
-        "write_timeout_s": _positive_float,
-        "startup_wait_s": _positive_float,
-        "retries": _int(0),
-        "health_interval_s": _positive_float,
+        "url": v.url,
+        "urls": v.list_of(v.url),
+        "api_key": v.optional_text,
+        "connect_timeout_s": v.positive_float,
+        "first_byte_timeout_s": v.positive_float,
+        "read_timeout_s": v.positive_float,
+        "write_timeout_s": v.positive_float,
+        "startup_wait_s": v.positive_float,
+        "retries": v.integer(0),
+        "health_interval_s": v.positive_float,
     },
     "admission": {
-        "max_inflight_tokens": _budget,
-        "max_inflight_requests": _int(0),
-        "queue_timeout_s": _positive_float,
-        "max_queue": _int(0),
+        "max_inflight_tokens": v.budget,
+        "max_inflight_requests": v.integer(0),
+        "queue_timeout_s": v.positive_float,
+        "max_queue": v.integer(0),
     },
     "policy": {
-        "min_output_tokens": _int(1),
-        "default_max_tokens": _default_max_tokens,
-        "on_overflow": _choice(*OVERFLOW_POLICIES),
-        "allow_client_override": _bool,
-        "truncate_side": _choice("left", "right", "middle"),
-        "chunk_tokens": _int(16),
-        "chunk_overlap": _int(0),
-        "chunk_prompt": _template("i", "n"),
-        "chunk_separator": _any_text,
-        "chunk_merge": _choice("concat", "reduce"),
-        "max_fanout": _int(1),
-        "reduce_prompt": _template("answers"),
+        "min_output_tokens": v.integer(1),
+        "default_max_tokens": v.default_max_tokens,
+        "on_overflow": v.choice(*OVERFLOW_POLICIES),
+        "allow_client_override": v.boolean,
+        "truncate_side": v.choice("left", "right", "middle"),
+        "chunk_tokens": v.integer(16),
+        "chunk_overlap": v.integer(0),
+        "chunk_prompt": v.template("i", "n"),
+        "chunk_separator": v.any_text,
+        "chunk_merge": v.choice("concat", "reduce"),
+        "max_fanout": v.integer(1),
+        "reduce_prompt": v.template("answers"),
     },
-    "counting": {"cache_mb": _non_negative_float, "split_min_chars": _int(256)},
+    "counting": {"cache_mb": v.non_negative_float, "split_min_chars": v.integer(256)},
 }
 MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
-    "name": _text,
-    "tokenizer": _text,
-    "chat_template": _path,
-    "max_model_len": _int(1),
+    "name": v.nonempty_text,
+    "tokenizer": v.nonempty_text,
+    "chat_template": v.path_value,
+    "max_model_len": v.integer(1),
     "policy": lambda value: value,  # checked key by key against the policy schema in _model()
 }
 SECTIONS = {
