@@ -107,17 +107,8 @@ def test_truncate_gives_the_400_when_the_kept_messages_cannot_fit(proxy: str) ->
 
 @pytest.mark.parametrize("side", ["left", "right", "middle"])
 def test_truncate_completion_sends_the_kept_token_ids(deepseek_dir: Path, sim: Any, side: str) -> None:
-    with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": WINDOW}) as proxy_server:
-        pass  # a fresh guard per side needs config; the side comes from the settings object
-    from proxy.app import create_app
-    from proxy.registry import ModelRegistry
-    from proxy.settings import load_settings
-
-    flags = {"upstream.url": sim[0].url, "model.name": MODEL, "model.tokenizer": str(deepseek_dir),
-             "model.max_model_len": WINDOW}  # fmt: skip
-    env = {"TOKEN_GUARD_POLICY_TRUNCATE_SIDE": side, "TOKEN_GUARD_POLICY_ON_OVERFLOW": "truncate"}
-    settings_ = load_settings(flags, environ=env)
-    with ServerThread(create_app(settings_, ModelRegistry.from_settings(settings_.models))) as proxy_server:
+    flags = {"model.max_model_len": WINDOW, "policy.truncate_side": side, "policy.on_overflow": "truncate"}
+    with guard(sim[0].url, deepseek_dir, **flags) as proxy_server:
         prompt = document(4000)
         ids = httpx.post(f"{sim[0].url}/tokenize", json={"prompt": prompt}).json()["tokens"]
         reply = openai.OpenAI(base_url=f"{proxy_server.url}/v1", api_key="x", max_retries=0).completions.create(
@@ -177,16 +168,7 @@ def test_chunked_completions_stream_and_not(proxy: str) -> None:
 
 
 def test_reduce_merge_returns_the_combining_answer(deepseek_dir: Path, sim: Any) -> None:
-    with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": WINDOW}) as _:
-        pass
-    from proxy.app import create_app
-    from proxy.registry import ModelRegistry
-    from proxy.settings import load_settings
-
-    flags = {"upstream.url": sim[0].url, "model.name": MODEL, "model.tokenizer": str(deepseek_dir),
-             "model.max_model_len": WINDOW}  # fmt: skip
-    settings_ = load_settings(flags, environ={"TOKEN_GUARD_POLICY_CHUNK_MERGE": "reduce"})
-    with ServerThread(create_app(settings_, ModelRegistry.from_settings(settings_.models))) as server:
+    with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.chunk_merge": "reduce"}) as server:
         raw = sdk(server.url, "chunk").chat.completions.with_raw_response.create(
             model=MODEL, messages=[{"role": "user", "content": document(5000)}], max_tokens=24
         )
