@@ -85,7 +85,8 @@ def _limited(prompt_tokens: int, limit: int, changes: dict[str, int], min_tokens
 
 def _too_long(prompt_tokens: int, room: int, limits: Limits, param: str) -> ContextLengthExceeded:
     what = "messages" if param == "messages" else "prompt"
-    needed = f"at least {limits.min_output_tokens} output tokens"
+    plural = "" if limits.min_output_tokens == 1 else "s"
+    needed = f"at least {limits.min_output_tokens} output token{plural}"
     message = (
         f"This model's maximum context length is {limits.max_model_len} tokens. However, your request has "
         f"{prompt_tokens} input tokens, which leaves {max(room, 0)} for the output ({needed} required). "

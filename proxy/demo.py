@@ -92,15 +92,21 @@ Try it:
 
 async def _tour(url: str, upstream: str) -> None:
     hello = [{"role": "user", "content": "Hello! Tell me about token budgets."}]
+    notes = [{"role": "user", "content": "Turn these notes into a summary: " + "prompt plus output must fit. " * 30}]
     essay = [{"role": "user", "content": "Summarise this: " + "All work and no play makes Jack a dull boy. " * 300}]
     async with httpx.AsyncClient(timeout=60) as client:
         print("Tour")
         await _show(client, url, "1. a request that fits", {"messages": hello, "max_tokens": 32})
-        direct = await client.post(f"{upstream}/v1/chat/completions", json=_chat(hello, 4000))
-        print(f"\n2. max_tokens 4000 sent straight to the upstream: HTTP {direct.status_code}")
+        direct = await client.post(f"{upstream}/v1/chat/completions", json=_chat(notes, 2000))
+        print(f"\n2. a 200-token prompt with max_tokens 2000, sent straight to the upstream: HTTP {direct.status_code}")
         print(f"   {_message(direct.json())}")
-        await _show(client, url, "   the same request through token-guard", {"messages": hello, "max_tokens": 4000})
-        await _show(client, url, "3. a 3,000-token prompt through token-guard", {"messages": essay, "max_tokens": 16})
+        await _show(client, url, "   the same request through token-guard", {"messages": notes, "max_tokens": 2000})
+        await _show(
+            client,
+            url,
+            "3. a prompt longer than the window, through token-guard",
+            {"messages": essay, "max_tokens": 16},
+        )
 
 
 async def _show(client: httpx.AsyncClient, url: str, title: str, fields: dict[str, Any]) -> None:
