@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.count import count_chat, count_completion
-from proxy.decide import Plan, decide_chat, decide_completion
+from proxy.decide import Limits, Plan, decide_chat, decide_completion
 from proxy.merge import part_text
 from proxy.overflow import FanOut, Forward, Outcome, Refuse, overflow_chat, overflow_completion
 from proxy.parse import ChatRequest, parse_chat, parse_completion, with_changes
 from proxy.policy import choose_policy
 from proxy.records import RequestRecord
-from proxy.registry import ModelRegistry
+from proxy.registry import GuardedModel, ModelRegistry
 from proxy.settings import PolicySettings, Settings
 from proxy.upstream import Upstream
 
@@ -37,12 +37,8 @@ class Guard:
     async def _chat(self, raw: bytes, headers: Mapping[str, str], record: RequestRecord) -> Outcome:
         server = self.settings.server
         req = parse_chat(raw, server.max_messages, server.max_json_depth)
-        model = self.registry.resolve(req.model)
-        record.model = model.name
         record.max_tokens_before = req.requested_output[1] if req.requested_output else None
-        policy = self.policy_for(model.name)
-        choice = choose_policy(policy, headers)
-        limits = model.limits(policy)
+        model, policy, choice, limits = self._target(req.model, headers, record)
         started = time.perf_counter()
         prompt_tokens = await count_chat(model.tokenizer, req, model.counter)
         record.count_s = time.perf_counter() - started
@@ -53,12 +49,8 @@ class Guard:
 
     async def _completion(self, raw: bytes, headers: Mapping[str, str], record: RequestRecord) -> Outcome:
         req = parse_completion(raw, self.settings.server.max_json_depth)
-        model = self.registry.resolve(req.model)
-        record.model = model.name
         record.max_tokens_before = req.requested_output[1]
-        policy = self.policy_for(model.name)
-        choice = choose_policy(policy, headers)
-        limits = model.limits(policy)
+        model, policy, choice, limits = self._target(req.model, headers, record)
         started = time.perf_counter()
         counts = await count_completion(model.tokenizer, req, model.counter)
         record.count_s = time.perf_counter() - started
@@ -67,9 +59,20 @@ class Guard:
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
         return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)))
 
+    def _target(
+        self, name: str | None, headers: Mapping[str, str], record: RequestRecord
+    ) -> tuple[GuardedModel, PolicySettings, str, Limits]:
+        """The model a request is for, its policy, the overflow choice (config or header) and its limits."""
+        model = self.registry.resolve(name)
+        record.model = model.name
+        policy = self.policy_for(model.name)
+        return model, policy, choose_policy(policy, headers), model.limits(policy)
+
     def policy_for(self, model: str) -> PolicySettings:
-        configured = {m.name: m.policy for m in self.settings.models}
-        return configured.get(model) or self.settings.policy
+        return self._policies.get(model) or self.settings.policy
+
+    def __post_init__(self) -> None:
+        self._policies = {m.name: m.policy for m in self.settings.models if m.policy is not None}
 
     async def reduce_body(self, fan: FanOut, answers: list[dict[str, Any]]) -> tuple[dict[str, Any], int] | None:
         """The map-reduce step: one more request asking the model to combine the partial answers, or None when even
