@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from transformers import AutoTokenizer
 
 from proxy.assets import write_demo_tokenizer_dir
+from proxy.tokenizer import ModelTokenizer, load_tokenizer
 from tests.support.trained import write_trained_tokenizer_dir
 
 
@@ -22,3 +25,15 @@ def chatml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tokenizer_dir(request: pytest.FixtureRequest) -> Path:
     path: Path = request.getfixturevalue(f"{request.param}_dir")
     return path
+
+
+@pytest.fixture(scope="session")
+def guard_tok(tokenizer_dir: Path) -> ModelTokenizer:
+    """The guard's loading of `tokenizer_dir`."""
+    return load_tokenizer(str(tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def reference(tokenizer_dir: Path) -> Any:
+    """transformers' own loading of `tokenizer_dir`: the judge of every count."""
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))

@@ -13,36 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from proxy.conversation import detect_content_format, to_conversation, to_tools
 from proxy.count import count_chat, count_completion
 from proxy.errors import InvalidRequest
 from proxy.parse import parse_chat, parse_completion
 from proxy.tokenizer import ModelTokenizer, load_tokenizer
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
-
-
-@pytest.fixture(scope="module")
-def guard_tok(tokenizer_dir: Path) -> ModelTokenizer:
-    return load_tokenizer(str(tokenizer_dir))
-
-
-@pytest.fixture(scope="module")
-def reference(tokenizer_dir: Path) -> Any:
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
-
-
-def reference_chat_count(ref: Any, case: dict[str, Any]) -> int:
-    template = ref.chat_template
-    conversation = to_conversation(case["messages"], detect_content_format(template))
-    ids = ref.apply_chat_template(
-        conversation,
-        tools=to_tools(case.get("tools")),  # vLLM re-serializes tools; the simulator's test checks that step
-        tokenize=True,
-        return_dict=True,
-        add_generation_prompt=case.get("add_generation_prompt", True),
-        continue_final_message=case.get("continue_final_message", False),
-    )["input_ids"]
-    return len(ids)
+from tests.support.reference import reference_chat_count
 
 
 def guard_chat_count(tok: ModelTokenizer, case: dict[str, Any]) -> int:

@@ -13,15 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, processors
-from transformers import AutoTokenizer
 
-from proxy.conversation import detect_content_format, to_conversation, to_tools
 from proxy.count import count_chat, count_completion
 from proxy.counter import TokenCounter
 from proxy.parse import parse_chat, parse_completion
 from proxy.settings import CountingSettings
-from proxy.tokenizer import ModelTokenizer, load_tokenizer
+from proxy.tokenizer import ModelTokenizer
 from tests.corpus import CHAT_CASES, LONG_TEXT, WEATHER_TOOL
+from tests.support.reference import reference_chat_count
 
 WORDS = ["Hello", "world", "the", "x", "é", "naïve", "東京", "こんにちは", "한국어", "🎉", "👍🏽", "🧑‍🤝‍🧑",
          "1234", "3.14", "def f(a, b):", "return a + b", '{"k": [1, 2]}',
@@ -55,32 +54,9 @@ CONVERSATION = st.builds(
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(scope="module")
-def guard_tok(tokenizer_dir: Path) -> ModelTokenizer:
-    return load_tokenizer(str(tokenizer_dir))
-
-
-@pytest.fixture(scope="module")
-def reference(tokenizer_dir: Path) -> Any:
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
-
-
 def eager_counter(tok: ModelTokenizer, cache_mb: float = 64.0) -> TokenCounter:
     """Splits every uncached piece of 64+ characters four ways, so the parallel path runs on small texts too."""
     return TokenCounter(tok.backend, CountingSettings(cache_mb=cache_mb, split_min_chars=64), cores=4)
-
-
-def reference_count(ref: Any, case: dict[str, Any]) -> int:
-    conversation = to_conversation(case["messages"], detect_content_format(ref.chat_template))
-    encoded = ref.apply_chat_template(
-        conversation,
-        tools=to_tools(case.get("tools")),  # as vLLM re-serializes them
-        tokenize=True,
-        return_dict=True,
-        add_generation_prompt=case.get("add_generation_prompt", True),
-        continue_final_message=case.get("continue_final_message", False),
-    )
-    return len(encoded["input_ids"])
 
 
 def guard_count(tok: ModelTokenizer, counter: TokenCounter, case: dict[str, Any]) -> int:
@@ -96,13 +72,13 @@ def test_the_engine_is_on_for_both_tokenizers(guard_tok: ModelTokenizer) -> None
 @pytest.mark.parametrize("name,case", CHAT_CASES, ids=[c[0] for c in CHAT_CASES])
 def test_corpus_counts_exactly(guard_tok: ModelTokenizer, reference: Any, name: str, case: Any) -> None:
     counter = eager_counter(guard_tok)
-    assert guard_count(guard_tok, counter, case) == reference_count(reference, case)
+    assert guard_count(guard_tok, counter, case) == reference_chat_count(reference, case)
 
 
 @PROPERTY
 @given(case=CONVERSATION)
 def test_cold_and_warm_counts_equal_the_reference(guard_tok: ModelTokenizer, reference: Any, case: Any) -> None:
-    expected = reference_count(reference, case)
+    expected = reference_chat_count(reference, case)
     counter = eager_counter(guard_tok)
     assert guard_count(guard_tok, counter, case) == expected
     misses = counter.stats().misses
@@ -120,7 +96,7 @@ def test_a_growing_conversation_counts_exactly_turn_by_turn(
     for turn in turns:
         messages += turn
         case = {"messages": messages, "add_generation_prompt": True}
-        assert guard_count(guard_tok, counter, case) == reference_count(reference, case)
+        assert guard_count(guard_tok, counter, case) == reference_chat_count(reference, case)
 
 
 @PROPERTY
@@ -128,7 +104,7 @@ def test_a_growing_conversation_counts_exactly_turn_by_turn(
 def test_a_tiny_cache_stays_within_its_bound(guard_tok: ModelTokenizer, reference: Any, cases: Any) -> None:
     counter = eager_counter(guard_tok, cache_mb=0.002)  # about 2 KB: a handful of short pieces
     for case in cases + cases:
-        assert guard_count(guard_tok, counter, case) == reference_count(reference, case)
+        assert guard_count(guard_tok, counter, case) == reference_chat_count(reference, case)
         stats = counter.stats()
         assert stats.bytes <= stats.max_bytes == int(0.002 * 2**20)
 
@@ -137,7 +113,7 @@ def test_a_zero_cache_keeps_nothing_and_stays_exact(guard_tok: ModelTokenizer, r
     counter = eager_counter(guard_tok, cache_mb=0)
     case = {"messages": [{"role": "user", "content": LONG_TEXT}]}
     assert guard_count(guard_tok, counter, case) == guard_count(guard_tok, counter, case)
-    assert guard_count(guard_tok, counter, case) == reference_count(reference, case)
+    assert guard_count(guard_tok, counter, case) == reference_chat_count(reference, case)
     assert counter.stats().entries == 0 and counter.stats().hits == 0
 
 
