@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 
-from proxy.app import create_app
 from proxy.assets import write_demo_tokenizer_dir
-from proxy.registry import ModelRegistry
-from proxy.serving import ServerThread
+from proxy.counting.registry import ModelRegistry
+from proxy.server.app import create_app
+from proxy.server.running import ServerThread
 from proxy.settings import load_settings
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator

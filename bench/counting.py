@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from proxy.api.chat import ChatRequest, parse_chat
 from proxy.assets import write_demo_tokenizer_dir
-from proxy.count import count_chat, render_chat
-from proxy.counter import TokenCounter, available_cores
-from proxy.parse import ChatRequest, parse_chat
+from proxy.counting.count import count_chat, render_chat
+from proxy.counting.counter import TokenCounter, available_cores
+from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
 from proxy.settings import CountingSettings
-from proxy.tokenizer import ModelTokenizer, load_tokenizer
 
 SIZES = {"1K": 1_000, "8K": 8_000, "32K": 32_000, "128K": 128_000}
 TURNS, CONVERSATION_TOKENS = 20, 38_000

@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 from bench.counting import _chars_per_token, _conversation, _earlier_turns, _one_shot
 from bench.systems import Upstream, start_simulator, start_token_guard
 from proxy.assets import write_demo_tokenizer_dir
-from proxy.tokenizer import load_tokenizer
+from proxy.counting.tokenizer import load_tokenizer
 
 MODEL = "tiny"
 WINDOW = 200_000

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from proxy.logs import configure_logging
+from proxy.counting.tokenizer import TokenizerLoadError
+from proxy.server.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
-from proxy.tokenizer import TokenizerLoadError
 
 FLAGS = {  # flag destination -> settings key
     "host": "server.host",
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             return serve(settings_from(args))
         if args.command == "check":
-            from proxy.check import run_check
+            from proxy.check.run import run_check
 
             return run_check(settings_from(args), args.samples, args.wait, args.json)
         if args.command == "simulate":
@@ -96,8 +96,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def serve(settings: Settings) -> int:
     import uvicorn
 
-    from proxy.app import create_app
-    from proxy.registry import ModelRegistry
+    from proxy.counting.registry import ModelRegistry
+    from proxy.server.app import create_app
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     registry = ModelRegistry.from_settings(settings.models, settings.counting)

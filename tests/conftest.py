@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from proxy.assets import write_demo_tokenizer_dir
-from proxy.tokenizer import ModelTokenizer, load_tokenizer
+from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
 from tests.support.trained import write_trained_tokenizer_dir
 
 

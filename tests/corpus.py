@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.samples import WEATHER_TOOL as SAMPLE_TOOL
+from proxy.check.samples import WEATHER_TOOL as SAMPLE_TOOL
 
 LONG_TEXT = (
     "The quick brown fox jumps over the lazy dog. " * 40

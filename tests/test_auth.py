@@ -14,11 +14,11 @@ import pytest
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.auth import ApiKeyAuth
-from proxy.serving import ServerThread
+from proxy.server.auth import ApiKeyAuth
+from proxy.server.running import ServerThread
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
-from proxy.upstream_headers import outgoing, upstream_auth
+from proxy.upstream.headers import outgoing, upstream_auth
 from tests.support.servers import MODEL, guard
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

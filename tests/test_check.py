@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.check import (
+from proxy.check.run import (
     MISMATCH,
     OK,
     REFUSED,
@@ -30,11 +30,11 @@ from proxy.check import (
     verdict,
     window_verdict,
 )
+from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
 from proxy.cli import main
-from proxy.registry import ModelRegistry
-from proxy.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
+from proxy.counting.registry import ModelRegistry
 from proxy.settings import load_settings
-from proxy.upstream import Upstream
+from proxy.upstream.client import Upstream
 from tests.support.servers import MODEL, simulator
 from tests.support.trained import CHATML_TEMPLATE
 

@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from proxy.count import count_chat, count_completion
+from proxy.api.chat import parse_chat
+from proxy.api.completions import parse_completion
+from proxy.counting.count import count_chat, count_completion
+from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
 from proxy.errors import InvalidRequest
-from proxy.parse import parse_chat, parse_completion
-from proxy.tokenizer import ModelTokenizer, load_tokenizer
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
 from tests.support.reference import reference_chat_count
 

@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, processors
 
-from proxy.count import count_chat, count_completion
-from proxy.counter import TokenCounter
-from proxy.parse import parse_chat, parse_completion
+from proxy.api.chat import parse_chat
+from proxy.api.completions import parse_completion
+from proxy.counting.count import count_chat, count_completion
+from proxy.counting.counter import TokenCounter
+from proxy.counting.tokenizer import ModelTokenizer
 from proxy.settings import CountingSettings
-from proxy.tokenizer import ModelTokenizer
 from tests.corpus import CHAT_CASES, LONG_TEXT, WEATHER_TOOL
 from tests.support.reference import reference_chat_count
 

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, normalizers, pre_tokenizers
 
-from proxy.counter import TokenCounter
-from proxy.segments import segmenter_for
+from proxy.counting.counter import TokenCounter
+from proxy.counting.segments import segmenter_for
 from proxy.settings import CountingSettings
 
 TOKENS = [

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 
-from proxy.splitting import Splitter, is_candidate, is_safe_cut, splitter_for, window_agrees
+from proxy.counting.splitting import Splitter, is_candidate, is_safe_cut, splitter_for, window_agrees
 from tests.corpus import LONG_TEXT
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from proxy.decide import Limits, decide_chat, decide_completion
-from proxy.parse import parse_chat, parse_completion
+from proxy.api.chat import parse_chat
+from proxy.api.completions import parse_completion
+from proxy.policy.decide import Limits, decide_chat, decide_completion
 
 M = 2048
 

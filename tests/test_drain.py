@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.serving import bind_socket
+from proxy.server.running import bind_socket
 from tests.support.servers import MODEL, simulator, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.serving import ServerThread
+from proxy.server.running import ServerThread
 from tests.corpus import CHAT_CASES
 from tests.support.servers import MODEL, Tap, guard, simulator, wait_until
 

@@ -17,9 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.types import Message
 
+from proxy.api.body import check_depth, parse_json_object
+from proxy.api.chat import parse_chat
+from proxy.api.completions import parse_completion
 from proxy.errors import InvalidRequest, PayloadTooLarge
-from proxy.limits import counting
-from proxy.parse import check_depth, parse_chat, parse_completion, parse_json_object
+from proxy.server.body_limit import counting
 from tests.support.servers import MODEL, guard, simulator
 
 LIMIT = 64 * 1024

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.logs import JsonFormatter
+from proxy.server.logs import JsonFormatter
 from tests.support.servers import MODEL, guard, simulator, wait_until
 
 

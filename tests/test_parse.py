@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from proxy.api.body import with_changes
+from proxy.api.chat import parse_chat
+from proxy.api.completions import parse_completion
 from proxy.errors import InvalidRequest
-from proxy.parse import parse_chat, parse_completion, with_changes
 
 OK_MESSAGES = [{"role": "user", "content": "hi"}]
 

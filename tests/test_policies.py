@@ -16,14 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.chunk import split_chat
-from proxy.count import count_chat
-from proxy.parse import parse_chat
-from proxy.serving import ServerThread
+from proxy.api.chat import parse_chat
+from proxy.counting.count import count_chat
+from proxy.counting.tokenizer import load_tokenizer
+from proxy.policy.chunk import split_chat
+from proxy.policy.truncate import MARKER
+from proxy.server.running import ServerThread
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
-from proxy.tokenizer import load_tokenizer
-from proxy.truncate import MARKER
 from tests.support.servers import MODEL, guard, simulator, wait_until
 
 WINDOW = 2048

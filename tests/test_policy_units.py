@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.decide import Limits
+from proxy.counting.ids import char_cut, cut_middle, windows
 from proxy.errors import InvalidRequest
-from proxy.merge import StreamMerger, merge_answers
-from proxy.policy import choose_policy, output_reserve
+from proxy.policy.choice import choose_policy, output_reserve
+from proxy.policy.decide import Limits
+from proxy.policy.merge import StreamMerger, merge_answers
+from proxy.policy.truncate import droppable_units, keep_side
 from proxy.settings import PolicySettings
-from proxy.tokens import char_cut, cut_middle, windows
-from proxy.truncate import droppable_units, keep_side
 
 
 def test_policy_comes_from_config_unless_the_client_asks() -> None:

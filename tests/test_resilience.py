@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.serving import ServerThread, bind_socket
+from proxy.server.running import ServerThread, bind_socket
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
 from tests.support.servers import MODEL, guard, guard_unchecked, simulator, wait_until

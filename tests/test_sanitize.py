@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from proxy.sanitize import sanitize_upstream_error
-from proxy.serving import ServerThread
+from proxy.server.running import ServerThread
+from proxy.server.sanitize import sanitize_upstream_error
 from tests.support.servers import MODEL, guard
 
 TRACEBACK = """Traceback (most recent call last):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.conversation import detect_content_format, to_conversation, to_tools
+from proxy.counting.conversation import detect_content_format, to_conversation, to_tools
 from proxy.simulator import SimulatorSettings
 from proxy.simulator.chat import plan_chat
 from proxy.simulator.context import Context

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.conversation import ConversationError, to_conversation, to_tools
+from proxy.counting.conversation import ConversationError, to_conversation, to_tools
 from proxy.simulator.errors import ApiError
 from proxy.simulator.tokenizer import SimTokenizer
 from proxy.simulator.wire import Fields

@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 from cachetools import LRUCache
 
-from proxy.conversation import ContentFormat, detect_content_format
+from proxy.counting.conversation import ContentFormat, detect_content_format
 from proxy.simulator.errors import ApiError
 
 NO_TEMPLATE = (

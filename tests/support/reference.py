@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.conversation import detect_content_format, to_conversation, to_tools
+from proxy.counting.conversation import detect_content_format, to_conversation, to_tools
 
 
 def reference_chat_count(ref: Any, case: dict[str, Any]) -> int:

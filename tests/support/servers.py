@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.app import create_app
-from proxy.registry import ModelRegistry
-from proxy.serving import ServerThread
+from proxy.counting.registry import ModelRegistry
+from proxy.server.app import create_app
+from proxy.server.running import ServerThread
 from proxy.settings import load_settings
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator

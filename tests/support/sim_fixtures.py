@@ -16,7 +16,7 @@ import pytest
 from starlette.applications import Starlette
 
 from proxy.assets import write_demo_tokenizer_dir
-from proxy.serving import ServerThread
+from proxy.server.running import ServerThread
 from proxy.simulator import SimulatorSettings, SimulatorStats, create_app
 
 

@@ -1,0 +1,82 @@
+"""The chat completions request as the guard reads it: the fields that change the count or the clamp, type-checked;
+every other field stays in `body` untouched, so unknown and future client fields pass through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.api.body import MAX_DEPTH, choices, count_field, flag, model_name, optional, parse_json_object
+from proxy.errors import InvalidRequest
+from proxy.settings import ServerSettings
+
+MAX_MESSAGES = ServerSettings.max_messages
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    body: dict[str, Any]
+    model: str | None
+    messages: list[Any]
+    tools: list[Any] | None
+    add_generation_prompt: bool
+    continue_final_message: bool
+    add_special_tokens: bool
+    chat_template: str | None
+    chat_template_kwargs: dict[str, Any]
+    max_tokens: int | None
+    max_completion_tokens: int | None
+    min_tokens: int | None
+    n: int
+    stream: bool
+
+    @property
+    def requested_output(self) -> tuple[str, int] | None:
+        """The field vLLM takes the output limit from, and its value (max_completion_tokens wins)."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        if self.max_tokens is not None:
+            return "max_tokens", self.max_tokens
+        return None
+
+
+def parse_chat(raw: bytes, max_messages: int = MAX_MESSAGES, max_depth: int = MAX_DEPTH) -> ChatRequest:
+    body = parse_json_object(raw, max_depth)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty array of message objects.", param="messages")
+    if len(messages) > max_messages:
+        raise InvalidRequest(
+            f"'messages' has {len(messages)} messages; at most {max_messages} are accepted (server.max_messages).",
+            param="messages",
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'.", param="messages")
+    tools = optional(body, "tools", list, "an array")
+    kwargs = optional(body, "chat_template_kwargs", dict, "an object") or {}
+    add_generation_prompt = flag(body, "add_generation_prompt", True)
+    continue_final_message = flag(body, "continue_final_message", False)
+    if continue_final_message and add_generation_prompt:
+        # vLLM answers 400 here too (transformers refuses to render this combination).
+        raise InvalidRequest(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True "
+            "(add_generation_prompt defaults to true: send false with continue_final_message).",
+            param="continue_final_message",
+        )
+    return ChatRequest(
+        body=body,
+        model=model_name(body),
+        messages=messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        add_special_tokens=flag(body, "add_special_tokens", False),
+        chat_template=optional(body, "chat_template", str, "a string"),
+        chat_template_kwargs=kwargs,
+        max_tokens=count_field(body, "max_tokens"),
+        max_completion_tokens=count_field(body, "max_completion_tokens"),
+        min_tokens=count_field(body, "min_tokens"),
+        n=choices(body),
+        stream=flag(body, "stream", False),
+    )

@@ -1,0 +1,61 @@
+"""The completions request as the guard reads it: its prompts (strings or token ids, one or a batch) and output
+limit; every other field stays in `body` untouched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.api.body import MAX_DEPTH, choices, count_field, flag, model_name, parse_json_object
+from proxy.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    body: dict[str, Any]
+    model: str | None
+    prompts: list[str | list[int]]
+    add_special_tokens: bool
+    max_tokens: int | None
+    min_tokens: int | None
+    n: int
+    stream: bool
+
+    @property
+    def requested_output(self) -> tuple[str, int]:
+        return "max_tokens", 16 if self.max_tokens is None else self.max_tokens
+
+
+def parse_completion(raw: bytes, max_depth: int = MAX_DEPTH) -> CompletionRequest:
+    body = parse_json_object(raw, max_depth)
+    return CompletionRequest(
+        body=body,
+        model=model_name(body),
+        prompts=_prompts(body.get("prompt")),
+        add_special_tokens=flag(body, "add_special_tokens", True),
+        max_tokens=count_field(body, "max_tokens"),
+        min_tokens=count_field(body, "min_tokens"),
+        n=choices(body),
+        stream=flag(body, "stream", False),
+    )
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    expected = "'prompt' must be a string, an array of strings, an array of token ids, or an array of those."
+    if isinstance(prompt, str):
+        return [prompt]
+    if not isinstance(prompt, list):
+        raise InvalidRequest(expected, param="prompt")
+    if not prompt or prompt == [[]]:
+        raise InvalidRequest("please provide at least one prompt", param="prompt")
+    if all(_is_token(t) for t in prompt):
+        return [prompt]
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(p, list) and p and all(_is_token(t) for t in p) for p in prompt):
+        return list(prompt)
+    raise InvalidRequest(expected + " Strings and token ids cannot be mixed.", param="prompt")
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

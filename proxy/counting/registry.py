@@ -1,0 +1,140 @@
+"""Which models the guard knows: their tokenizers and context windows, from the config and from discovery.
+
+Configured models are loaded before serving (a bad tokenizer stops start-up). Their `max_model_len`, when not
+configured, and every model of a zero-config sidecar are learned from the upstream in the background; until then
+a guarded request for them is answered 503 rather than forwarded unguarded.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from proxy.api.models import ModelCard
+from proxy.counting.counter import TokenCounter
+from proxy.counting.tokenizer import ModelTokenizer, TokenizerLoadError, load_tokenizer
+from proxy.errors import GuardError, ModelNotFound
+from proxy.policy.decide import Limits
+from proxy.settings import CountingSettings, ModelSettings, PolicySettings
+
+log = logging.getLogger("token_guard.registry")
+
+
+class NotReady(GuardError):
+    status = 503
+    error_type = "ServiceUnavailableError"
+
+
+@dataclass(frozen=True)
+class GuardedModel:
+    name: str
+    tokenizer: ModelTokenizer
+    max_model_len: int | None
+    length_source: str
+    counter: TokenCounter  # one per tokenizer: its segment cache outlives requests
+
+    def limits(self, policy: PolicySettings) -> Limits:
+        if self.max_model_len is None:
+            raise NotReady(f"token-guard does not know max_model_len for model `{self.name}` yet.")
+        return Limits(self.max_model_len, policy.min_output_tokens, policy.default_max_tokens)
+
+
+class ModelRegistry:
+    def __init__(self, models: list[GuardedModel], discovering: bool, counting: CountingSettings | None = None) -> None:
+        self._models = {m.name: m for m in models}
+        self._order = [m.name for m in models]
+        self.discovering = discovering
+        self._counting = counting or CountingSettings()
+
+    @classmethod
+    def from_settings(
+        cls, configured: tuple[ModelSettings, ...], counting: CountingSettings | None = None
+    ) -> ModelRegistry:
+        counting = counting or CountingSettings()
+        models = []
+        for i, spec in enumerate(configured):
+            try:
+                tok = load_tokenizer(spec.tokenizer, spec.chat_template)
+            except TokenizerLoadError as exc:
+                raise TokenizerLoadError(f"models[{i}] ({spec.name}): {exc}") from exc
+            source = "config" if spec.max_model_len is not None else "pending discovery"
+            counter = TokenCounter(tok.backend, counting, name=spec.name)
+            models.append(GuardedModel(spec.name, tok, spec.max_model_len, source, counter))
+            log.info("model %s: tokenizer from %s", spec.name, spec.tokenizer)
+        # Readiness waits for discovery only when a window is unknown; discovery itself always runs, to warn when the
+        # configured window disagrees with the upstream's.
+        return cls(models, discovering=not models or any(m.max_model_len is None for m in models), counting=counting)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._order)
+
+    def resolve(self, name: str | None) -> GuardedModel:
+        if name is None and self._order:  # vLLM serves its first model when `model` is omitted
+            return self._models[self._order[0]]
+        if name is not None and name in self._models:
+            return self._models[name]
+        if self.discovering:
+            raise NotReady("token-guard is starting: it is still learning the upstream's models.")
+        valid = ", ".join(self._order) or "none"
+        raise ModelNotFound(f"The model `{name}` does not exist. Models this guard serves: {valid}.")
+
+    def apply_discovery(self, cards: list[ModelCard]) -> None:
+        by_id = {c.id: c for c in cards}
+        for name in self._order:
+            self._models[name] = _with_discovered(self._models[name], by_id.get(name))
+        if not self._order:
+            self._add_discovered(cards)
+        self.discovering = False
+
+    def _add_discovered(self, cards: list[ModelCard]) -> None:
+        loaded: dict[str, tuple[ModelTokenizer, TokenCounter]] = {}
+        for card in cards:
+            root = card.root
+            if card.parent is not None and card.parent in by_name(cards):
+                root = by_name(cards)[card.parent].root  # a LoRA adapter counts with its base model's tokenizer
+            length = card.max_model_len or _parent_length(card, cards)
+            if root is None or not Path(root).is_dir() or length is None:
+                log.warning("model %s: root %r is not a local directory this sidecar can read; not guarded "
+                            "(configure [[models]] with a tokenizer for it)", card.id, root)  # fmt: skip
+                continue
+            try:
+                tok, counter = loaded.get(root) or self._load(root, card.id)
+            except TokenizerLoadError as exc:
+                log.warning("model %s: not guarded: %s", card.id, exc)
+                continue
+            loaded[root] = tok, counter
+            self._models[card.id] = GuardedModel(card.id, tok, length, "discovered", counter)
+            self._order.append(card.id)
+            log.info("model %s: tokenizer from %s, max_model_len %d (discovered)", card.id, root, length)
+
+    def _load(self, root: str, name: str) -> tuple[ModelTokenizer, TokenCounter]:
+        tok = load_tokenizer(root)
+        return tok, TokenCounter(tok.backend, self._counting, name=name)
+
+
+def by_name(cards: list[ModelCard]) -> dict[str, ModelCard]:
+    return {c.id: c for c in cards}
+
+
+def _parent_length(card: ModelCard, cards: list[ModelCard]) -> int | None:
+    parent = by_name(cards).get(card.parent or "")
+    return parent.max_model_len if parent else None
+
+
+def _with_discovered(model: GuardedModel, card: ModelCard | None) -> GuardedModel:
+    found = card.max_model_len if card else None
+    if model.max_model_len is None:
+        if found is None:
+            log.error("model %s: max_model_len is not configured and the upstream does not report it; "
+                      "requests for it will be refused with 503 until it is configured", model.name)  # fmt: skip
+            return model
+        log.info("model %s: max_model_len %d (discovered)", model.name, found)
+        return replace(model, max_model_len=found, length_source="discovered")
+    if found is not None and found != model.max_model_len:
+        log.warning("model %s: configured max_model_len %d differs from the upstream's %d; using %d",
+                    model.name, model.max_model_len, found, model.max_model_len)  # fmt: skip
+    elif card is None:
+        log.warning("model %s: the upstream does not list this model", model.name)
+    return model

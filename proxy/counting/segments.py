@@ -1,0 +1,126 @@
+"""Cut a rendered prompt at its added tokens exactly as `tokenizers` does before anything else, so the text between
+them can be counted, and cached, piece by piece: each added token is one token, and each piece encodes alone just as
+it does in place.
+
+tokenizers matches the added tokens that are not `normalized` on the raw text first (leftmost-longest, honouring
+lstrip and rstrip), then the `normalized` ones inside each remaining piece after normalizing it. Only what can be
+reproduced exactly is cut here; anything else leaves the text whole, which is always exact.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.counting.components import WHITESPACE, steps
+
+# Pre-tokenizers that treat every piece alike wherever it sits in the text (Metaspace only with this check below).
+PIECEWISE_PRE_TOKENIZERS = frozenset(
+    {"ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit", "BertPreTokenizer",
+     "UnicodeScripts", "CharDelimiterSplit", "FixedLength", "Metaspace"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AddedTokenRule:
+    content: str
+    lstrip: bool = False
+    rstrip: bool = False
+    single_word: bool = False
+    normalized: bool = False
+
+
+@dataclass(frozen=True)
+class Cut:
+    texts: tuple[str, ...]  # the text between the added tokens, in order
+    added: int  # how many added tokens were cut out; each is one token
+
+
+class Segmenter:
+    def __init__(self, rules: Iterable[AddedTokenRule], *, normalizes: bool = False, refusal: str | None = None):
+        self._rules = {r.content: r for r in rules if r.content}
+        raw = [r for r in self._rules.values() if not r.normalized]
+        # With a normalizer, `normalized` tokens are matched in normalized text: leave them inside the pieces,
+        # where tokenizers finds them again exactly as in place.
+        later = [] if normalizes else [r for r in self._rules.values() if r.normalized]
+        self._passes = [p for p in (_alternation(raw), _alternation(later)) if p is not None]
+        self.refusal = refusal or _flag_refusal(raw) or _flag_refusal(later)
+
+    def cut(self, text: str) -> Cut:
+        """The pieces between added tokens; the whole text as one piece if it cannot be cut exactly."""
+        if self.refusal is not None or not text:
+            return Cut((text,), 0)
+        pieces, added = [text], 0
+        for pattern in self._passes:
+            remaining: list[str] = []
+            for piece in pieces:
+                gaps, found = self._split(piece, pattern)
+                remaining += gaps
+                added += found
+            pieces = remaining
+        return Cut(tuple(pieces), added)
+
+    def _split(self, text: str, pattern: re.Pattern[str]) -> tuple[list[str], int]:
+        gaps: list[str] = []
+        added = end = 0  # `end`: where the previous added token, with the whitespace it stripped, ended
+        for match in pattern.finditer(text):
+            start, stop = match.span()
+            rule = self._rules[match.group()]
+            if rule.lstrip:
+                start = max(_whitespace_before(text, start), end)
+            if rule.rstrip:
+                stop = _whitespace_after(text, stop)
+            if end < start:
+                gaps.append(text[end:start])
+            added += 1
+            end = stop
+        if end < len(text):
+            gaps.append(text[end:])
+        return gaps, added
+
+
+def _flag_refusal(rules: list[AddedTokenRule]) -> str | None:
+    if any(r.single_word for r in rules):
+        return "added tokens that match single words only (word boundaries as the Rust regex crate sees them)"
+    if any(r.rstrip for r in rules) and any(r.content[0] in WHITESPACE and not r.lstrip for r in rules):
+        return "an added token starting with whitespace that another one may strip (tokenizers overlaps them)"
+    return None
+
+
+def segmenter_for(backend: Any) -> Segmenter:
+    """The segmenter for a `tokenizers.Tokenizer`, refusing to cut when a piece would not encode alone as in place."""
+    rules = [
+        AddedTokenRule(t.content, t.lstrip, t.rstrip, t.single_word, t.normalized)
+        for t in backend.get_added_tokens_decoder().values()
+    ]
+    return Segmenter(rules, normalizes=bool(steps(backend.normalizer)), refusal=_pipeline_refusal(backend))
+
+
+def _pipeline_refusal(backend: Any) -> str | None:
+    if getattr(backend, "encode_special_tokens", False):
+        return "encode_special_tokens is on (special tokens are encoded as text)"
+    for step in steps(backend.pre_tokenizer):
+        kind = step.get("type")
+        if kind not in PIECEWISE_PRE_TOKENIZERS or step.get("prepend_scheme") == "first":
+            return f"its {kind} pre-tokenizer may treat the first piece of a text differently"
+    return None
+
+
+def _alternation(rules: list[AddedTokenRule]) -> re.Pattern[str] | None:
+    # Longest first: Python's regex takes the first alternative that matches, tokenizers the longest one.
+    contents = sorted((r.content for r in rules), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, contents))) if contents else None
+
+
+def _whitespace_before(text: str, i: int) -> int:
+    while i > 0 and text[i - 1] in WHITESPACE:
+        i -= 1
+    return i
+
+
+def _whitespace_after(text: str, i: int) -> int:
+    while i < len(text) and text[i] in WHITESPACE:
+        i += 1
+    return i

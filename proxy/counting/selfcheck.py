@@ -1,0 +1,64 @@
+"""Confirm at load, on probe texts built from a tokenizer's own added tokens, that the counting shortcuts (cutting at
+added tokens, splitting long pieces) give exactly the tokenizer's counts. A shortcut that misses once is switched
+off for that model: correctness before speed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from proxy.counting.segments import Segmenter
+from proxy.counting.splitting import Splitter
+
+PROBED_TOKENS = 48
+SAMPLE = (
+    "The quick brown fox, said she.\n\n  Indented line\n\tTabbed: yes!\n"
+    "def add(a, b):\n    return a + b  # sum\n\n\n"
+    '{"city": "Paris", "temp": 21.5, "tags": ["a", "b"]}\n'
+    "東京は日本の首都です。 今日は 良い天気 ですね。\n"
+    "Emoji run: 🎉🚀 👍🏽 🧑‍🤝‍🧑 done...   trailing   \n"
+    "x.\n\n    y; z?\r\n  - item one\n  - item two 1234567 3.14159 "
+)
+
+
+def probe_texts(contents: list[str]) -> list[str]:
+    """Added tokens against every kind of neighbour: words, punctuation, spaces and newlines on either side."""
+    flagged = contents[:PROBED_TOKENS] or ["<none>"]
+    probes = ["", " ", "\n\n", SAMPLE]
+    for i, c in enumerate(flagged):
+        other = flagged[(i + 1) % len(flagged)]
+        probes += [
+            f"a{c}b",
+            f"Hi. {c}  x ",
+            f"\n\n  {c}\n\n  y",
+            f"{c}{c} {other}",
+            f"é{c}東京 {other[:-1]}",
+            f"  {c}",
+            f"{c}  ",
+        ]
+    return probes
+
+
+def segments_agree(backend: Any, segmenter: Segmenter) -> bool:
+    texts = probe_texts(_probed_contents(backend))
+    cuts = [segmenter.cut(t) for t in texts]
+    lengths = iter(_lengths(backend, [s for c in cuts for s in c.texts]))
+    fast = [c.added + sum(next(lengths) for _ in c.texts) for c in cuts]
+    return fast == _lengths(backend, texts)
+
+
+def splits_agree(backend: Any, splitter: Splitter) -> bool:
+    eager = replace(splitter, parts=max(8, splitter.parts), min_chars=0)
+    texts = [SAMPLE * 6, (SAMPLE * 6)[37:]]
+    return [sum(_lengths(backend, eager.split(t))) for t in texts] == _lengths(backend, texts)
+
+
+def _probed_contents(backend: Any) -> list[str]:
+    """Tokens that strip whitespace or match after normalization first: they are the ones a cut can get wrong."""
+    tokens = sorted(backend.get_added_tokens_decoder().items())
+    ranked = sorted(tokens, key=lambda item: not (item[1].lstrip or item[1].rstrip or item[1].normalized))
+    return [t.content for _, t in ranked if t.content]
+
+
+def _lengths(backend: Any, texts: list[str]) -> list[int]:
+    return [len(e) for e in backend.encode_batch_fast(texts, add_special_tokens=False)] if texts else []

@@ -1,0 +1,91 @@
+"""Load a model's tokenizer and chat template the way vLLM finds them, and keep the fast backend for counting.
+
+A tokenizer can be a local directory (what `save_pretrained` writes, or a model directory), a `tokenizer.json`
+file, or a Hugging Face id already in the local cache; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proxy.counting.conversation import ContentFormat, detect_content_format
+
+log = logging.getLogger("token_guard.tokenizer")
+
+
+class TokenizerLoadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelTokenizer:
+    source: str
+    renderer: Any  # transformers tokenizer: renders chat templates
+    backend: Any  # tokenizers.Tokenizer: encodes, releasing the GIL in batch calls
+    chat_template: str | dict[str, str] | None
+
+    def template_for(self, tools: list[Any] | None, override: str | None = None) -> str | None:
+        """The template vLLM would use: the request's, else the configured or tokenizer's (tool variant if any)."""
+        if override is not None:
+            return override
+        if isinstance(self.chat_template, dict):
+            if tools and "tool_use" in self.chat_template:
+                return self.chat_template["tool_use"]
+            return self.chat_template.get("default")
+        return self.chat_template
+
+    def content_format(self, template: str) -> ContentFormat:
+        return _content_format(template)
+
+
+_FORMATS: dict[str, ContentFormat] = {}
+
+
+def _content_format(template: str) -> ContentFormat:
+    if template not in _FORMATS:
+        _FORMATS[template] = detect_content_format(template)
+    return _FORMATS[template]
+
+
+def load_tokenizer(spec: str, chat_template: Path | None = None) -> ModelTokenizer:
+    renderer = _load_renderer(spec)
+    backend = getattr(renderer, "backend_tokenizer", None)
+    if backend is None:
+        raise TokenizerLoadError(f"tokenizer {spec!r}: a fast tokenizer (tokenizer.json) is needed for exact counting")
+    backend.no_truncation()
+    backend.no_padding()
+    template: str | dict[str, str] | None = getattr(renderer, "chat_template", None)
+    if chat_template is not None:
+        try:
+            template = chat_template.read_text()
+        except OSError as exc:
+            raise TokenizerLoadError(f"chat template {chat_template}: cannot be read ({exc.strerror})") from exc
+    if template is None:
+        log.warning("tokenizer %s has no chat template: chat requests will be refused with a 400", spec)
+    return ModelTokenizer(source=spec, renderer=renderer, backend=backend, chat_template=template)
+
+
+def _load_renderer(spec: str) -> Any:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(spec).expanduser()
+    try:
+        if path.is_file():
+            if path.parent.joinpath("tokenizer_config.json").is_file():
+                return AutoTokenizer.from_pretrained(str(path.parent), local_files_only=True)
+            return PreTrainedTokenizerFast(tokenizer_file=str(path))  # type: ignore[no-untyped-call]
+        if path.is_dir():
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        if spec.startswith(("/", ".", "~")):
+            raise TokenizerLoadError(f"tokenizer {spec!r}: no such file or directory")
+        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    except TokenizerLoadError:
+        raise
+    except Exception as exc:  # transformers raises OSError, ValueError, EnvironmentError ... for bad sources
+        raise TokenizerLoadError(
+            f"tokenizer {spec!r}: could not be loaded as a local directory, a tokenizer.json file, or a Hugging "
+            f"Face id in the local cache ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from exc

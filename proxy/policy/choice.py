@@ -1,0 +1,37 @@
+"""Which overflow policy applies to a request, and how much room a cut or split prompt keeps for the answer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proxy.errors import InvalidRequest
+from proxy.policy.decide import Limits
+from proxy.settings import OVERFLOW_POLICIES, PolicySettings
+
+OVERFLOW_HEADER = "x-token-guard-overflow"
+
+
+def choose_policy(policy: PolicySettings, headers: Mapping[str, str]) -> str:
+    asked = headers.get(OVERFLOW_HEADER)
+    if asked is None:
+        return policy.on_overflow
+    value = asked.strip().lower()
+    if value not in OVERFLOW_POLICIES:
+        raise InvalidRequest(
+            f"The {OVERFLOW_HEADER} header must be one of {', '.join(OVERFLOW_POLICIES)}; got {asked!r}.",
+            param=OVERFLOW_HEADER,
+        )
+    if not policy.allow_client_override and value != policy.on_overflow:
+        raise InvalidRequest(
+            f"This gateway does not let clients choose the overflow policy ({OVERFLOW_HEADER}: {value}); "
+            f"its policy is {policy.on_overflow!r}.",
+            param=OVERFLOW_HEADER,
+        )
+    return value
+
+
+def output_reserve(requested: int | None, limits: Limits) -> int:
+    """Room kept for the answer when a prompt is cut or split: what the request asks for (or the configured default),
+    but at most half the window, so that the prompt keeps at least the other half."""
+    wanted = requested if requested is not None else (limits.default_output() or limits.min_output_tokens)
+    return max(limits.min_output_tokens, min(wanted, limits.max_model_len // 2))

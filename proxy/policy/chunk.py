@@ -1,0 +1,119 @@
+"""The chunk policy's split: an overflowing prompt becomes consecutive windows, each sent as its own request.
+
+Completions split the prompt's token ids. Chat keeps the conversation as a frame and splits the text of its longest
+user message at token boundaries that are also character boundaries, so the windows cover the text exactly once, in
+order (plus the configured overlap). Each part is re-counted exactly; if decoding shifted a count over the budget,
+the window size shrinks and the split is made again.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.api.chat import ChatRequest
+from proxy.api.completions import CompletionRequest
+from proxy.counting.ids import char_cut, encode, encode_with_offsets, windows
+from proxy.counting.tokenizer import ModelTokenizer
+
+Counter = Callable[[list[Any]], Awaitable[int]]
+MIN_WINDOW = 32
+
+
+@dataclass(frozen=True)
+class Split:
+    prompts: list[Any]  # completions: token-id prompts; chat: whole `messages` lists
+    prompt_tokens: list[int]
+    spans: list[tuple[int, int]]  # chat: character spans of the split text; completions: token spans
+
+
+class CannotChunk(Exception):
+    """Chunking has no sound meaning for this request; the message says why."""
+
+
+def refuse_unsound(body: dict[str, Any], n: int, kind: str) -> None:
+    reasons = []
+    if n > 1:
+        reasons.append("n > 1")
+    if body.get("tools"):
+        reasons.append("tools")
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object"):
+        reasons.append("a JSON response_format")
+    if body.get("logprobs") or body.get("top_logprobs") or body.get("prompt_logprobs"):
+        reasons.append("logprobs")
+    if kind == "completion" and isinstance(body.get("prompt"), list) and _is_batch(body["prompt"]):
+        reasons.append("a batch of prompts")
+    if reasons:
+        raise CannotChunk(f"the chunk policy cannot split a request with {', '.join(reasons)}")
+
+
+def _is_batch(prompt: list[Any]) -> bool:
+    return len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt)
+
+
+async def split_completion(tok: ModelTokenizer, req: CompletionRequest, budget: int, size: int, overlap: int) -> Split:
+    (prompt,) = req.prompts
+    ids = prompt if isinstance(prompt, list) else (await encode(tok, [prompt], req.add_special_tokens))[0]
+    spans = windows(len(ids), min(size, budget), overlap)
+    return Split([ids[s:e] for s, e in spans], [e - s for s, e in spans], spans)
+
+
+async def split_chat(
+    tok: ModelTokenizer, req: ChatRequest, budget: int, size: int, overlap: int, prefix: str | None, count: Counter
+) -> Split:
+    index = _longest_user(req.messages)
+    text = _plain_text(req.messages[index])
+    ids, starts = await encode_with_offsets(tok, text)
+    frame = await count(_with_content(req.messages, index, _prefix(prefix, 999, 999)))
+    window = min(size, budget - frame - 4)
+    for _ in range(6):
+        if window < MIN_WINDOW:
+            raise CannotChunk(
+                f"the rest of the conversation ({frame} tokens) leaves too little room in the window to split the "
+                "long message"
+            )
+        token_spans = windows(len(ids), window, min(overlap, window // 2))
+        spans = [(char_cut(starts, s, len(text)), char_cut(starts, e, len(text))) for s, e in token_spans]
+        spans = [(s, e) for s, e in spans if e > s]
+        parts = [
+            _with_content(req.messages, index, _prefix(prefix, i + 1, len(spans)) + text[s:e])
+            for i, (s, e) in enumerate(spans)
+        ]
+        counts = [await count(p) for p in parts]
+        if max(counts) <= budget:
+            return Split(parts, counts, spans)
+        window -= max(counts) - budget + 8
+    raise CannotChunk("the long message could not be split into windows that fit")
+
+
+def _longest_user(messages: list[Any]) -> int:
+    users = [(len(_plain_text(m)), i) for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users or max(users)[0] == 0:
+        raise CannotChunk("the chunk policy needs a user message with text to split")
+    return max(users)[1]
+
+
+def _plain_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p if isinstance(p, str) else p.get("text") for p in content if isinstance(p, str | dict)]
+        return "\n".join(t for t in texts if isinstance(t, str))
+    return ""
+
+
+def _with_content(messages: list[Any], index: int, text: str) -> list[Any]:
+    copied = copy.copy(messages)
+    copied[index] = {**messages[index], "content": text}
+    return copied
+
+
+def _prefix(template: str | None, i: int, n: int) -> str:
+    if not template:
+        return ""
+    text = template.format(i=i, n=n)
+    return text if text[-1:].isspace() else text + "\n"

@@ -1,0 +1,96 @@
+"""The pure decision: from the prompt's token count and the request's output limit, make a plan.
+
+    pass    forward the client's bytes unchanged
+    clamp   forward with the output-limit field(s) lowered to what fits (min_tokens lowered with them)
+    reject  answer 400 context_length_exceeded without touching the upstream
+
+Overflow policies other than reject (truncate, chunk) slot in as further plan kinds decided here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from proxy.api.chat import ChatRequest
+from proxy.api.completions import CompletionRequest
+from proxy.errors import ContextLengthExceeded
+
+Action = Literal["pass", "clamp", "reject"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_model_len: int
+    min_output_tokens: int = 1
+    default_max_tokens: int | str | None = None
+
+    def default_output(self) -> int | None:
+        if isinstance(self.default_max_tokens, str):
+            return max(1, int(self.max_model_len * float(self.default_max_tokens.rstrip("%")) / 100))
+        return self.default_max_tokens
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: Action
+    prompt_tokens: int
+    max_tokens: int | None = None
+    changes: dict[str, int] = field(default_factory=dict)
+    error: ContextLengthExceeded | None = None
+
+    def cost(self, limits: Limits, sequences: int) -> int:
+        """KV tokens the request holds while it runs: (prompt + output limit) per sequence; with no limit, vLLM
+        may fill the window."""
+        output = self.max_tokens if self.max_tokens is not None else limits.max_model_len - self.prompt_tokens
+        return (self.prompt_tokens + output) * sequences
+
+    def headers(self) -> dict[str, str]:
+        headers = {"x-token-guard-prompt-tokens": str(self.prompt_tokens), "x-token-guard-action": self.action}
+        if self.max_tokens is not None:
+            headers["x-token-guard-max-tokens"] = str(self.max_tokens)
+        return headers
+
+
+def decide_chat(req: ChatRequest, prompt_tokens: int, limits: Limits) -> Plan:
+    room = limits.max_model_len - prompt_tokens
+    if room < limits.min_output_tokens:
+        return Plan("reject", prompt_tokens, error=_too_long(prompt_tokens, room, limits, "messages"))
+    requested = req.requested_output
+    if requested is None:
+        default = limits.default_output()
+        if default is None:  # the upstream picks the output limit (vLLM: whatever room is left)
+            return Plan("pass", prompt_tokens)
+        return _limited(prompt_tokens, min(default, room), {"max_tokens": min(default, room)}, req.min_tokens)
+    sent = {"max_tokens": req.max_tokens, "max_completion_tokens": req.max_completion_tokens}
+    changes = {name: room for name, value in sent.items() if value is not None and value > room}
+    return _limited(prompt_tokens, min(requested[1], room), changes, req.min_tokens)
+
+
+def decide_completion(req: CompletionRequest, prompt_tokens: list[int], limits: Limits) -> Plan:
+    # A batch is clamped for its longest prompt, so that every prompt in it fits.
+    longest = max(prompt_tokens)
+    room = limits.max_model_len - longest
+    if room < limits.min_output_tokens:
+        return Plan("reject", longest, error=_too_long(longest, room, limits, "prompt"))
+    _, requested = req.requested_output  # vLLM's default of 16 counts when the field is absent
+    changes = {"max_tokens": room} if requested > room else {}
+    return _limited(longest, min(requested, room), changes, req.min_tokens)
+
+
+def _limited(prompt_tokens: int, limit: int, changes: dict[str, int], min_tokens: int | None) -> Plan:
+    if min_tokens is not None and min_tokens > limit:
+        changes = {**changes, "min_tokens": limit}
+    return Plan("clamp" if changes else "pass", prompt_tokens, limit, changes)
+
+
+def _too_long(prompt_tokens: int, room: int, limits: Limits, param: str) -> ContextLengthExceeded:
+    what = "messages" if param == "messages" else "prompt"
+    plural = "" if limits.min_output_tokens == 1 else "s"
+    needed = f"at least {limits.min_output_tokens} output token{plural}"
+    message = (
+        f"This model's maximum context length is {limits.max_model_len} tokens. However, your request has "
+        f"{prompt_tokens} input tokens, which leaves {max(room, 0)} for the output ({needed} required). "
+        f"Please reduce the length of the {what}."
+    )
+    return ContextLengthExceeded(message, param=param)

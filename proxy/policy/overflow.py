@@ -1,0 +1,135 @@
+"""What to do when a prompt does not fit and the policy is truncate or chunk: turn the reject plan into a cut
+request to forward, or into the parts of a chunked request. Falls back to the foundation's 400, saying why, when the
+policy cannot help."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy.api.body import with_changes
+from proxy.api.chat import ChatRequest
+from proxy.api.completions import CompletionRequest
+from proxy.counting.count import count_chat
+from proxy.counting.counter import TokenCounter
+from proxy.counting.tokenizer import ModelTokenizer
+from proxy.errors import ContextLengthExceeded, GuardError
+from proxy.policy.choice import output_reserve
+from proxy.policy.chunk import CannotChunk, Split, refuse_unsound, split_chat, split_completion
+from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion
+from proxy.policy.truncate import truncate_chat, truncate_completion
+from proxy.settings import PolicySettings
+
+
+@dataclass(frozen=True)
+class Forward:
+    body: bytes
+    headers: dict[str, str]
+    cost: int | None = None  # KV tokens it holds while running, for admission
+
+
+@dataclass(frozen=True)
+class Refuse:
+    error: GuardError
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class FanOut:
+    kind: str  # "chat" or "completion"
+    bodies: list[dict[str, Any]]
+    costs: list[int]
+    headers: dict[str, str]
+    stream: bool
+    include_usage: bool
+    policy: PolicySettings
+    original: ChatRequest | CompletionRequest
+
+
+Outcome = Forward | Refuse | FanOut
+
+
+def refuse(plan: Plan, why: str) -> Refuse:
+    assert plan.error is not None
+    error = ContextLengthExceeded(f"{plan.error.message} {why}", param=plan.error.param or "messages")
+    return Refuse(error, plan.headers())
+
+
+async def overflow_chat(
+    tok: ModelTokenizer, counter: TokenCounter, req: ChatRequest, plan: Plan, limits: Limits, policy: PolicySettings,
+    choice: str,
+) -> Outcome:  # fmt: skip
+    requested = req.requested_output
+    budget = limits.max_model_len - output_reserve(requested[1] if requested else None, limits)
+
+    async def count(messages: list[Any]) -> int:
+        return await count_chat(tok, replace(req, messages=messages), counter)
+
+    if choice == "truncate":
+        cut = await truncate_chat(tok, req.messages, plan.prompt_tokens, budget, count)
+        if cut is None:
+            return refuse(plan, "Truncation could not make it fit: the kept system prompt and last user message "
+                                "alone are too long.")  # fmt: skip
+        trimmed = _chat_with(req, cut.prompt)
+        fitted = decide_chat(trimmed, cut.prompt_tokens, limits)
+        headers = {**fitted.headers(), **cut.headers(), "x-token-guard-action": "truncate"}
+        return Forward(with_changes(trimmed.body, fitted.changes), headers, fitted.cost(limits, req.n))
+    try:
+        refuse_unsound(req.body, req.n, "chat")
+        split = await split_chat(
+            tok, req, budget, policy.chunk_tokens, policy.chunk_overlap, policy.chunk_prompt, count
+        )
+    except CannotChunk as exc:
+        return refuse(plan, f"The chunk policy was not applied: {exc}.")
+    parts = [_chat_with(req, m) for m in split.prompts]
+    plans = [decide_chat(part, n, limits) for part, n in zip(parts, split.prompt_tokens, strict=True)]
+    bodies = [{**part.body, **p.changes} for part, p in zip(parts, plans, strict=True)]
+    return _fan_out("chat", req, plan, split, bodies, [p.cost(limits, 1) for p in plans], policy)
+
+
+async def overflow_completion(
+    tok: ModelTokenizer, req: CompletionRequest, counts: list[int], plan: Plan, limits: Limits,
+    policy: PolicySettings, choice: str,
+) -> Outcome:  # fmt: skip
+    budget = limits.max_model_len - output_reserve(req.requested_output[1], limits)
+    if choice == "truncate":
+        cut = await truncate_completion(tok, req, counts, budget, policy.truncate_side)
+        trimmed = replace(req, prompts=[cut.prompt] if len(req.prompts) == 1 else cut.prompt,
+                          body={**req.body, "prompt": cut.prompt})  # fmt: skip
+        fitted = decide_completion(trimmed, [len(p) for p in trimmed.prompts], limits)
+        headers = {**fitted.headers(), **cut.headers(), "x-token-guard-action": "truncate"}
+        cost = fitted.cost(limits, req.n * len(trimmed.prompts))
+        return Forward(with_changes(trimmed.body, fitted.changes), headers, cost)
+    try:
+        refuse_unsound(req.body, req.n, "completion")
+        if len(req.prompts) != 1:
+            raise CannotChunk("the chunk policy cannot split a batch of prompts")
+        split = await split_completion(tok, req, budget, policy.chunk_tokens, policy.chunk_overlap)
+    except CannotChunk as exc:
+        return refuse(plan, f"The chunk policy was not applied: {exc}.")
+    bodies, costs = [], []
+    for ids in split.prompts:
+        part = replace(req, prompts=[ids], body={**req.body, "prompt": ids})
+        part_plan = decide_completion(part, [len(ids)], limits)
+        bodies.append({**part.body, **part_plan.changes})
+        costs.append(part_plan.cost(limits, 1))
+    return _fan_out("completion", req, plan, split, bodies, costs, policy)
+
+
+def _chat_with(req: ChatRequest, messages: list[Any]) -> ChatRequest:
+    return replace(req, messages=messages, body={**req.body, "messages": messages})
+
+
+def _fan_out(kind: str, req: ChatRequest | CompletionRequest, plan: Plan, split: Split,
+             bodies: list[dict[str, Any]], costs: list[int], policy: PolicySettings) -> FanOut:  # fmt: skip
+    options = req.body.get("stream_options")
+    include_usage = req.stream and isinstance(options, dict) and bool(options.get("include_usage"))
+    if include_usage:  # each part must report its usage so that the merged usage chunk can sum them
+        bodies = [{**b, "stream_options": {**b["stream_options"], "include_usage": True}} for b in bodies]
+    headers = {
+        "x-token-guard-action": "chunk",
+        "x-token-guard-chunks": str(len(bodies)),
+        "x-token-guard-prompt-tokens": str(plan.prompt_tokens),
+        "x-token-guard-chunk-tokens": ",".join(str(n) for n in split.prompt_tokens),
+    }
+    return FanOut(kind, bodies, costs, headers, req.stream, include_usage, policy, req)

@@ -1,0 +1,166 @@
+"""The truncate policy: make an overflowing prompt fit by cutting it, keeping what matters.
+
+Completions keep the last, first, or first-and-last tokens of the prompt and send the kept ids, so nothing is
+re-tokenized differently. Chat is structure-aware: system/developer messages and the last user message stay;
+the oldest other turns go first (an assistant tool call with its tool results as one unit); if that is not enough,
+the longest remaining non-system message is shortened in the middle with a visible marker. Every step is re-counted
+exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.api.completions import CompletionRequest
+from proxy.counting.ids import char_cut, cut_middle, encode, encode_with_offsets
+from proxy.counting.tokenizer import ModelTokenizer
+
+Counter = Callable[[list[Any]], Awaitable[int]]
+KEEP_ROLES = ("system", "developer")
+MARKER = "\n[... {cut} tokens cut by token-guard ...]\n"
+MIN_KEEP = 16  # tokens a shortened message keeps at least (head and tail together)
+
+
+@dataclass(frozen=True)
+class Truncation:
+    prompt: Any  # completions: the new `prompt`; chat: the new `messages`
+    prompt_tokens: int
+    dropped_messages: int
+    cut_tokens: int
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-token-guard-dropped-messages": str(self.dropped_messages),
+            "x-token-guard-truncated-tokens": str(self.cut_tokens),
+        }
+
+
+async def truncate_completion(
+    tok: ModelTokenizer, req: CompletionRequest, counts: list[int], budget: int, side: str
+) -> Truncation:
+    texts = [p for p in req.prompts if isinstance(p, str)]
+    encoded = iter(await encode(tok, texts, req.add_special_tokens) if texts else [])
+    kept: list[list[int]] = []
+    for prompt in req.prompts:
+        ids = next(encoded) if isinstance(prompt, str) else prompt
+        kept.append(ids if len(ids) <= budget else keep_side(ids, budget, side))
+    new_prompt: Any = kept[0] if len(kept) == 1 else kept
+    return Truncation(new_prompt, max(len(k) for k in kept), 0, sum(counts) - sum(len(k) for k in kept))
+
+
+def keep_side(ids: list[int], keep: int, side: str) -> list[int]:
+    if side == "left":  # keep the end, as vLLM's truncate_prompt_tokens does
+        return ids[len(ids) - keep :]
+    if side == "right":
+        return ids[:keep]
+    head, tail = cut_middle(ids, keep)
+    return head + tail
+
+
+def droppable_units(messages: list[Any]) -> list[list[int]]:
+    """Indices of the messages that may go, oldest first, an assistant tool call grouped with its tool results."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    last = users[-1] if users else len(messages) - 1
+    units: list[list[int]] = []
+    for i, message in enumerate(messages):
+        if i == last or message.get("role") in KEEP_ROLES:
+            continue
+        if message.get("role") == "tool" and units and _is_call_unit(messages, units[-1]) and units[-1][-1] == i - 1:
+            units[-1].append(i)
+        else:
+            units.append([i])
+    return units
+
+
+def _is_call_unit(messages: list[Any], unit: list[int]) -> bool:
+    first = messages[unit[0]]
+    return first.get("role") == "assistant" and bool(first.get("tool_calls"))
+
+
+async def truncate_chat(
+    tok: ModelTokenizer, messages: list[Any], prompt_tokens: int, budget: int, count: Counter
+) -> Truncation | None:
+    """The shortest cut that fits `budget` tokens, or None when even the kept messages cannot be made to fit."""
+    units = droppable_units(messages)
+    low, high = 0, len(units)  # find the fewest oldest units to drop; the count falls as more are dropped
+    while low < high:
+        middle = (low + high) // 2
+        if await count(_without(messages, units[:middle])) <= budget:
+            high = middle
+        else:
+            low = middle + 1
+    kept = _without(messages, units[:low])
+    tokens = await count(kept)
+    dropped = sum(len(u) for u in units[:low])
+    if tokens > budget:
+        shortened = await _shorten(tok, kept, tokens, budget, count)
+        if shortened is None:
+            return None
+        kept, tokens = shortened
+    return Truncation(kept, tokens, dropped, prompt_tokens - tokens)
+
+
+def _without(messages: list[Any], units: list[list[int]]) -> list[Any]:
+    gone = {i for unit in units for i in unit}
+    return [m for i, m in enumerate(messages) if i not in gone]
+
+
+async def _shorten(
+    tok: ModelTokenizer, messages: list[Any], tokens: int, budget: int, count: Counter
+) -> tuple[list[Any], int] | None:
+    messages = copy.deepcopy(messages)
+    exhausted: set[int] = set()
+    for _ in range(3 * len(messages) + 3):  # each pass cuts more or gives up on one message; bounded
+        if tokens <= budget:
+            return messages, tokens
+        target = _longest(messages, exhausted)
+        if target is None:
+            return None
+        index, part = target
+        text = _text(messages[index], part)
+        ids, starts = await encode_with_offsets(tok, text)
+        keep = len(ids) - (tokens - budget) - len((await encode(tok, [MARKER.format(cut=len(ids))], False))[0]) - 2
+        if keep < MIN_KEEP:
+            keep = min(MIN_KEEP, len(ids))
+            exhausted.add(index)
+        head_end = char_cut(starts, (keep + 1) // 2, len(text))
+        tail_start = char_cut(starts, len(ids) - keep // 2, len(text))
+        if tail_start <= head_end:
+            exhausted.add(index)
+            continue
+        cut = len((await encode(tok, [text[head_end:tail_start]], False))[0])
+        _set_text(messages[index], part, text[:head_end] + MARKER.format(cut=cut) + text[tail_start:])
+        tokens = await count(messages)
+    return (messages, tokens) if tokens <= budget else None
+
+
+def _longest(messages: list[Any], exhausted: set[int]) -> tuple[int, int | None] | None:
+    best: tuple[int, tuple[int, int | None]] | None = None
+    for i, message in enumerate(messages):
+        if i in exhausted or message.get("role") in KEEP_ROLES:
+            continue
+        content = message.get("content")
+        parts = [(None, content)] if isinstance(content, str) else list(enumerate(content or []))
+        for part, value in parts:
+            text = value if isinstance(value, str) else value.get("text") if isinstance(value, dict) else None
+            if isinstance(text, str) and (best is None or len(text) > best[0]):
+                best = (len(text), (i, part))
+    return best[1] if best else None
+
+
+def _text(message: dict[str, Any], part: int | None) -> str:
+    content = message["content"]
+    value = content if part is None else content[part]
+    return value if isinstance(value, str) else str(value["text"])
+
+
+def _set_text(message: dict[str, Any], part: int | None, text: str) -> None:
+    if part is None:
+        message["content"] = text
+    elif isinstance(message["content"][part], str):
+        message["content"][part] = text
+    else:
+        message["content"][part]["text"] = text

@@ -1,0 +1,255 @@
+"""Build the one settings object: defaults < TOML file < TOKEN_GUARD_* environment < command-line flags.
+
+`load_settings()` validates everything once; a bad value raises `SettingsError` naming the key, what was
+expected and where the value came from. Nothing else in the package reads the environment or files for config.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from proxy.settings import checks as v
+from proxy.settings.sections import (
+    OVERFLOW_POLICIES,
+    AdmissionSettings,
+    CountingSettings,
+    ModelSettings,
+    PolicySettings,
+    ServerSettings,
+    Settings,
+    UpstreamSettings,
+)
+
+CONFIG_ENV = "TOKEN_GUARD_CONFIG"
+ENV_PREFIX = "TOKEN_GUARD_"
+TOOLING_PREFIXES = ("TOKEN_GUARD_E2E_", "TOKEN_GUARD_BENCH_")  # the test and bench harnesses' own variables
+
+
+class SettingsError(ValueError):
+    pass
+
+
+SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "server": {
+        "host": v.nonempty_text,
+        "port": v.integer(1, 65535),
+        "log_level": v.log_level,
+        "log_format": v.choice("text", "json"),
+        "api_keys": v.list_of(v.nonempty_text),
+        "max_body_bytes": v.integer(1024),
+        "max_json_depth": v.integer(8),
+        "max_messages": v.integer(1),
+        "drain_timeout_s": v.positive_float,
+    },
+    "upstream": {
+        "url": v.url,
+        "urls": v.list_of(v.url),
+        "api_key": v.optional_text,
+        "connect_timeout_s": v.positive_float,
+        "first_byte_timeout_s": v.positive_float,
+        "read_timeout_s": v.positive_float,
+        "write_timeout_s": v.positive_float,
+        "startup_wait_s": v.positive_float,
+        "retries": v.integer(0),
+        "health_interval_s": v.positive_float,
+    },
+    "admission": {
+        "max_inflight_tokens": v.budget,
+        "max_inflight_requests": v.integer(0),
+        "queue_timeout_s": v.positive_float,
+        "max_queue": v.integer(0),
+    },
+    "policy": {
+        "min_output_tokens": v.integer(1),
+        "default_max_tokens": v.default_max_tokens,
+        "on_overflow": v.choice(*OVERFLOW_POLICIES),
+        "allow_client_override": v.boolean,
+        "truncate_side": v.choice("left", "right", "middle"),
+        "chunk_tokens": v.integer(16),
+        "chunk_overlap": v.integer(0),
+        "chunk_prompt": v.template("i", "n"),
+        "chunk_separator": v.any_text,
+        "chunk_merge": v.choice("concat", "reduce"),
+        "max_fanout": v.integer(1),
+        "reduce_prompt": v.template("answers"),
+    },
+    "counting": {"cache_mb": v.non_negative_float, "split_min_chars": v.integer(256)},
+}
+MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
+    "name": v.nonempty_text,
+    "tokenizer": v.nonempty_text,
+    "chat_template": v.path_value,
+    "max_model_len": v.integer(1),
+    "policy": lambda value: value,  # checked key by key against the policy schema in _model()
+}
+SECTIONS = {
+    "server": ServerSettings,
+    "upstream": UpstreamSettings,
+    "policy": PolicySettings,
+    "counting": CountingSettings,
+    "admission": AdmissionSettings,
+}
+
+
+@dataclass
+class _Layer:
+    """Raw values from one source, remembered with where they came from (for error messages)."""
+
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+    models: list[dict[str, Any]] | None = None
+
+    def put(self, section: str, key: str, value: Any, origin: str) -> None:
+        self.values.setdefault(section, {})[key] = value
+        self.origins[f"{section}.{key}"] = origin
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Build and validate the settings. `flags` holds dotted keys ("upstream.url") and "model.*" keys."""
+    environ = os.environ if environ is None else environ
+    flags = dict(flags or {})
+    path = config_file or (Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None)
+    layers = [_file_layer(path) if path else _Layer(), _env_layer(environ), _flag_layer(flags)]
+    merged = _Layer()
+    for layer in layers:
+        for section, values in layer.values.items():
+            for key, value in values.items():
+                merged.put(section, key, value, layer.origins[f"{section}.{key}"])
+        if layer.models is not None:
+            merged.models = layer.models
+    return _validate(merged)
+
+
+def _file_layer(path: Path) -> _Layer:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise SettingsError(f"config file {path}: cannot be read ({exc.strerror or exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {path}: not valid TOML ({exc})") from exc
+    layer = _Layer()
+    for section, values in data.items():
+        if section == "models":
+            if not isinstance(values, list) or not all(isinstance(m, dict) for m in values):
+                raise SettingsError(f"models: expected a list of [[models]] tables (in {path})")
+            layer.models = [dict(m, _origin=str(path)) for m in values]
+        elif section in SCHEMA and isinstance(values, dict):
+            for key, value in values.items():
+                layer.put(section, key, value, str(path))
+        else:
+            raise SettingsError(f"{section}: unknown section (in {path}); expected one of {_section_names()}")
+    return layer
+
+
+def _env_layer(environ: Mapping[str, str]) -> _Layer:
+    layer = _Layer()
+    single: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV or name.startswith(TOOLING_PREFIXES):
+            continue
+        rest = name[len(ENV_PREFIX) :].lower()
+        section, _, key = rest.partition("_")
+        if section in SCHEMA and key:
+            layer.put(section, key, value, name)
+        elif rest in ("model", "tokenizer", "chat_template", "max_model_len"):
+            single["name" if rest == "model" else rest] = value
+        else:
+            raise SettingsError(f"{name}: unknown setting; expected TOKEN_GUARD_<SECTION>_<KEY> for {_section_names()}")
+    if single:
+        layer.models = [dict(single, _origin="TOKEN_GUARD_MODEL/TOKENIZER environment")]
+    return layer
+
+
+def _flag_layer(flags: Mapping[str, Any]) -> _Layer:
+    layer = _Layer()
+    single = {k.removeprefix("model."): v for k, v in flags.items() if k.startswith("model.") and v is not None}
+    for dotted, value in flags.items():
+        if value is None or dotted.startswith("model."):
+            continue
+        section, _, key = dotted.partition(".")
+        layer.put(section, key, value, "--" + key.replace("_", "-"))
+    if single:
+        layer.models = [dict(single, _origin="--model/--tokenizer flags")]
+    return layer
+
+
+def _validate(merged: _Layer) -> Settings:
+    sections: dict[str, Any] = {}
+    for section, checks in SCHEMA.items():
+        given = merged.values.get(section, {})
+        unknown = set(given) - set(checks)
+        if unknown:
+            key = sorted(unknown)[0]
+            raise SettingsError(
+                f"{section}.{key}: unknown key (from {merged.origins[f'{section}.{key}']}); "
+                f"expected one of {', '.join(checks)}"
+            )
+        parsed = {key: _check(f"{section}.{key}", checks[key], value, merged.origins) for key, value in given.items()}
+        sections[section] = SECTIONS[section](**parsed)
+    _check_policy(sections["policy"], "policy")
+    models = tuple(_model(i, m, sections["policy"]) for i, m in enumerate(merged.models or []))
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise SettingsError(f"models: each name must be unique, got {names}")
+    return Settings(models=models, **sections)
+
+
+def _check(key: str, check: Callable[[Any], Any], value: Any, origins: Mapping[str, str]) -> Any:
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise SettingsError(f"{key}: expected {exc}, got {value!r} (from {origins.get(key, 'defaults')})") from None
+
+
+def _model(index: int, raw: dict[str, Any], policy: PolicySettings) -> ModelSettings:
+    origin = raw.pop("_origin", "config")
+    overrides = raw.pop("policy", None)
+    where = {f"models[{index}].{k}": origin for k in MODEL_SCHEMA}
+    unknown = set(raw) - set(MODEL_SCHEMA)
+    if unknown:
+        raise SettingsError(f"models[{index}].{sorted(unknown)[0]}: unknown key (from {origin})")
+    for required in ("name", "tokenizer"):
+        if raw.get(required) in (None, ""):
+            raise SettingsError(f"models[{index}].{required}: required (from {origin})")
+    parsed = {k: _check(f"models[{index}].{k}", MODEL_SCHEMA[k], v, where) for k, v in raw.items() if v is not None}
+    if overrides is not None:
+        parsed["policy"] = _model_policy(index, overrides, policy, origin)
+    return ModelSettings(**parsed)
+
+
+def _model_policy(index: int, overrides: Any, policy: PolicySettings, origin: str) -> PolicySettings:
+    key = f"models[{index}].policy"
+    if not isinstance(overrides, dict):
+        raise SettingsError(f"{key}: expected a table of policy keys (from {origin})")
+    checks = SCHEMA["policy"]
+    unknown = set(overrides) - set(checks)
+    if unknown:
+        raise SettingsError(
+            f"{key}.{sorted(unknown)[0]}: unknown key (from {origin}); expected one of {', '.join(checks)}"
+        )
+    where = {f"{key}.{k}": origin for k in overrides}
+    parsed = {k: _check(f"{key}.{k}", checks[k], v, where) for k, v in overrides.items()}
+    merged = replace(policy, **parsed)
+    _check_policy(merged, key)
+    return merged
+
+
+def _check_policy(policy: PolicySettings, key: str) -> None:
+    if policy.chunk_overlap >= policy.chunk_tokens // 2:
+        raise SettingsError(
+            f"{key}.chunk_overlap: expected fewer than half of chunk_tokens ({policy.chunk_tokens}), "
+            f"got {policy.chunk_overlap}"
+        )
+
+
+def _section_names() -> str:
+    return ", ".join([*SCHEMA, "models"])

@@ -1,0 +1,92 @@
+"""The settings' sections as frozen value objects: what each key holds and its default. Built and validated once by
+`load_settings()` (proxy/settings/loader.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    log_level: str = "info"
+    log_format: str = "text"
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = 32 * 2**20
+    max_json_depth: int = 64
+    max_messages: int = 10_000
+    drain_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class UpstreamSettings:
+    url: str = "http://127.0.0.1:8000"
+    urls: tuple[str, ...] = ()  # replicas of the same model; when set, `url` is not used for traffic
+    api_key: str | None = None
+    connect_timeout_s: float = 5.0
+    first_byte_timeout_s: float = 600.0
+    read_timeout_s: float = 600.0  # the longest silence allowed between two chunks of an answer
+    write_timeout_s: float = 60.0
+    startup_wait_s: float = 300.0
+    retries: int = 2
+    health_interval_s: float = 5.0
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return self.urls or (self.url,)
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    max_inflight_tokens: int | str = 0  # 0: off; "auto": from the upstream's KV cache size
+    max_inflight_requests: int = 0
+    queue_timeout_s: float = 30.0
+    max_queue: int = 1000
+
+
+OVERFLOW_POLICIES = ("reject", "truncate", "chunk")
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    min_output_tokens: int = 1
+    default_max_tokens: int | str | None = None
+    on_overflow: str = "reject"
+    allow_client_override: bool = True
+    truncate_side: str = "left"
+    chunk_tokens: int = 2048
+    chunk_overlap: int = 0
+    chunk_prompt: str | None = None
+    chunk_separator: str = "\n\n"
+    chunk_merge: str = "concat"
+    max_fanout: int = 4
+    reduce_prompt: str = (
+        "Below are answers to consecutive parts of one long input. Combine them into a single answer.\n\n{answers}"
+    )
+
+
+@dataclass(frozen=True)
+class CountingSettings:
+    cache_mb: float = 64.0
+    split_min_chars: int = 16384
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    name: str
+    tokenizer: str
+    chat_template: Path | None = None
+    max_model_len: int | None = None
+    policy: PolicySettings | None = None  # the global policy with this model's [models.policy] overrides
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    counting: CountingSettings = field(default_factory=CountingSettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    models: tuple[ModelSettings, ...] = ()

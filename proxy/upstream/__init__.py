@@ -1,0 +1,2 @@
+"""The upstream side: the HTTP client (the one place its errors are translated), replicas and routing, admission by
+KV cost, model discovery, and running the parts of a chunked request."""

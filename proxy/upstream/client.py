@@ -1,0 +1,205 @@
+"""The upstream side: one or more vLLM replicas of the same model behind one connection pool.
+
+A request goes to the replica with the fewest in-flight tokens (through the admission gate when a budget is set).
+A replica that refuses connections or times out connecting is taken out for a growing back-off and comes back when
+`GET /health` answers 200. A request is retried on another replica only for a connect failure or a 503, and only
+before anything was sent to the client. httpx errors become the guard's errors here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from proxy.errors import GuardError, UpstreamUnavailable
+from proxy.server.relay import forwardable, translate
+from proxy.settings import AdmissionSettings, UpstreamSettings
+from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
+from proxy.upstream.headers import outgoing, upstream_auth
+
+log = logging.getLogger("token_guard.upstream")
+
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class Replica:
+    url: str
+    budget: Budget
+    failures: int = 0
+    down_until: float = 0.0
+
+    def take_out(self) -> None:
+        self.failures += 1
+        self.budget.available = False
+        self.down_until = time.monotonic() + min(2.0 ** (self.failures - 1), MAX_BACKOFF_S)
+
+    def bring_back(self) -> None:
+        self.failures = 0
+        self.budget.available = True
+
+
+@dataclass
+class Opened:
+    response: httpx.Response
+    ticket: Ticket | None
+    replica: str
+
+
+class Upstream:
+    def __init__(
+        self,
+        settings: UpstreamSettings,
+        admission: AdmissionSettings | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        admission = admission or AdmissionSettings()
+        tokens = admission.max_inflight_tokens if isinstance(admission.max_inflight_tokens, int) else 0
+        self.replicas = [Replica(url, Budget(tokens, admission.max_inflight_requests)) for url in settings.replicas]
+        self.url = ", ".join(r.url for r in self.replicas)
+        self.settings = settings
+        self.auto_budget = admission.max_inflight_tokens == "auto"
+        self.admission = Admission([r.budget for r in self.replicas], admission.queue_timeout_s, admission.max_queue)
+        timeout = httpx.Timeout(
+            connect=settings.connect_timeout_s,
+            read=settings.read_timeout_s,
+            write=settings.write_timeout_s,
+            pool=settings.connect_timeout_s,
+        )
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
+
+    async def open(
+        self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes, cost: int | None = None
+    ) -> Opened:
+        """Send the request and return once a replica's status and headers have arrived (body unread). With a
+        `cost`, the request first passes the admission gate; the returned ticket must be released by the caller."""
+        tried: set[int] = set()
+        for attempt in range(self.settings.retries + 1):
+            last = attempt == self.settings.retries or len(tried) + 1 >= len(self.replicas)
+            ticket, index = await self._choose(cost, tried)
+            replica = self.replicas[index]
+            try:
+                response = await self._send(replica, method, path, query, headers, body)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                self._release(ticket)
+                replica.take_out()
+                log.warning("replica %s taken out for %.0f s: %s", replica.url, replica.down_until - time.monotonic(),
+                            type(exc).__name__)  # fmt: skip
+                if last:
+                    raise translate(exc, replica.url) from None
+                tried.add(index)
+                continue
+            except (httpx.HTTPError, TimeoutError) as exc:
+                self._release(ticket)
+                if isinstance(exc, TimeoutError):
+                    raise translate(httpx.ReadTimeout("no response headers in time"), replica.url) from None
+                raise translate(exc, replica.url) from None
+            except BaseException:
+                self._release(ticket)
+                raise
+            if response.status_code == 503 and not last:
+                await response.aclose()
+                self._release(ticket)
+                tried.add(index)
+                continue
+            return Opened(response, ticket, replica.url)
+        raise UpstreamUnavailable(f"No upstream replica could take the request ({self.url}).")
+
+    async def _choose(self, cost: int | None, tried: set[int]) -> tuple[Ticket | None, int]:
+        up = {i for i, r in enumerate(self.replicas) if r.budget.available and i not in tried}
+        if not up:  # every replica is out: try the one that failed longest ago rather than refuse outright
+            rest = [i for i in range(len(self.replicas)) if i not in tried] or list(range(len(self.replicas)))
+            up = {min(rest, key=lambda i: self.replicas[i].down_until)}
+            self.replicas[next(iter(up))].budget.available = True
+        exclude = frozenset(set(range(len(self.replicas))) - up)
+        if cost is not None:  # guarded requests always pass the gate: without budgets it only counts, and routes
+            ticket = await self.admission.acquire(cost, exclude)
+            return ticket, ticket.replica
+        return None, min(up, key=lambda i: (self.replicas[i].budget.tokens, self.replicas[i].budget.requests))
+
+    async def _send(
+        self, replica: Replica, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes
+    ) -> httpx.Response:
+        sent = outgoing(forwardable(headers), self.settings.api_key)
+        request = self._client.build_request(
+            method, replica.url + path, params=httpx.QueryParams(query), headers=sent, content=body
+        )
+        return await asyncio.wait_for(self._client.send(request, stream=True), self.settings.first_byte_timeout_s)
+
+    def release(self, ticket: Ticket | None) -> None:
+        self._release(ticket)
+
+    def _release(self, ticket: Ticket | None) -> None:
+        if ticket is not None:
+            self.admission.release(ticket)
+
+    async def get_json(self, path: str, timeout_s: float) -> object:
+        errors: list[GuardError] = []
+        for replica in self._by_health():
+            try:
+                response = await self._client.get(replica.url + path, timeout=timeout_s, headers=self._own)
+                response.raise_for_status()
+                return response.json()
+            except httpx.HTTPError as exc:
+                errors.append(translate(exc, replica.url))
+            except ValueError:
+                errors.append(UpstreamUnavailable(f"The upstream at {replica.url} answered {path} with invalid JSON."))
+        raise errors[0]
+
+    async def get_text(self, url: str, timeout_s: float = 5.0) -> str | None:
+        try:
+            response = await self._client.get(url, timeout=timeout_s, headers=self._own)
+        except httpx.HTTPError:
+            return None
+        return response.text if response.status_code == 200 else None
+
+    async def is_healthy(self, timeout_s: float = 2.0) -> bool:
+        """True when at least one replica answers GET /health with 200."""
+        results = await asyncio.gather(*(self._health(r, timeout_s) for r in self.replicas))
+        return any(results)
+
+    async def _health(self, replica: Replica, timeout_s: float) -> bool:
+        try:
+            response = await self._client.get(replica.url + "/health", timeout=timeout_s, headers=self._own)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def watch_health(self) -> None:
+        """Bring taken-out replicas back once their back-off has passed and GET /health answers 200."""
+        while True:
+            await asyncio.sleep(self.settings.health_interval_s)
+            now = time.monotonic()
+            for replica in self.replicas:
+                if replica.budget.available or replica.down_until > now:
+                    continue
+                if await self._health(replica, 2.0):
+                    replica.bring_back()
+                    log.info("replica %s is healthy again", replica.url)
+                    self.admission.wake()
+                else:
+                    replica.take_out()
+
+    async def learn_budgets(self) -> None:
+        """admission.max_inflight_tokens = "auto": each replica's KV cache size from its Prometheus metrics."""
+        for replica in self.replicas:
+            capacity = kv_capacity(await self.get_text(replica.url + "/metrics") or "")
+            if capacity is None:
+                log.warning("replica %s does not expose vllm:cache_config_info; admission by tokens is off for it",
+                            replica.url)  # fmt: skip
+            else:
+                replica.budget.max_tokens = capacity
+                log.info("replica %s: KV budget %d tokens (from vllm:cache_config_info)", replica.url, capacity)
+
+    def _by_health(self) -> list[Replica]:
+        return sorted(self.replicas, key=lambda r: (not r.budget.available, r.down_until))
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
