@@ -6,11 +6,16 @@
     ├── Unauthorized                401  no valid `Authorization: Bearer <key>` (server.api_keys)
     ├── ModelNotFound               404  a model the guard has no tokenizer for
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
-    ├── UpstreamUnavailable         502  connection refused / reset / garbage
+    ├── TooBusy                     429  admission: the queue is full or the wait timed out (with Retry-After)
+    ├── NotReady                    503  still learning the upstream's models, or a window not known yet
+    ├── UpstreamUnavailable         502  connection reset, broken answer, garbage
+    │   └── UpstreamRefused         502  no connection could be made: safe to retry on another replica
     └── UpstreamTimeout             504  the upstream did not answer in time
+        └── UpstreamConnectTimeout  504  no connection in time: safe to retry on another replica
 
-Library errors (httpx, tokenizers, transformers) are translated into these where they are raised, so the app
-only ever handles `GuardError`.
+Library errors are translated into these at one boundary each: the HTTP client's in proxy/upstream/http.py, the
+template engine's in proxy/counting/render.py. The server only ever handles `GuardError`, and turns it into a
+response in one place (proxy/server/responses.py).
 """
 
 from __future__ import annotations
@@ -71,11 +76,41 @@ class ModelNotFound(GuardError):
         super().__init__(message, param="model", code="model_not_found")
 
 
+class TooBusy(GuardError):
+    status = 429
+    error_type = "RateLimitError"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, code="rate_limit_exceeded")
+        self.retry_after_s = retry_after_s
+
+
+class NotReady(GuardError):
+    status = 503
+    error_type = "ServiceUnavailableError"
+
+
 class UpstreamUnavailable(GuardError):
     status = 502
     error_type = "BadGatewayError"
 
 
+class UpstreamRefused(UpstreamUnavailable):
+    pass
+
+
 class UpstreamTimeout(GuardError):
     status = 504
     error_type = "GatewayTimeoutError"
+
+
+class UpstreamConnectTimeout(UpstreamTimeout):
+    pass
+
+
+def first_error(error: BaseException) -> BaseException:
+    """The first leaf of an exception group (a TaskGroup's failure), or the error itself: the one a client is told
+    about when several concurrent parts of its request failed."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error

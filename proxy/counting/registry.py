@@ -14,16 +14,10 @@ from pathlib import Path
 from proxy.api.models import ModelCard
 from proxy.counting.counter import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer, TokenizerLoadError, load_tokenizer
-from proxy.errors import GuardError, ModelNotFound
-from proxy.policy.decide import Limits
-from proxy.settings import CountingSettings, ModelSettings, PolicySettings
+from proxy.errors import ModelNotFound, NotReady
+from proxy.settings import CountingSettings, ModelSettings
 
 log = logging.getLogger("token_guard.registry")
-
-
-class NotReady(GuardError):
-    status = 503
-    error_type = "ServiceUnavailableError"
 
 
 @dataclass(frozen=True)
@@ -33,11 +27,6 @@ class GuardedModel:
     max_model_len: int | None
     length_source: str
     counter: TokenCounter  # one per tokenizer: its segment cache outlives requests
-
-    def limits(self, policy: PolicySettings) -> Limits:
-        if self.max_model_len is None:
-            raise NotReady(f"token-guard does not know max_model_len for model `{self.name}` yet.")
-        return Limits(self.max_model_len, policy.min_output_tokens, policy.default_max_tokens)
 
 
 class ModelRegistry:

@@ -9,16 +9,15 @@ the window size shrinks and the split is made again.
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
+from proxy.counting.count import CountMessages
 from proxy.counting.ids import char_cut, encode, encode_with_offsets, windows
 from proxy.counting.tokenizer import ModelTokenizer
 
-Counter = Callable[[list[Any]], Awaitable[int]]
 MIN_WINDOW = 32
 
 
@@ -62,7 +61,13 @@ async def split_completion(tok: ModelTokenizer, req: CompletionRequest, budget: 
 
 
 async def split_chat(
-    tok: ModelTokenizer, req: ChatRequest, budget: int, size: int, overlap: int, prefix: str | None, count: Counter
+    tok: ModelTokenizer,
+    req: ChatRequest,
+    budget: int,
+    size: int,
+    overlap: int,
+    prefix: str | None,
+    count: CountMessages,
 ) -> Split:
     index = _longest_user(req.messages)
     text = _plain_text(req.messages[index])

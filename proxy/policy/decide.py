@@ -14,7 +14,8 @@ from typing import Literal
 
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
-from proxy.errors import ContextLengthExceeded
+from proxy.errors import ContextLengthExceeded, NotReady
+from proxy.settings import PolicySettings
 
 Action = Literal["pass", "clamp", "reject"]
 
@@ -31,6 +32,13 @@ class Limits:
         return self.default_max_tokens
 
 
+def limits_for(model: str, max_model_len: int | None, policy: PolicySettings) -> Limits:
+    """A model's limits under its policy; 503 while its window is not known yet (discovery still running)."""
+    if max_model_len is None:
+        raise NotReady(f"token-guard does not know max_model_len for model `{model}` yet.")
+    return Limits(max_model_len, policy.min_output_tokens, policy.default_max_tokens)
+
+
 @dataclass(frozen=True)
 class Plan:
     action: Action
@@ -44,12 +52,6 @@ class Plan:
         may fill the window."""
         output = self.max_tokens if self.max_tokens is not None else limits.max_model_len - self.prompt_tokens
         return (self.prompt_tokens + output) * sequences
-
-    def headers(self) -> dict[str, str]:
-        headers = {"x-token-guard-prompt-tokens": str(self.prompt_tokens), "x-token-guard-action": self.action}
-        if self.max_tokens is not None:
-            headers["x-token-guard-max-tokens"] = str(self.max_tokens)
-        return headers
 
 
 def decide_chat(req: ChatRequest, prompt_tokens: int, limits: Limits) -> Plan:

@@ -27,10 +27,6 @@ def merged_finish(reasons: list[str | None]) -> str | None:
     return "length" if "length" in reasons else reasons[-1]
 
 
-def _text_key(kind: str) -> str:
-    return "text" if kind == "completion" else "content"
-
-
 def part_text(kind: str, answer: dict[str, Any]) -> str:
     choice = answer["choices"][0]
     value = choice.get("text") if kind == "completion" else (choice.get("message") or {}).get("content")

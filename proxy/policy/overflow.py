@@ -4,7 +4,7 @@ policy cannot help."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from proxy.api.body import with_changes
@@ -13,46 +13,19 @@ from proxy.api.completions import CompletionRequest
 from proxy.counting.count import count_chat
 from proxy.counting.counter import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer
-from proxy.errors import ContextLengthExceeded, GuardError
+from proxy.errors import ContextLengthExceeded
 from proxy.policy.choice import output_reserve
 from proxy.policy.chunk import CannotChunk, Split, refuse_unsound, split_chat, split_completion
 from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion
-from proxy.policy.truncate import truncate_chat, truncate_completion
+from proxy.policy.outcome import Chunked, Decision, Forward, Outcome, Refuse
+from proxy.policy.truncate import Truncation, truncate_chat, truncate_completion
 from proxy.settings import PolicySettings
-
-
-@dataclass(frozen=True)
-class Forward:
-    body: bytes
-    headers: dict[str, str]
-    cost: int | None = None  # KV tokens it holds while running, for admission
-
-
-@dataclass(frozen=True)
-class Refuse:
-    error: GuardError
-    headers: dict[str, str]
-
-
-@dataclass(frozen=True)
-class FanOut:
-    kind: str  # "chat" or "completion"
-    bodies: list[dict[str, Any]]
-    costs: list[int]
-    headers: dict[str, str]
-    stream: bool
-    include_usage: bool
-    policy: PolicySettings
-    original: ChatRequest | CompletionRequest
-
-
-Outcome = Forward | Refuse | FanOut
 
 
 def refuse(plan: Plan, why: str) -> Refuse:
     assert plan.error is not None
     error = ContextLengthExceeded(f"{plan.error.message} {why}", param=plan.error.param or "messages")
-    return Refuse(error, plan.headers())
+    return Refuse(error, Decision.of(plan))
 
 
 async def overflow_chat(
@@ -72,8 +45,7 @@ async def overflow_chat(
                                 "alone are too long.")  # fmt: skip
         trimmed = _chat_with(req, cut.prompt)
         fitted = decide_chat(trimmed, cut.prompt_tokens, limits)
-        headers = {**fitted.headers(), **cut.headers(), "x-token-guard-action": "truncate"}
-        return Forward(with_changes(trimmed.body, fitted.changes), headers, fitted.cost(limits, req.n))
+        return Forward(with_changes(trimmed.body, fitted.changes), _truncated(fitted, cut), fitted.cost(limits, req.n))
     try:
         refuse_unsound(req.body, req.n, "chat")
         split = await split_chat(
@@ -84,7 +56,7 @@ async def overflow_chat(
     parts = [_chat_with(req, m) for m in split.prompts]
     plans = [decide_chat(part, n, limits) for part, n in zip(parts, split.prompt_tokens, strict=True)]
     bodies = [{**part.body, **p.changes} for part, p in zip(parts, plans, strict=True)]
-    return _fan_out("chat", req, plan, split, bodies, [p.cost(limits, 1) for p in plans], policy)
+    return _chunked("chat", req, plan, split, bodies, [p.cost(limits, 1) for p in plans], policy)
 
 
 async def overflow_completion(
@@ -97,9 +69,8 @@ async def overflow_completion(
         trimmed = replace(req, prompts=[cut.prompt] if len(req.prompts) == 1 else cut.prompt,
                           body={**req.body, "prompt": cut.prompt})  # fmt: skip
         fitted = decide_completion(trimmed, [len(p) for p in trimmed.prompts], limits)
-        headers = {**fitted.headers(), **cut.headers(), "x-token-guard-action": "truncate"}
         cost = fitted.cost(limits, req.n * len(trimmed.prompts))
-        return Forward(with_changes(trimmed.body, fitted.changes), headers, cost)
+        return Forward(with_changes(trimmed.body, fitted.changes), _truncated(fitted, cut), cost)
     try:
         refuse_unsound(req.body, req.n, "completion")
         if len(req.prompts) != 1:
@@ -113,23 +84,25 @@ async def overflow_completion(
         part_plan = decide_completion(part, [len(ids)], limits)
         bodies.append({**part.body, **part_plan.changes})
         costs.append(part_plan.cost(limits, 1))
-    return _fan_out("completion", req, plan, split, bodies, costs, policy)
+    return _chunked("completion", req, plan, split, bodies, costs, policy)
 
 
 def _chat_with(req: ChatRequest, messages: list[Any]) -> ChatRequest:
     return replace(req, messages=messages, body={**req.body, "messages": messages})
 
 
-def _fan_out(kind: str, req: ChatRequest | CompletionRequest, plan: Plan, split: Split,
-             bodies: list[dict[str, Any]], costs: list[int], policy: PolicySettings) -> FanOut:  # fmt: skip
+def _truncated(fitted: Plan, cut: Truncation) -> Decision:
+    return Decision(
+        "truncate", fitted.prompt_tokens, fitted.max_tokens,
+        dropped_messages=cut.dropped_messages, truncated_tokens=cut.cut_tokens,
+    )  # fmt: skip
+
+
+def _chunked(kind: str, req: ChatRequest | CompletionRequest, plan: Plan, split: Split,
+             bodies: list[dict[str, Any]], costs: list[int], policy: PolicySettings) -> Chunked:  # fmt: skip
     options = req.body.get("stream_options")
     include_usage = req.stream and isinstance(options, dict) and bool(options.get("include_usage"))
     if include_usage:  # each part must report its usage so that the merged usage chunk can sum them
         bodies = [{**b, "stream_options": {**b["stream_options"], "include_usage": True}} for b in bodies]
-    headers = {
-        "x-token-guard-action": "chunk",
-        "x-token-guard-chunks": str(len(bodies)),
-        "x-token-guard-prompt-tokens": str(plan.prompt_tokens),
-        "x-token-guard-chunk-tokens": ",".join(str(n) for n in split.prompt_tokens),
-    }
-    return FanOut(kind, bodies, costs, headers, req.stream, include_usage, policy, req)
+    decision = Decision("chunk", plan.prompt_tokens, chunk_tokens=tuple(split.prompt_tokens))
+    return Chunked(kind, bodies, costs, decision, req.stream, include_usage, policy, req)

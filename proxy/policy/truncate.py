@@ -10,15 +10,14 @@ exactly.
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.api.completions import CompletionRequest
+from proxy.counting.count import CountMessages
 from proxy.counting.ids import char_cut, cut_middle, encode, encode_with_offsets
 from proxy.counting.tokenizer import ModelTokenizer
 
-Counter = Callable[[list[Any]], Awaitable[int]]
 KEEP_ROLES = ("system", "developer")
 MARKER = "\n[... {cut} tokens cut by token-guard ...]\n"
 MIN_KEEP = 16  # tokens a shortened message keeps at least (head and tail together)
@@ -30,12 +29,6 @@ class Truncation:
     prompt_tokens: int
     dropped_messages: int
     cut_tokens: int
-
-    def headers(self) -> dict[str, str]:
-        return {
-            "x-token-guard-dropped-messages": str(self.dropped_messages),
-            "x-token-guard-truncated-tokens": str(self.cut_tokens),
-        }
 
 
 async def truncate_completion(
@@ -81,7 +74,7 @@ def _is_call_unit(messages: list[Any], unit: list[int]) -> bool:
 
 
 async def truncate_chat(
-    tok: ModelTokenizer, messages: list[Any], prompt_tokens: int, budget: int, count: Counter
+    tok: ModelTokenizer, messages: list[Any], prompt_tokens: int, budget: int, count: CountMessages
 ) -> Truncation | None:
     """The shortest cut that fits `budget` tokens, or None when even the kept messages cannot be made to fit."""
     units = droppable_units(messages)
@@ -109,7 +102,7 @@ def _without(messages: list[Any], units: list[list[int]]) -> list[Any]:
 
 
 async def _shorten(
-    tok: ModelTokenizer, messages: list[Any], tokens: int, budget: int, count: Counter
+    tok: ModelTokenizer, messages: list[Any], tokens: int, budget: int, count: CountMessages
 ) -> tuple[list[Any], int] | None:
     messages = copy.deepcopy(messages)
     exhausted: set[int] = set()

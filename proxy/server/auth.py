@@ -14,11 +14,11 @@ import posixpath
 from collections.abc import Iterable
 
 from starlette.datastructures import Headers
-from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import Unauthorized
 from proxy.server.record import REQUEST_ID, request_id
+from proxy.server.responses import error_response
 
 log = logging.getLogger("token_guard.auth")
 
@@ -38,7 +38,7 @@ class ApiKeyAuth:
         log.info("401 for %s %s: no valid API key (request %s)", scope["method"], scope["path"], rid)
         error = Unauthorized("Invalid or missing API key: send `Authorization: Bearer <key>`.")
         headers = {"www-authenticate": "Bearer", REQUEST_ID: rid}
-        await Response(error.json_bytes(), error.status, headers, "application/json")(scope, receive, send)
+        await error_response(error, headers)(scope, receive, send)
 
     def _allowed(self, scope: Scope) -> bool:
         header = next((value for name, value in scope["headers"] if name.lower() == b"authorization"), b"")

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 
 from starlette.datastructures import Headers
-from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.errors import PayloadTooLarge
 from proxy.server.record import REQUEST_ID, request_id
+from proxy.server.responses import error_response
 
 log = logging.getLogger("token_guard.limits")
 
@@ -34,8 +34,7 @@ class BodyLimit:
             rid = request_id(headers.get(REQUEST_ID))
             log.info("413 for %s %s: Content-Length %s (request %s)", scope["method"], scope["path"], declared, rid)
             error = too_large(self.max_body_bytes)
-            response = Response(error.json_bytes(), error.status, {REQUEST_ID: rid}, "application/json")
-            await response(scope, receive, send)
+            await error_response(error, {REQUEST_ID: rid})(scope, receive, send)
             return
         await self.app(scope, counting(receive, self.max_body_bytes), send)
 

@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from proxy.counting.counter import CounterStats
+from proxy.policy.outcome import Decision
 from proxy.server.record import RequestRecord
 
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
@@ -75,23 +76,16 @@ class Metrics:
     queue_wait: Histogram
 
     def observe(self, record: RequestRecord) -> None:
-        labels = (record.model or "", record.endpoint)
+        found, decision = record.findings, record.findings.decision
+        labels = (found.model or "", record.endpoint)
         if record.guarded:
-            self.requests.labels(*labels, record.action or "error", str(record.status)).inc()
-            if record.prompt_tokens is not None:
-                self.prompt_tokens.labels(*labels).observe(record.prompt_tokens)
-            if record.count_s is not None:
-                self.count_time.labels(record.model or "").observe(record.count_s)
-            if record.max_tokens_before is not None:
-                self.output_asked.labels(*labels).inc(record.max_tokens_before)
-                if record.max_tokens_after is not None and record.max_tokens_after < record.max_tokens_before:
-                    self.clamped.labels(*labels).inc(record.max_tokens_before - record.max_tokens_after)
-            if record.action == "reject":
-                self.rejections.labels(*labels).inc()
-            if record.truncated_tokens:
-                self.truncated.labels(*labels).inc(record.truncated_tokens)
-            if record.chunks:
-                self.chunks.labels(*labels).observe(record.chunks)
+            self.requests.labels(*labels, decision.action if decision else "error", str(record.status)).inc()
+            if found.count_s is not None:
+                self.count_time.labels(found.model or "").observe(found.count_s)
+            if found.max_tokens_before is not None:
+                self.output_asked.labels(*labels).inc(found.max_tokens_before)
+            if decision is not None:
+                self._decided(labels, decision, found.max_tokens_before)
         if record.upstream_first_byte_s is not None:
             self.first_byte.labels(*labels).observe(record.upstream_first_byte_s)
         if record.upstream_s is not None:
@@ -102,6 +96,17 @@ class Metrics:
             self.disconnects.labels(record.endpoint).inc()
         if record.queue_s is not None:
             self.queue_wait.labels(*labels).observe(record.queue_s)
+
+    def _decided(self, labels: tuple[str, str], decision: Decision, asked: int | None) -> None:
+        self.prompt_tokens.labels(*labels).observe(decision.prompt_tokens)
+        if asked is not None and decision.max_tokens is not None and decision.max_tokens < asked:
+            self.clamped.labels(*labels).inc(asked - decision.max_tokens)
+        if decision.action == "reject":
+            self.rejections.labels(*labels).inc()
+        if decision.truncated_tokens:
+            self.truncated.labels(*labels).inc(decision.truncated_tokens)
+        if decision.chunks:
+            self.chunks.labels(*labels).observe(decision.chunks)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

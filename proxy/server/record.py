@@ -1,13 +1,13 @@
-"""One record per request: filled in along the request path, then logged as one line and fed to the metrics."""
+"""One record per request: filled in along the request path (the guard's findings, the upstream's timings), then
+logged as one line and fed to the metrics."""
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-log = logging.getLogger("token_guard.requests")
+from proxy.policy.outcome import Findings
 
 REQUEST_ID = "x-request-id"
 
@@ -19,14 +19,7 @@ class RequestRecord:
     endpoint: str
     guarded: bool
     started: float = field(default_factory=time.perf_counter)
-    model: str | None = None
-    prompt_tokens: int | None = None
-    action: str | None = None
-    max_tokens_before: int | None = None
-    max_tokens_after: int | None = None
-    chunks: int | None = None
-    truncated_tokens: int | None = None
-    count_s: float | None = None
+    findings: Findings = field(default_factory=Findings)
     queue_s: float | None = None
     status: int | None = None
     upstream_first_byte_s: float | None = None
@@ -48,7 +41,29 @@ def request_id(given: str | None) -> str:
 
 
 def log_fields(record: RequestRecord) -> dict[str, object]:
-    return {k: _round(v) for k, v in asdict(record).items() if k != "started" and v not in (None, False)}
+    found, decision = record.findings, record.findings.decision
+    fields: dict[str, object] = {
+        "request_id": record.request_id,
+        "method": record.method,
+        "endpoint": record.endpoint,
+        "guarded": record.guarded,
+        "model": found.model,
+        "prompt_tokens": decision.prompt_tokens if decision else None,
+        "action": decision.action if decision else None,
+        "max_tokens_before": found.max_tokens_before,
+        "max_tokens_after": decision.max_tokens if decision else None,
+        "chunks": decision.chunks if decision else None,
+        "truncated_tokens": decision.truncated_tokens if decision else None,
+        "count_s": found.count_s,
+        "queue_s": record.queue_s,
+        "status": record.status,
+        "upstream_first_byte_s": record.upstream_first_byte_s,
+        "upstream_s": record.upstream_s,
+        "upstream_error": record.upstream_error,
+        "client_gone": record.client_gone,
+        "total_s": record.total_s,
+    }
+    return {k: _round(v) for k, v in fields.items() if v not in (None, False)}
 
 
 def log_line(fields: dict[str, object]) -> str:

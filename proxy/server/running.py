@@ -37,19 +37,19 @@ async def running(app: Any, host: str = "127.0.0.1", port: int = 0, **options: A
     sock = bind_socket(host, port)
     server = make_server(app, **options)
     server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
     try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("server stopped during start-up")
-            await asyncio.sleep(0.01)
-        bound_host, bound_port = sock.getsockname()[:2]
-        yield f"http://{bound_host}:{bound_port}"
+        async with asyncio.TaskGroup() as group:
+            serving = group.create_task(server.serve(sockets=[sock]))
+            try:
+                while not server.started:
+                    if serving.done():
+                        raise RuntimeError("server stopped during start-up")
+                    await asyncio.sleep(0.01)
+                bound_host, bound_port = sock.getsockname()[:2]
+                yield f"http://{bound_host}:{bound_port}"
+            finally:
+                server.should_exit = True
     finally:
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         sock.close()
 
 

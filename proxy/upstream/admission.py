@@ -17,16 +17,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from proxy.errors import GuardError
-
-
-class TooBusy(GuardError):
-    status = 429
-    error_type = "RateLimitError"
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message, code="rate_limit_exceeded")
-        self.retry_after_s = retry_after_s
+from proxy.errors import TooBusy
 
 
 @dataclass

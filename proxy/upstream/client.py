@@ -3,24 +3,23 @@
 A request goes to the replica with the fewest in-flight tokens (through the admission gate when a budget is set).
 A replica that refuses connections or times out connecting is taken out for a growing back-off and comes back when
 `GET /health` answers 200. A request is retried on another replica only for a connect failure or a 503, and only
-before anything was sent to the client. httpx errors become the guard's errors here.
+before anything was sent to the client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import httpx
-
-from proxy.errors import GuardError, UpstreamUnavailable
-from proxy.server.relay import forwardable, translate
+from proxy.errors import GuardError, UpstreamConnectTimeout, UpstreamRefused, UpstreamUnavailable
 from proxy.settings import AdmissionSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
-from proxy.upstream.headers import outgoing, upstream_auth
+from proxy.upstream.headers import forwardable, outgoing, upstream_auth
+from proxy.upstream.http import HttpClient, UpstreamResponse
 
 log = logging.getLogger("token_guard.upstream")
 
@@ -46,7 +45,7 @@ class Replica:
 
 @dataclass
 class Opened:
-    response: httpx.Response
+    response: UpstreamResponse
     ticket: Ticket | None
     replica: str
 
@@ -56,7 +55,7 @@ class Upstream:
         self,
         settings: UpstreamSettings,
         admission: AdmissionSettings | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        client: HttpClient | None = None,
     ) -> None:
         admission = admission or AdmissionSettings()
         tokens = admission.max_inflight_tokens if isinstance(admission.max_inflight_tokens, int) else 0
@@ -65,14 +64,7 @@ class Upstream:
         self.settings = settings
         self.auto_budget = admission.max_inflight_tokens == "auto"
         self.admission = Admission([r.budget for r in self.replicas], admission.queue_timeout_s, admission.max_queue)
-        timeout = httpx.Timeout(
-            connect=settings.connect_timeout_s,
-            read=settings.read_timeout_s,
-            write=settings.write_timeout_s,
-            pool=settings.connect_timeout_s,
-        )
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        self._client = client or HttpClient(settings)
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
 
     async def open(
@@ -85,27 +77,23 @@ class Upstream:
             last = attempt == self.settings.retries or len(tried) + 1 >= len(self.replicas)
             ticket, index = await self._choose(cost, tried)
             replica = self.replicas[index]
+            sent = outgoing(forwardable(headers), self.settings.api_key)
             try:
-                response = await self._send(replica, method, path, query, headers, body)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                response = await self._client.open(method, replica.url, path, query, sent, body)
+            except (UpstreamRefused, UpstreamConnectTimeout) as exc:
                 self._release(ticket)
                 replica.take_out()
                 log.warning("replica %s taken out for %.0f s: %s", replica.url, replica.down_until - time.monotonic(),
-                            type(exc).__name__)  # fmt: skip
+                            exc.message)  # fmt: skip
                 if last:
-                    raise translate(exc, replica.url) from None
+                    raise
                 tried.add(index)
                 continue
-            except (httpx.HTTPError, TimeoutError) as exc:
-                self._release(ticket)
-                if isinstance(exc, TimeoutError):
-                    raise translate(httpx.ReadTimeout("no response headers in time"), replica.url) from None
-                raise translate(exc, replica.url) from None
             except BaseException:
                 self._release(ticket)
                 raise
-            if response.status_code == 503 and not last:
-                await response.aclose()
+            if response.status == 503 and not last:
+                await response.close()
                 self._release(ticket)
                 tried.add(index)
                 continue
@@ -124,15 +112,6 @@ class Upstream:
             return ticket, ticket.replica
         return None, min(up, key=lambda i: (self.replicas[i].budget.tokens, self.replicas[i].budget.requests))
 
-    async def _send(
-        self, replica: Replica, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes
-    ) -> httpx.Response:
-        sent = outgoing(forwardable(headers), self.settings.api_key)
-        request = self._client.build_request(
-            method, replica.url + path, params=httpx.QueryParams(query), headers=sent, content=body
-        )
-        return await asyncio.wait_for(self._client.send(request, stream=True), self.settings.first_byte_timeout_s)
-
     def release(self, ticket: Ticket | None) -> None:
         self._release(ticket)
 
@@ -144,21 +123,25 @@ class Upstream:
         errors: list[GuardError] = []
         for replica in self._by_health():
             try:
-                response = await self._client.get(replica.url + path, timeout=timeout_s, headers=self._own)
-                response.raise_for_status()
-                return response.json()
-            except httpx.HTTPError as exc:
-                errors.append(translate(exc, replica.url))
+                status, raw = await self._client.get(replica.url, path, self._own, timeout_s)
+            except GuardError as exc:
+                errors.append(exc)
+                continue
+            if not 200 <= status < 300:
+                errors.append(UpstreamUnavailable(f"The upstream at {replica.url} answered {path} with HTTP {status}."))
+                continue
+            try:
+                return json.loads(raw)
             except ValueError:
                 errors.append(UpstreamUnavailable(f"The upstream at {replica.url} answered {path} with invalid JSON."))
         raise errors[0]
 
-    async def get_text(self, url: str, timeout_s: float = 5.0) -> str | None:
+    async def get_text(self, replica: str, path: str, timeout_s: float = 5.0) -> str | None:
         try:
-            response = await self._client.get(url, timeout=timeout_s, headers=self._own)
-        except httpx.HTTPError:
+            status, raw = await self._client.get(replica, path, self._own, timeout_s)
+        except GuardError:
             return None
-        return response.text if response.status_code == 200 else None
+        return raw.decode(errors="replace") if status == 200 else None
 
     async def is_healthy(self, timeout_s: float = 2.0) -> bool:
         """True when at least one replica answers GET /health with 200."""
@@ -167,10 +150,10 @@ class Upstream:
 
     async def _health(self, replica: Replica, timeout_s: float) -> bool:
         try:
-            response = await self._client.get(replica.url + "/health", timeout=timeout_s, headers=self._own)
-        except httpx.HTTPError:
+            status, _ = await self._client.get(replica.url, "/health", self._own, timeout_s)
+        except GuardError:
             return False
-        return response.status_code == 200
+        return status == 200
 
     async def watch_health(self) -> None:
         """Bring taken-out replicas back once their back-off has passed and GET /health answers 200."""
@@ -190,7 +173,7 @@ class Upstream:
     async def learn_budgets(self) -> None:
         """admission.max_inflight_tokens = "auto": each replica's KV cache size from its Prometheus metrics."""
         for replica in self.replicas:
-            capacity = kv_capacity(await self.get_text(replica.url + "/metrics") or "")
+            capacity = kv_capacity(await self.get_text(replica.url, "/metrics") or "")
             if capacity is None:
                 log.warning("replica %s does not expose vllm:cache_config_info; admission by tokens is off for it",
                             replica.url)  # fmt: skip

@@ -1,9 +1,20 @@
-"""The headers the guard sends upstream: with `upstream.api_key` set, the guard's own key replaces whatever
-`Authorization` the client sent (the client's key is for the guard, not for vLLM)."""
+"""The headers the guard sends upstream: never the hop-by-hop ones, and with `upstream.api_key` set, the guard's own
+key in place of whatever `Authorization` the client sent (the client's key is for the guard, not for vLLM)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+     "transfer-encoding", "upgrade", "host", "content-length"}
+)  # fmt: skip
+
+
+def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
+    """The client's headers without the hop-by-hop ones (also those its Connection header names)."""
+    connection_listed = {h.strip().lower() for h in headers.get("connection", "").split(",")}
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in connection_listed}
 
 
 def outgoing(headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:

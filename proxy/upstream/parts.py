@@ -1,25 +1,26 @@
-"""Run the parts of a chunked request against the upstream, at most `max_fanout` at a time, in order of start.
+"""Run the parts of a chunked request against the upstream, at most `max_fanout` at a time, in order of start, all
+in one TaskGroup: a failure, or the client going away, cancels every part, which closes its upstream connection and
+makes vLLM abort it.
 
-Non-streaming: every part's JSON answer, or the first failure (the others are cancelled). Streaming: part 0's
-chunks as they arrive, then part 1's (already running or buffered), and so on; a failure becomes an SSE error event
-then [DONE]. Cancelling (client gone, failure) closes every part's upstream connection, which makes vLLM abort it.
+Non-streaming: every part's JSON answer, or the first failure. Streaming: part 0's chunks as they arrive, then part
+1's (already running, or buffered), and so on; a failure after the first byte becomes an SSE error event then
+[DONE], a failure before it is raised (the client then gets that error's status).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from prometheus_client import Gauge
 
-from proxy.errors import GuardError, UpstreamUnavailable
-from proxy.policy.merge import StreamMerger, sse
-from proxy.server.relay import close_quietly
+from proxy.errors import GuardError, UpstreamUnavailable, first_error
+from proxy.policy.merge import DONE, StreamMerger, sse
 from proxy.upstream.client import Opened, Upstream
+from proxy.upstream.http import UpstreamResponse
 
 
 @dataclass
@@ -31,7 +32,7 @@ class PartFailed(Exception):
     content_type: str
 
 
-class Fanout:
+class PartRunner:
     def __init__(
         self, upstream: Upstream, path: str, headers: Mapping[str, str], max_fanout: int, in_flight: Gauge | None = None
     ) -> None:
@@ -40,8 +41,12 @@ class Fanout:
         self.in_flight = in_flight
 
     async def answers(self, bodies: list[dict[str, Any]], costs: list[int]) -> list[dict[str, Any]]:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(self._answer(b, c)) for b, c in zip(bodies, costs, strict=True)]
+        """Every part's answer, in order; raises the first failure (PartFailed or GuardError)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._answer(b, c)) for b, c in zip(bodies, costs, strict=True)]
+        except BaseExceptionGroup as errors:
+            raise first_error(errors) from None
         return [task.result() for task in tasks]
 
     async def _answer(self, body: dict[str, Any], cost: int) -> dict[str, Any]:
@@ -49,20 +54,66 @@ class Fanout:
             opened = await self._open(body, cost)
             response = opened.response
             try:
-                raw = await response.aread()
-            except httpx.HTTPError as exc:
-                raise UpstreamUnavailable(f"a part's answer broke off: {type(exc).__name__}") from exc
+                raw = await response.read()
+            except GuardError as exc:
+                raise UpstreamUnavailable(f"a part's answer broke off: {exc.message}") from None
             finally:
-                self._part_done()
-                self.upstream.release(opened.ticket)
-                await close_quietly(response)
-        if response.status_code != 200:
-            raise PartFailed(response.status_code, raw, response.headers.get("content-type", "application/json"))
+                self._done(opened)
+                await response.close()
+        if response.status != 200:
+            raise PartFailed(response.status, raw, response.headers.get("content-type", "application/json"))
         try:
             answer: dict[str, Any] = json.loads(raw)
         except ValueError as exc:
             raise UpstreamUnavailable("a part's answer was not valid JSON") from exc
         return answer
+
+    async def stream(
+        self, bodies: list[dict[str, Any]], costs: list[int], merger: StreamMerger
+    ) -> AsyncGenerator[bytes, None]:
+        """The merged stream. Its first item is b"" once part 0 has opened (the answer may start); part 0's failure
+        to open is raised instead, before anything was sent."""
+        queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in bodies]
+        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.TaskGroup() as group:
+                parts = [
+                    group.create_task(self._produce(i, body, cost, queues, opened))
+                    for i, (body, cost) in enumerate(zip(bodies, costs, strict=True))
+                ]
+                try:
+                    await opened
+                    yield b""
+                    async for out in _merged(queues, merger):
+                        yield out
+                finally:  # the stream ended, failed or was abandoned: every part stops with it
+                    for part in parts:
+                        part.cancel()
+        except BaseExceptionGroup as errors:
+            raise first_error(errors) from None
+
+    async def _produce(self, index: int, body: dict[str, Any], cost: int, queues: list[asyncio.Queue[Any]],
+                       opened: asyncio.Future[None]) -> None:  # fmt: skip
+        try:
+            async with self.gate:
+                part = await self._open(body, cost)
+                response = part.response
+                try:
+                    if response.status != 200:
+                        raise PartFailed(response.status, await response.read(), response.content_type)
+                    if index == 0:
+                        opened.set_result(None)
+                    async for event in sse_events(response):
+                        await queues[index].put(event)
+                finally:
+                    self._done(part)
+                    await response.close()
+            await queues[index].put(None)
+        except Exception as exc:  # any failure must reach the reader, or it would wait forever
+            if index == 0 and not opened.done():
+                opened.set_exception(exc)
+            for queue in queues:  # the reader learns of the failure at once, whichever part it is reading
+                queue.put_nowait(exc)
 
     async def _open(self, body: dict[str, Any], cost: int) -> Opened:
         raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
@@ -71,72 +122,29 @@ class Fanout:
         try:
             return await self.upstream.open("POST", self.path, "", self.headers, raw, cost=cost)
         except BaseException:
-            self._part_done()
+            if self.in_flight is not None:
+                self.in_flight.dec()
             raise
 
-    def _part_done(self) -> None:
+    def _done(self, opened: Opened) -> None:
         if self.in_flight is not None:
             self.in_flight.dec()
+        self.upstream.release(opened.ticket)
 
-    async def stream(
-        self, bodies: list[dict[str, Any]], costs: list[int], merger: StreamMerger
-    ) -> AsyncGenerator[bytes, None]:
-        """Start every part now; the first part's failure to start is raised here, before any byte is sent."""
-        queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in bodies]
-        first_open: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        tasks = [
-            asyncio.ensure_future(self._produce(i, b, c, queues, first_open))
-            for i, (b, c) in enumerate(zip(bodies, costs, strict=True))
-        ]
-        try:
-            await asyncio.shield(first_open)
-        except BaseException:
-            await _cancel(tasks)
-            raise
-        return self._consume(queues, tasks, merger)
 
-    async def _produce(self, index: int, body: dict[str, Any], cost: int, queues: list[asyncio.Queue[Any]],
-                       first_open: asyncio.Future[None]) -> None:  # fmt: skip
-        try:
-            async with self.gate:
-                opened = await self._open(body, cost)
-                response = opened.response
-                try:
-                    if response.status_code != 200:
-                        raw = await response.aread()
-                        raise PartFailed(response.status_code, raw, response.headers.get("content-type", ""))
-                    if index == 0:
-                        first_open.set_result(None)
-                    async for event in sse_events(response):
-                        await queues[index].put(event)
-                finally:
-                    self._part_done()
-                    self.upstream.release(opened.ticket)
-                    await close_quietly(response)
-            await queues[index].put(None)
-        except Exception as exc:  # any failure must reach the reader, or it would wait forever
-            if index == 0 and not first_open.done():
-                first_open.set_exception(exc)
-            for queue in queues:  # the reader learns of the failure at once, whichever part it is reading
-                queue.put_nowait(exc)
-
-    async def _consume(self, queues: list[asyncio.Queue[Any]], tasks: Sequence[asyncio.Future[None]],
-                       merger: StreamMerger) -> AsyncGenerator[bytes, None]:  # fmt: skip
-        try:
-            for index, queue in enumerate(queues):
-                while (event := await queue.get()) is not None:
-                    if isinstance(event, BaseException):
-                        yield _error_event(event)
-                        return
-                    if "error" in event:  # the upstream's own in-stream error: relay it and stop
-                        yield sse(event) + b"data: [DONE]\n\n"
-                        return
-                    for out in merger.feed(index, event):
-                        yield out
-            for out in merger.finish():
+async def _merged(queues: list[asyncio.Queue[Any]], merger: StreamMerger) -> AsyncIterator[bytes]:
+    for index, queue in enumerate(queues):
+        while (event := await queue.get()) is not None:
+            if isinstance(event, BaseException):
+                yield _error_event(event)
+                return
+            if "error" in event:  # the upstream's own in-stream error: relay it and stop
+                yield sse(event) + DONE
+                return
+            for out in merger.feed(index, event):
                 yield out
-        finally:
-            await _cancel(tasks)
+    for out in merger.finish():
+        yield out
 
 
 def _error_event(exc: BaseException) -> bytes:
@@ -148,20 +156,14 @@ def _error_event(exc: BaseException) -> bytes:
         except ValueError:
             body = {"error": {"message": exc.body.decode(errors="replace"), "type": "UpstreamError", "param": None,
                               "code": exc.status}}  # fmt: skip
-        return sse(body) + b"data: [DONE]\n\n"
+        return sse(body) + DONE
     return UpstreamUnavailable(f"a part of the chunked request failed: {type(exc).__name__}").sse_bytes()
 
 
-async def _cancel(tasks: Sequence[asyncio.Future[None]]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def sse_events(response: UpstreamResponse) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an SSE stream's `data:` events, up to [DONE]."""
     buffer = b""
-    async for chunk in response.aiter_raw():
+    async for chunk in response.chunks():
         buffer += chunk
         while b"\n\n" in buffer:
             event, buffer = buffer.split(b"\n\n", 1)

@@ -10,6 +10,7 @@ import pytest
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
 from proxy.policy.decide import Limits, decide_chat, decide_completion
+from proxy.policy.outcome import Decision
 
 M = 2048
 
@@ -75,7 +76,7 @@ def test_reject_error_is_what_sdk_fallbacks_look_for() -> None:
     assert "3000 input tokens" in body["message"]
     assert (body["type"], body["param"], body["code"]) == ("BadRequestError", "messages", "context_length_exceeded")
     assert plan.error.status == 400
-    assert plan.headers()["x-token-guard-action"] == "reject"
+    assert Decision.of(plan).headers()["x-token-guard-action"] == "reject"
 
 
 def test_completions_default_of_16_is_clamped_by_adding_the_field() -> None:
@@ -94,7 +95,7 @@ def test_completion_batch_is_clamped_for_its_longest_prompt() -> None:
 
 def test_headers_say_what_happened() -> None:
     plan = decide_chat(chat(max_tokens=2000), 100, Limits(M))
-    assert plan.headers() == {
+    assert Decision.of(plan).headers() == {
         "x-token-guard-prompt-tokens": "100",
         "x-token-guard-action": "clamp",
         "x-token-guard-max-tokens": "1948",

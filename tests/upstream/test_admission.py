@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from proxy.upstream.admission import Admission, Budget, TooBusy, kv_capacity
+from proxy.errors import TooBusy
+from proxy.upstream.admission import Admission, Budget, kv_capacity
 
 
 def gate(tokens: int = 100, requests: int = 0, replicas: int = 1, timeout: float = 5.0, queue: int = 100) -> Admission:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
@@ -18,7 +17,6 @@ from proxy.server.auth import ApiKeyAuth
 from proxy.server.running import ServerThread
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
-from proxy.upstream.headers import outgoing, upstream_auth
 from tests.support.servers import MODEL, guard
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
@@ -167,17 +165,3 @@ def test_path_spellings_a_client_library_would_normalize(path: str, protected: b
     scope = {"type": "http", "method": "GET", "path": path, "root_path": "", "headers": [], "query_string": b""}
     asyncio.run(ApiKeyAuth(app, ["k"])(scope, receive, send))
     assert (sent[0]["status"] == 401) == protected
-
-
-OUTGOING = [
-    ({"authorization": "Bearer client", "x-a": "1"}, "up", {"x-a": "1", "authorization": "Bearer up"}),
-    ({"Authorization": "Bearer client"}, "up", {"authorization": "Bearer up"}),
-    ({"x-a": "1"}, "up", {"x-a": "1", "authorization": "Bearer up"}),
-    ({"Authorization": "Bearer client"}, None, {"Authorization": "Bearer client"}),
-]
-
-
-@pytest.mark.parametrize(("headers", "api_key", "expected"), OUTGOING)
-def test_outgoing_headers(headers: dict[str, str], api_key: str | None, expected: dict[str, Any]) -> None:
-    assert outgoing(headers, api_key) == expected
-    assert upstream_auth(api_key) == ({} if api_key is None else {"authorization": f"Bearer {api_key}"})

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.check.run import (
+from proxy.check.compare import (
     MISMATCH,
     OK,
     REFUSED,
@@ -24,12 +24,11 @@ from proxy.check.run import (
     Row,
     compare,
     drift_lines,
-    drift_warnings,
-    tokenize_body,
-    tokenize_result,
     verdict,
     window_verdict,
 )
+from proxy.check.counts import tokenize_body, tokenize_result
+from proxy.check.run import drift_warnings
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
 from proxy.cli import main
 from proxy.counting.registry import ModelRegistry

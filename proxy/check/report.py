@@ -1,0 +1,87 @@
+"""The check's report: the table printed for people, the JSON for machines, and the verdict that sets the exit
+status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.check.compare import MISMATCH, Count, Refusal, Row, Window, cell
+
+
+@dataclass(frozen=True)
+class Report:
+    upstream_url: str
+    version: str | None
+    version_error: str | None
+    rows: list[Row]
+    windows: list[Window]
+
+    @property
+    def failed(self) -> bool:
+        return any(r.verdict == MISMATCH for r in self.rows) or any(w.verdict == MISMATCH for w in self.windows)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "upstream": {"url": self.upstream_url, "version": self.version, "version_error": self.version_error},
+            "samples": [
+                {"model": r.model, "sample": r.sample, **_side("guard", r.guard), **_side("upstream", r.upstream)}
+                | {"verdict": r.verdict}
+                for r in self.rows
+            ],
+            "max_model_len": [
+                {"model": w.model, "guard": w.guard, "source": w.source, "upstream": w.upstream, "verdict": w.verdict}
+                for w in self.windows
+            ],
+            "ok": not self.failed,
+        }
+
+    def table(self) -> str:
+        out = [f"upstream {self.upstream_url}, vLLM version {self.version or f'unknown ({self.version_error})'}", ""]
+        samples = [[r.model, r.sample, cell(r.guard), cell(r.upstream), r.verdict] for r in self.rows]
+        out += _columns(["model", "sample", "guard", "upstream", "verdict"], samples)
+        for r in self.rows:
+            refusals = [
+                (side, c) for side, c in (("guard", r.guard), ("upstream", r.upstream)) if isinstance(c, Refusal)
+            ]
+            out += [f"  {r.model} / {r.sample}: {side} refused: {_short(c.reason)}" for side, c in refusals]
+        windows = [[w.model, f"{_opt(w.guard)} ({w.source})", _opt(w.upstream), w.verdict] for w in self.windows]
+        out += ["", "max_model_len each side believes:", *_columns(["model", "guard", "upstream", "verdict"], windows)]
+        wider = sum(w.verdict == MISMATCH for w in self.windows)
+        if wider:
+            out.append("  MISMATCH: the guard's window is larger, so prompts it lets through can be rejected upstream")
+        return "\n".join([*out, "", self._summary(wider)])
+
+    def _summary(self, wider: int) -> str:
+        bad = sum(r.verdict == MISMATCH for r in self.rows)
+        models = len({r.model for r in self.rows})
+        parts = [f"{bad} of {len(self.rows)} sample counts differ" if bad else f"all {len(self.rows)} samples agree"]
+        if wider:
+            parts.append(f"{wider} model(s) with a larger max_model_len than the upstream's")
+        return f"{'FAIL' if self.failed else 'OK'}: {'; '.join(parts)} ({models} model(s) checked)"
+
+
+def _opt(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _short(text: str, limit: int = 160) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _side(name: str, count: Count) -> dict[str, Any]:
+    if isinstance(count, int):
+        return {name: count, f"{name}_error": None}
+    return {name: None, f"{name}_error": count.reason}
+
+
+def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    numeric = {i for i, h in enumerate(header) if h in ("guard", "upstream")}
+    return [
+        "  ".join(
+            c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [header, *rows]
+    ]

@@ -1,0 +1,84 @@
+"""What the guard makes of a request: forward a body, refuse it, or fan it out in parts; and the decision behind it,
+which both the x-token-guard-* headers and the request's log line and metrics are made from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.api.chat import ChatRequest
+from proxy.api.completions import CompletionRequest
+from proxy.errors import GuardError
+from proxy.policy.decide import Plan
+from proxy.settings import PolicySettings
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # pass, clamp, reject, truncate, chunk
+    prompt_tokens: int
+    max_tokens: int | None = None  # the effective output limit, when there is one
+    chunk_tokens: tuple[int, ...] = ()  # chunk: each part's prompt tokens
+    dropped_messages: int | None = None  # truncate
+    truncated_tokens: int | None = None  # truncate
+
+    @classmethod
+    def of(cls, plan: Plan) -> Decision:
+        return cls(plan.action, plan.prompt_tokens, plan.max_tokens)
+
+    @property
+    def chunks(self) -> int | None:
+        return len(self.chunk_tokens) or None
+
+    def headers(self) -> dict[str, str]:
+        headers = {"x-token-guard-prompt-tokens": str(self.prompt_tokens), "x-token-guard-action": self.action}
+        if self.max_tokens is not None:
+            headers["x-token-guard-max-tokens"] = str(self.max_tokens)
+        if self.chunk_tokens:
+            headers["x-token-guard-chunks"] = str(len(self.chunk_tokens))
+            headers["x-token-guard-chunk-tokens"] = ",".join(str(n) for n in self.chunk_tokens)
+        if self.dropped_messages is not None:
+            headers["x-token-guard-dropped-messages"] = str(self.dropped_messages)
+        if self.truncated_tokens is not None:
+            headers["x-token-guard-truncated-tokens"] = str(self.truncated_tokens)
+        return headers
+
+
+@dataclass(frozen=True)
+class Forward:
+    body: bytes
+    decision: Decision
+    cost: int | None = None  # KV tokens it holds while running, for admission
+
+
+@dataclass(frozen=True)
+class Refuse:
+    error: GuardError
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """A prompt split into parts, each sent as its own request; their answers are merged into one."""
+
+    kind: str  # "chat" or "completion"
+    bodies: list[dict[str, Any]]
+    costs: list[int]
+    decision: Decision
+    stream: bool
+    include_usage: bool
+    policy: PolicySettings
+    original: ChatRequest | CompletionRequest
+
+
+Outcome = Forward | Refuse | Chunked
+
+
+@dataclass
+class Findings:
+    """What a guarded request's path learned, kept even when it fails part way: its log line and metrics."""
+
+    model: str | None = None
+    max_tokens_before: int | None = None
+    count_s: float | None = None
+    decision: Decision | None = None

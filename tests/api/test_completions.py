@@ -1,0 +1,28 @@
+"""Reading a completions request: the prompt forms vLLM accepts, and clear 400s for the rest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.api.completions import parse_completion
+from proxy.errors import InvalidRequest
+
+
+@pytest.mark.parametrize(
+    "prompt,fragment",
+    [(None, "must be a string"), (5, "must be a string"), ([], "at least one prompt"), ([[]], "at least one prompt"),
+     (["a", [1]], "cannot be mixed"), ([1, "a"], "cannot be mixed"), ([-1], "cannot be mixed"), ([True], "mixed")],
+)  # fmt: skip
+def test_bad_completion_prompts(prompt: object, fragment: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_completion(json.dumps({"prompt": prompt}).encode())
+    assert info.value.param == "prompt" and fragment in info.value.message
+
+
+def test_prompt_forms() -> None:
+    assert parse_completion(b'{"prompt": "a"}').prompts == ["a"]
+    assert parse_completion(b'{"prompt": ["a", "b"]}').prompts == ["a", "b"]
+    assert parse_completion(b'{"prompt": [1, 2]}').prompts == [[1, 2]]
+    assert parse_completion(b'{"prompt": [[1], [2, 3]]}').prompts == [[1], [2, 3]]
