@@ -13,9 +13,7 @@ import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from prometheus_client import Gauge
+from typing import Any, Protocol
 
 from proxy.errors import GuardError, UpstreamUnavailable, first_error
 from proxy.policy.merge import DONE, StreamMerger, sse
@@ -32,9 +30,21 @@ class PartFailed(Exception):
     content_type: str
 
 
+class InFlight(Protocol):
+    """Where the parts running now are counted (the server's gauge)."""
+
+    def inc(self) -> None: ...
+    def dec(self) -> None: ...
+
+
 class PartRunner:
     def __init__(
-        self, upstream: Upstream, path: str, headers: Mapping[str, str], max_fanout: int, in_flight: Gauge | None = None
+        self,
+        upstream: Upstream,
+        path: str,
+        headers: Mapping[str, str],
+        max_fanout: int,
+        in_flight: InFlight | None = None,
     ) -> None:
         self.upstream, self.path, self.headers = upstream, path, headers
         self.gate = asyncio.Semaphore(max_fanout)

@@ -37,7 +37,7 @@ from proxy.upstream.client import Upstream
 from tests.support.servers import MODEL, simulator
 from tests.support.trained import CHATML_TEMPLATE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAT_SAMPLES = {s.name for s in BUILTIN_SAMPLES if s.kind == "chat"}
 COMPLETION_SAMPLES = {s.name for s in BUILTIN_SAMPLES if s.kind == "completion"}
 

@@ -22,7 +22,8 @@ import pytest
 
 from tests.e2e.recorder import Mark
 from tests.e2e.stack import Stack
-from tests.e2e.wire import metric, wait_until
+from tests.e2e.wire import metric
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -44,16 +45,16 @@ def counters(stack: Stack) -> tuple[float, float]:
 
 
 def settled(stack: Stack) -> tuple[float, float]:
-    assert wait_until(lambda: running(stack) == 0, timeout=15), "vLLM still generating 15 s after the disconnect"
+    assert eventually(lambda: running(stack) == 0, timeout_s=15), "vLLM still generating 15 s after the disconnect"
     time.sleep(0.5)  # the counters are published a moment after the gauge
     return counters(stack)
 
 
 def assert_guard_hung_up(stack: Stack, mark: Mark) -> None:
     left = time.monotonic()
-    if wait_until(lambda: stack.recorder.closed_by_guard_since(mark) > 0, timeout=GUARD_CLOSE_S):
+    if eventually(lambda: stack.recorder.closed_by_guard_since(mark) > 0, timeout_s=GUARD_CLOSE_S):
         return
-    late = wait_until(lambda: stack.recorder.closed_by_guard_since(mark) > 0, timeout=20)
+    late = eventually(lambda: stack.recorder.closed_by_guard_since(mark) > 0, timeout_s=20)
     after = f"only after {time.monotonic() - left:.1f} s" if late else "not within 20 s"
     pytest.fail(f"the client left; the guard closed its connection to vLLM {after} (allowed: {GUARD_CLOSE_S} s)")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 
 from tests.e2e.stack import Stack
@@ -55,15 +54,6 @@ def requests_seen(stack: Stack, route: str, settle: float = 0.5) -> float:
     """
     time.sleep(settle)
     return metric(stack.metrics(), "http_requests_total", handler=route)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def normalise_sse(body: bytes) -> list[bytes]:

@@ -17,9 +17,10 @@ import httpx
 import pytest
 
 from proxy.server.running import bind_socket
-from tests.support.servers import MODEL, simulator, wait_until
+from tests.support.polling import eventually
+from tests.support.servers import MODEL, simulator
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def serve(
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        ready = wait_until(lambda: process.poll() is not None or _healthy(url), attempts=1200)
+        ready = eventually(lambda: process.poll() is not None or _healthy(url), timeout_s=60)
         assert ready and process.poll() is None, logs.read_text()
         yield process, url
     finally:
@@ -94,7 +95,7 @@ def test_sigterm_lets_a_stream_in_flight_finish(sim: Any, deepseek_dir: Path, tm
 
         def terminate() -> None:
             process.send_signal(signal.SIGTERM)
-            refused.append(wait_until(lambda: refuses_connections(url)))  # a new client is turned away at once
+            refused.append(eventually(lambda: refuses_connections(url)))  # a new client is turned away at once
 
         text = read_stream(url, 60, terminate)  # 60 tokens: about 3 s, far beyond the moment of the signal
         assert refused == [True]
@@ -110,4 +111,4 @@ def test_streams_are_cut_when_the_drain_timeout_passes(sim: Any, deepseek_dir: P
         text = read_stream(url, 2000, lambda: process.send_signal(signal.SIGTERM))  # 2000 tokens: about 100 s
         assert '"content"' in text and "[DONE]" not in text
         assert process.wait(timeout=60) is not None
-    assert wait_until(lambda: stats.aborted == 1)  # and the upstream stopped generating for nobody
+    assert eventually(lambda: stats.aborted == 1)  # and the upstream stopped generating for nobody

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from proxy.server.running import ServerThread
 from tests.corpus import CHAT_CASES
-from tests.support.servers import MODEL, Tap, guard, simulator, wait_until
+from tests.support.polling import eventually
+from tests.support.servers import MODEL, Tap, guard, simulator
 
 WINDOW = 2048
 WORDS = ["alpha", "beta", "gamma", "東京", "🎉", "def f(x):", "\n", "  indented", "end."]
@@ -151,7 +152,7 @@ def test_stream_bytes_at_the_client_equal_the_bytes_the_upstream_sent(proxy: str
         received = b"".join(response.iter_raw())
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["x-token-guard-action"] == "pass"
-    assert wait_until(lambda: sim[2].bodies and sim[2].bodies[-1] == received)
+    assert eventually(lambda: sim[2].bodies and sim[2].bodies[-1] == received)
     # role chunk, 20 token chunks (the last carries finish_reason, as vLLM's does), usage chunk, [DONE]
     assert received.endswith(b"data: [DONE]\n\n") and received.count(b"data: ") == 1 + 20 + 1 + 1
 
@@ -164,7 +165,7 @@ def test_disconnect_mid_stream_aborts_the_generation(deepseek_dir: Path) -> None
                 lines = response.iter_lines()
                 for _ in range(3):
                     next(lines)
-            assert wait_until(lambda: stats.aborted == 1 and stats.active == 0)
+            assert eventually(lambda: stats.aborted == 1 and stats.active == 0)
             assert stats.completed == 0
 
 
@@ -174,7 +175,7 @@ def test_disconnect_while_waiting_for_a_non_stream_answer_aborts_it(deepseek_dir
             body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 500}
             with pytest.raises(httpx.ReadTimeout):
                 httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=0.5)
-            assert wait_until(lambda: stats.aborted == 1 and stats.active == 0)
+            assert eventually(lambda: stats.aborted == 1 and stats.active == 0)
 
 
 BAD_INPUTS = [
@@ -239,7 +240,7 @@ def test_upstream_timeout_is_504(deepseek_dir: Path) -> None:
             response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "messages": [
                 {"role": "user", "content": "hi"}], "max_tokens": 5}, timeout=10)  # fmt: skip
             assert response.status_code == 504 and response.json()["error"]["type"] == "GatewayTimeoutError"
-            assert wait_until(lambda: stats.aborted == 1)
+            assert eventually(lambda: stats.aborted == 1)
 
 
 def test_0_32_profile_through_the_guard_clamps_before_vllm_would(deepseek_dir: Path) -> None:

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from proxy.server.logs import JsonFormatter
-from tests.support.servers import MODEL, guard, simulator, wait_until
+from tests.support.polling import eventually
+from tests.support.servers import MODEL, guard, simulator
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_one_structured_line_per_request(stack: tuple[str, Any], caplog: pytest.
     url, _ = stack
     caplog.set_level(logging.INFO, logger="token_guard.requests")
     chat(url, "hello there", 4000, **{"x-request-id": "log-me"})
-    assert wait_until(lambda: any(getattr(r, "fields", {}).get("request_id") == "log-me" for r in caplog.records))
+    assert eventually(lambda: any(getattr(r, "fields", {}).get("request_id") == "log-me" for r in caplog.records))
     (record,) = [r for r in caplog.records if getattr(r, "fields", {}).get("request_id") == "log-me"]
     line = json.loads(JsonFormatter().format(record))
     assert line["level"] == "info" and line["logger"] == "token_guard.requests"
@@ -97,8 +98,8 @@ def test_client_disconnects_are_counted(deepseek_dir: Path) -> None:
             body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 500, "stream": True}
             with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as response:
                 next(response.iter_lines())
-            assert wait_until(lambda: stats.aborted == 1)
-            assert wait_until(
+            assert eventually(lambda: stats.aborted == 1)
+            assert eventually(
                 lambda: metric(httpx.get(f"{proxy.url}/metrics").text, "token_guard_client_disconnects_total") == 1
             )
 

@@ -17,7 +17,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy.server.running import ServerThread
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
-from tests.support.servers import MODEL, guard, simulator, wait_until
+from tests.support.polling import eventually
+from tests.support.servers import MODEL, guard, simulator
 
 WINDOW = 2048
 
@@ -203,7 +204,7 @@ def test_client_disconnect_during_a_chunked_stream_aborts_every_part(deepseek_di
                 lines = response.iter_lines()
                 for _ in range(5):
                     next(lines)
-            assert wait_until(lambda: stats.active == 0 and stats.aborted >= 1)
+            assert eventually(lambda: stats.active == 0 and stats.aborted >= 1)
             assert stats.completed == 0 and stats.aborted == stats.received <= 4  # max_fanout: at most 4 started
 
 
@@ -245,5 +246,5 @@ def test_a_failing_part_cancels_the_others(deepseek_dir: Path, stream: bool) -> 
         else:
             assert response.status_code == 500 and response.json()["error"]["type"] == "InternalServerError"
         # every part that reached the simulator was cancelled, none finished (the failing one never reached it)
-        assert wait_until(lambda: stats.active == 0 and stats.aborted == stats.received)
+        assert eventually(lambda: stats.active == 0 and stats.aborted == stats.received)
         assert stats.completed == 0

@@ -19,7 +19,8 @@ import pytest
 from proxy.server.running import ServerThread, bind_socket
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
-from tests.support.servers import MODEL, guard, guard_unchecked, simulator, wait_until
+from tests.support.polling import eventually
+from tests.support.servers import MODEL, guard, guard_unchecked, simulator
 
 WINDOW = 2048
 HUGE = 10**9  # a KV capacity that never slows the simulator down, so that it only records its running cost
@@ -95,10 +96,10 @@ def test_disconnect_while_queued_releases_nothing_twice_and_leaks_nothing(deepse
                 for _ in range(3):  # three clients give up while waiting behind the first
                     with pytest.raises(httpx.ReadTimeout):
                         httpx.post(f"{proxy.url}/v1/chat/completions", json=body("x", 150), timeout=0.3)
-                assert wait_until(lambda: admission.queued == 0)
+                assert eventually(lambda: admission.queued == 0)
                 rest = [line for line in lines if line]
             assert rest[-1] == "data: [DONE]"
-            assert wait_until(lambda: admission.budgets[0].tokens == 0 and admission.budgets[0].requests == 0)
+            assert eventually(lambda: admission.budgets[0].tokens == 0 and admission.budgets[0].requests == 0)
             assert stats.received == 1  # the ones that left the queue never reached the upstream
             after = httpx.post(f"{proxy.url}/v1/chat/completions", json=body("x", 150), timeout=30)
             assert after.status_code == 200 and "x-token-guard-queue-ms" not in after.headers
@@ -141,7 +142,7 @@ def test_a_dead_replica_is_routed_around_and_comes_back(
                 client.chat.completions.create(model=MODEL, messages=body()["messages"], max_tokens=1)
                 return bool(revived.state.stats.received > 0)
 
-            assert wait_until(back, attempts=100, pause=0.1)
+            assert eventually(back, timeout_s=10)
 
 
 def test_idle_stream_times_out_into_an_error_event_then_done(deepseek_dir: Path) -> None:
@@ -151,7 +152,7 @@ def test_idle_stream_times_out_into_an_error_event_then_done(deepseek_dir: Path)
             events = [e for e in response.text.split("\n\n") if e]
             assert response.status_code == 200 and events[-1] == "data: [DONE]"
             assert json.loads(events[-2][6:])["error"]["type"] == "GatewayTimeoutError"
-            assert wait_until(lambda: stats.aborted == 1)  # the upstream connection was closed
+            assert eventually(lambda: stats.aborted == 1)  # the upstream connection was closed
 
 
 def test_slow_first_byte_is_504(deepseek_dir: Path) -> None:

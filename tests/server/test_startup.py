@@ -15,7 +15,8 @@ from proxy.cli import main
 from proxy.server.running import ServerThread, bind_socket
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
-from tests.support.servers import MODEL, guard, guard_unchecked, simulator, wait_until
+from tests.support.polling import eventually
+from tests.support.servers import MODEL, guard, guard_unchecked, simulator
 
 
 def test_zero_config_sidecar_learns_model_window_and_tokenizer_from_the_upstream(deepseek_dir: Path) -> None:
@@ -50,7 +51,7 @@ def test_guard_waits_for_an_upstream_that_starts_late(deepseek_dir: Path) -> Non
         assert early.status_code == 503 and early.json()["error"]["type"] == "ServiceUnavailableError"
         app = create_simulator(SimulatorSettings(tokenizer=deepseek_dir, model=MODEL, max_model_len=777))
         with ServerThread(app, port=port):
-            assert wait_until(lambda: httpx.get(f"{proxy.url}/health").status_code == 200, attempts=300, pause=0.1)
+            assert eventually(lambda: httpx.get(f"{proxy.url}/health").status_code == 200, timeout_s=30)
             ok = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "max_tokens": 9000,
                             "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
             assert ok.status_code == 200 and ok.json()["usage"]["total_tokens"] == 777
@@ -62,7 +63,7 @@ def test_configured_window_wins_over_the_discovered_one_with_a_warning(
     caplog.set_level(logging.WARNING, logger="token_guard")
     with simulator(deepseek_dir, profile="0.32", max_model_len=2048) as (sim, _, _):
         with guard(sim.url, deepseek_dir, **{"model.max_model_len": 1024}) as proxy:
-            assert wait_until(lambda: "differs from the upstream's 2048" in caplog.text)
+            assert eventually(lambda: "differs from the upstream's 2048" in caplog.text)
             response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "max_tokens": 4000,
                                   "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
             assert response.json()["usage"]["total_tokens"] == 1024
@@ -85,7 +86,7 @@ def test_serve_command_works_without_any_file(deepseek_dir: Path) -> None:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             url = f"http://127.0.0.1:{port}"
-            assert wait_until(lambda: _health(url) == 200, attempts=300, pause=0.1)
+            assert eventually(lambda: _health(url) == 200, timeout_s=30)
             reply = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0).chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=99999
             )

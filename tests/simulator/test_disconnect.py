@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from proxy.simulator import SimulatorSettings
-from tests.support.sim_fixtures import RunningSim, fixture_sim_tokenizer_dir, running_simulator, wait_for  # noqa: F401
+from tests.support.polling import eventually
+from tests.support.sim_fixtures import RunningSim, fixture_sim_tokenizer_dir, running_simulator  # noqa: F401
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1000}
 
@@ -24,7 +25,7 @@ def fixture_slow_server(sim_tokenizer_dir: Path) -> Iterator[RunningSim]:
 
 @pytest.fixture(name="slow_sim")
 def fixture_slow_sim(slow_server: RunningSim) -> RunningSim:
-    assert wait_for(lambda: slow_server.stats.active == 0)
+    assert eventually(lambda: slow_server.stats.active == 0)
     slow_server.stats.reset()
     return slow_server
 
@@ -42,17 +43,17 @@ def test_stream_disconnect_aborts_and_stops_generating(slow_sim: RunningSim) -> 
                 events += line.startswith("data: ")
                 if events == 4:
                     break
-    assert wait_for(lambda: slow_sim.stats.aborted == 1 and slow_sim.stats.active == 0)
+    assert eventually(lambda: slow_sim.stats.aborted == 1 and slow_sim.stats.active == 0)
     assert outcome(slow_sim) == {"received": 1, "completed": 0, "aborted": 1, "active": 0}
     generated = slow_sim.stats.tokens_generated
     assert 3 <= generated < 100
-    assert not wait_for(lambda: slow_sim.stats.tokens_generated > generated, timeout_s=0.2)
+    assert not eventually(lambda: slow_sim.stats.tokens_generated > generated, timeout_s=0.2)
 
 
 def test_non_stream_disconnect_aborts(slow_sim: RunningSim) -> None:
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(slow_sim.url + "/v1/chat/completions", json=CHAT, timeout=0.3)
-    assert wait_for(lambda: slow_sim.stats.aborted == 1 and slow_sim.stats.active == 0)
+    assert eventually(lambda: slow_sim.stats.aborted == 1 and slow_sim.stats.active == 0)
     assert outcome(slow_sim) == {"received": 1, "completed": 0, "aborted": 1, "active": 0}
     assert slow_sim.stats.tokens_generated == 0
 
@@ -60,7 +61,7 @@ def test_non_stream_disconnect_aborts(slow_sim: RunningSim) -> None:
 def test_finished_stream_counts_as_completed(slow_sim: RunningSim) -> None:
     response = slow_sim.client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 3, "stream": True})
     assert response.text.endswith("data: [DONE]\n\n")
-    assert wait_for(lambda: slow_sim.stats.completed == 1)
+    assert eventually(lambda: slow_sim.stats.completed == 1)
     assert outcome(slow_sim) == {"received": 1, "completed": 1, "aborted": 0, "active": 0}
     assert slow_sim.stats.tokens_generated == 3
 

@@ -17,7 +17,8 @@ from proxy.cli import build_parser
 from proxy.simulator import SimulatorSettings
 from proxy.simulator.generation import Engine, Generation, PromptPlan, Sequence, steps
 from proxy.simulator.kv import KvCache
-from tests.support.sim_fixtures import RunningSim, fixture_sim_tokenizer_dir, running_simulator, wait_for  # noqa: F401
+from tests.support.polling import eventually
+from tests.support.sim_fixtures import RunningSim, fixture_sim_tokenizer_dir, running_simulator  # noqa: F401
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1000, "stream": True}
 
@@ -82,7 +83,7 @@ def fixture_kv_sim(sim_tokenizer_dir: Path) -> Iterator[RunningSim]:
 
 @pytest.fixture(name="sim")
 def fixture_sim(kv_sim: RunningSim) -> RunningSim:
-    assert wait_for(lambda: kv_sim.stats.active == 0)
+    assert eventually(lambda: kv_sim.stats.active == 0)
     kv_sim.stats.reset()
     return kv_sim
 
@@ -111,7 +112,7 @@ def test_concurrent_streams_cross_the_capacity_and_release_it(sim: RunningSim) -
             with running_stream(client, CHAT):
                 assert sim.stats.kv.running == 2 * cost
                 assert sim.stats.kv.slowdown() == pytest.approx(2 * cost / 1500)
-    assert wait_for(lambda: sim.stats.kv.running == 0)  # both aborted by the client: their cost is freed
+    assert eventually(lambda: sim.stats.kv.running == 0)  # both aborted by the client: their cost is freed
     stats = sim.client.get("/sim/stats").json()
     assert {k: stats[k] for k in ("kv_capacity_tokens", "running_tokens", "peak_running_tokens", "preemptions")} == {
         "kv_capacity_tokens": 1500,
@@ -129,7 +130,7 @@ def test_finished_and_refused_requests_hold_nothing(sim: RunningSim) -> None:
     assert streamed.text.endswith("data: [DONE]\n\n")
     refused = sim.client.post("/v1/completions", json={"model": "another", "prompt": "x", "max_tokens": 3})
     assert refused.status_code == 404
-    assert wait_for(lambda: sim.stats.active == 0)
+    assert eventually(lambda: sim.stats.active == 0)
     assert sim.stats.kv.running == 0
     assert sim.stats.kv.peak == prompt_tokens(sim) + 3  # the refused one never ran
 

@@ -3,7 +3,6 @@ the exact bytes the simulator sent."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ from proxy.server.running import ServerThread
 from proxy.settings import load_settings
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
+from tests.support.polling import eventually
 
 MODEL = "tiny"
 
@@ -81,17 +81,6 @@ def _app(upstream: str, tokenizer: Path | None, flags: dict[str, Any]) -> Any:
     return create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
 
 
-def wait_healthy(url: str, attempts: int = 200) -> None:
-    for _ in range(attempts):
-        if httpx.get(f"{url}/health").status_code == 200:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{url}/health never answered 200")
-
-
-def wait_until(predicate: Any, attempts: int = 200, pause: float = 0.05) -> bool:
-    for _ in range(attempts):
-        if predicate():
-            return True
-        time.sleep(pause)
-    return bool(predicate())
+def wait_healthy(url: str, timeout_s: float = 10.0) -> None:
+    if not eventually(lambda: httpx.get(f"{url}/health").status_code == 200, timeout_s):
+        raise AssertionError(f"{url}/health never answered 200")

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,15 +52,6 @@ def sse_json(body: str) -> list[dict[str, Any]]:
     events = sse_events(body)
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     return [json.loads(event) for event in events[:-1]]
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 @pytest.fixture(scope="session", name="sim_tokenizer_dir")
