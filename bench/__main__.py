@@ -13,6 +13,7 @@ COMMANDS = {  # name -> (module, help)
     "overhead": ("bench.overhead", "what counting adds end to end through the proxy, as a ratio to the encode floor"),
     "chunking": ("bench.chunking", "an N-part chunked request against one part alone (fan-out at work)"),
     "admission": ("bench.admission", "a burst of long requests against a small KV cache, admission off vs on"),
+    "ceiling": ("bench.ceiling", "the proxies as the bottleneck, in front of an upstream that answers at once"),
 }
 
 

@@ -1,0 +1,66 @@
+"""The processes of the ceiling comparison: the instant upstream, and in front of it direct, nginx, the smallest Python
+relay, token-guard with N workers or LiteLLM; plus the machine's own CPU counter. Reuses bench.systems' helpers."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from bench.procstats import TICKS
+from bench.systems import MODEL, SYSTEMS, Running, SetupError, Upstream, free_port, spawn, start, wait_ready
+
+CEILING_SYSTEMS = ("direct", "nginx", "relay", "token-guard", "token-guard-2w", "litellm")
+GUARD_WORKERS = re.compile(r"token-guard-(\d+)w")
+
+
+def start_instant(workdir: Path, workers: int = 1) -> Running:
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.instant", "--port", str(port), "--workers", str(workers)]
+    process, log = spawn("instant-upstream", argv, workdir)
+    running = Running("instant-upstream", f"http://127.0.0.1:{port}", process, log)
+    wait_ready(running, "/health")
+    return running
+
+
+def start_relay(upstream: Upstream, workdir: Path) -> Running:
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.relay", "--upstream", upstream.url, "--port", str(port)]
+    process, log = spawn("relay", argv, workdir)
+    running = Running("relay", f"http://127.0.0.1:{port}", process, log)
+    wait_ready(running, "/health")
+    return running
+
+
+def start_token_guard_workers(upstream: Upstream, workdir: Path, workers: int) -> Running:
+    """token-guard with `--workers N` (N > 1); a SetupError that says so when `serve` refuses the flag."""
+    name, port = f"token-guard-{workers}w", free_port()
+    argv = [sys.executable, "-m", "proxy", "serve", "--upstream", upstream.url, "--model", MODEL]
+    argv += ["--tokenizer", str(upstream.tokenizer), "--max-model-len", str(upstream.max_model_len)]
+    argv += ["--port", str(port), "--log-level", "warning", "--workers", str(workers)]
+    process, log = spawn(name, argv, workdir)
+    running = Running(name, f"http://127.0.0.1:{port}", process, log)
+    try:
+        wait_ready(running, "/health")
+    except SetupError:
+        if "--workers" in log.read_text(errors="replace"):
+            raise SetupError(f"`token-guard serve` refused `--workers {workers}` (not implemented yet)") from None
+        raise
+    return running
+
+
+def start_system(name: str, upstream: Upstream, workdir: Path) -> Running:
+    if name == "relay":
+        return start_relay(upstream, workdir)
+    if (match := GUARD_WORKERS.fullmatch(name)) and int(match.group(1)) > 1:
+        return start_token_guard_workers(upstream, workdir, int(match.group(1)))
+    if name in SYSTEMS:
+        return start("token-guard" if name == "token-guard-1w" else name, upstream, workdir)
+    raise SetupError(f"unknown system {name!r}; choose from {', '.join(CEILING_SYSTEMS)} (or token-guard-<N>w)")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core spent on anything but idling since boot, from the first line of /proc/stat."""
+    with open("/proc/stat") as stat:
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in stat.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / TICKS

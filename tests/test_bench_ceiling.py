@@ -1,0 +1,37 @@
+"""A smoke test of `python -m bench ceiling --quick` against direct and the relay: the instant upstream, the relay and
+the load generator start as processes of their own on loopback, every scenario runs once, and the report is written.
+No timing is asserted: this only proves the harness works end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.__main__ import main
+
+STREAM_EVENTS = {"c1": 0, "c32": 0, "stream-c1": 16, "stream-c32": 16, "long-c128": 64}  # --quick: 64-chunk streams
+
+
+def test_quick_ceiling_against_direct_and_the_relay(tmp_path: Path) -> None:
+    assert main(["ceiling", "--quick", "--systems", "direct,relay", "--out", str(tmp_path)]) == 0
+
+    results = json.loads((tmp_path / "ceiling-quick.json").read_text())
+    assert results["skipped"] == {}
+    assert list(results["figures"]) == list(STREAM_EVENTS)
+    for scenario, systems in results["figures"].items():
+        assert list(systems) == ["direct", "relay"]
+        for name, f in systems.items():
+            assert f["errors"] == 0 and f["cut"] == 0, (scenario, name, f["error_kinds"])
+            assert f["requests"] > 0 and f["per_s"] > 0
+            assert 0 < f["total_p50"] <= f["total_p99"]
+            assert (f["cpu_ms_per_request"] is None) == (name == "direct")
+            if STREAM_EVENTS[scenario]:
+                assert f["events_per_stream"] == STREAM_EVENTS[scenario]
+                assert 0 < f["first_p50"] <= f["total_p50"]
+                assert f["chunks_per_s"] > 0
+        assert systems["relay"]["cpu_ms_per_request"] > 0 and systems["relay"]["proxy_cores"] > 0
+
+    report = (tmp_path / "ceiling-quick.md").read_text()
+    for title in ("## non-stream, one at a time", "## stream of 16 chunks, 32 concurrent", "## long streams of 64"):
+        assert title in report
+    assert report.count("What bounds direct here:") == len(STREAM_EVENTS)
