@@ -3,6 +3,9 @@ per-request time to first token, total time, tokens, status and errors, and a su
 
 `python -m bench load --base-url http://127.0.0.1:8080 --model my-model --concurrency 8 --duration 30 \\
 --prompt-tokens 2000 --max-tokens 128 --stream --out run.json`
+
+The base URL may end in /v1 (the OpenAI SDK's habit) or not. A run whose first requests all fail stops at once and
+says why, instead of sending thousands of requests that cannot succeed.
 """
 
 from __future__ import annotations
@@ -23,10 +26,22 @@ import httpx
 
 from bench.prompts import Conversation, Message, OneShotPrompts, PromptCounter
 from bench.stats import summarize
-from bench.wire import Record, send
+from bench.wire import PATH, Record, send
 
 # A conversation: the prompt of each turn, sent one after another on one connection slot.
 Conversations = Callable[[int], list[list[Message]]]
+# When this many requests have come back and not one succeeded, the run stops: the URL, model or key is wrong.
+GIVE_UP_AFTER = 10
+
+
+def server_root(base_url: str) -> str:
+    """The server's root from either spelling: `http://host:port` or the OpenAI SDK's `http://host:port/v1`."""
+    root = base_url.rstrip("/")
+    return root.removesuffix("/v1")
+
+
+class AllFailed(Exception):
+    """Raised inside the run to stop every worker at once when the first requests all failed."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,7 @@ class LoadResult:
     records: list[Record]
     started: float  # wall clock (time.time()) at the start
     window_s: float  # the time new requests were being started (the whole run for fixed conversations)
+    gave_up: str | None = None  # why the run stopped early: every request failed
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -71,6 +87,7 @@ class LoadResult:
             "spec": asdict(self.spec),
             "started": self.started,
             "window_s": self.window_s,
+            "gave_up": self.gave_up,
             "summary": self.summary,
             "records": [r.to_json() for r in self.records],
         }
@@ -85,22 +102,31 @@ def prompt_source(counter: PromptCounter, prompt_tokens: int, turns: int = 1) ->
 
 
 async def run_load(spec: LoadSpec, conversations: Conversations, progress: bool = False, first: int = 0) -> LoadResult:
-    """Run the load for spec.duration_s; requests in flight at the end are awaited and kept."""
+    """Run the load for spec.duration_s; requests in flight at the end are awaited and kept. If the first
+    GIVE_UP_AFTER requests all fail, the run stops there (requests in flight are dropped) and says why in gave_up."""
     slots = spec.concurrency or 1000
     limits = httpx.Limits(max_connections=slots, max_keepalive_connections=slots)
     timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
     headers = {"authorization": f"Bearer {spec.api_key}", "content-type": "application/json"}
     records: list[Record] = []
     ids = itertools.count(first)
-    async with httpx.AsyncClient(base_url=spec.base_url, limits=limits, timeout=timeout, headers=headers) as client:
+    root = server_root(spec.base_url)
+    gave_up: str | None = None
+    succeeded = False
+    async with httpx.AsyncClient(base_url=root, limits=limits, timeout=timeout, headers=headers) as client:
         t0, started = time.perf_counter(), time.time()
         deadline = t0 + spec.duration_s
 
         async def converse(index: int) -> None:
+            nonlocal gave_up, succeeded
             for turn, messages in enumerate(conversations(index), start=1):
                 record = await send(client, spec.stream, spec.body(messages), t0)
                 record.turn = turn if spec.turns > 1 else None
                 records.append(record)
+                succeeded = succeeded or record.error is None
+                if not succeeded and len(records) >= GIVE_UP_AFTER:
+                    gave_up = _all_failed(records, f"{root}{PATH}")
+                    raise AllFailed(gave_up)
                 if record.error is not None:
                     return
 
@@ -110,22 +136,36 @@ async def run_load(spec: LoadSpec, conversations: Conversations, progress: bool 
                 if time.perf_counter() >= deadline:
                     return
 
-        async with asyncio.TaskGroup() as group:
-            done = asyncio.Event()
-            if progress:
-                group.create_task(_progress(records, t0, spec.duration_s, done))
-            async with asyncio.TaskGroup() as load:
-                if spec.rate is not None:
-                    for delay in _poisson(spec.rate, deadline):
-                        await asyncio.sleep(delay)
-                        load.create_task(converse(next(ids)))
-                else:
-                    for _ in range(spec.concurrency or 0):
-                        load.create_task(closed_worker())
-            done.set()
+        try:
+            async with asyncio.TaskGroup() as group:
+                done = asyncio.Event()
+                if progress:
+                    group.create_task(_progress(records, t0, spec.duration_s, done))
+                async with asyncio.TaskGroup() as load:
+                    if spec.rate is not None:
+                        for delay in _poisson(spec.rate, deadline):
+                            await asyncio.sleep(delay)
+                            load.create_task(converse(next(ids)))
+                    else:
+                        for _ in range(spec.concurrency or 0):
+                            load.create_task(closed_worker())
+                done.set()
+        except* AllFailed:
+            pass  # gave_up says why
         elapsed = time.perf_counter() - t0
     records.sort(key=lambda r: r.start)
-    return LoadResult(spec, records, started, spec.duration_s or elapsed)
+    window = elapsed if gave_up else spec.duration_s or elapsed
+    return LoadResult(spec, records, started, window, gave_up)
+
+
+def _all_failed(records: list[Record], url: str) -> str:
+    """Why the run stopped: every request so far failed; the last one's failure is the likely reason."""
+    last = records[-1]
+    status = f"HTTP {last.status}" if last.status else "no response"
+    return (
+        f"stopped: the first {len(records)} requests all failed ({status}: {(last.error or '').strip()[:200]}). "
+        f"They went to POST {url}: check --base-url (the server, with or without /v1), --model and --api-key."
+    )
 
 
 def _poisson(rate: float, deadline: float) -> Iterator[float]:
@@ -173,7 +213,9 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8080 (no /v1)")
+    parser.add_argument(
+        "--base-url", required=True, help="the server, e.g. http://127.0.0.1:8080 or http://127.0.0.1:8080/v1"
+    )
     parser.add_argument("--model", required=True)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--concurrency", type=int, help="closed loop: this many requests in flight")
@@ -207,6 +249,8 @@ def main(args: argparse.Namespace) -> int:
     )
     counter = PromptCounter(args.tokenizer or demo_tokenizer())
     result = asyncio.run(run_load(spec, prompt_source(counter, spec.prompt_tokens, spec.turns), progress=True))
+    if result.gave_up:
+        print(result.gave_up, file=sys.stderr)
     summary = result.summary
     print_summary(summary)
     if args.out:
