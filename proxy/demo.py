@@ -25,6 +25,9 @@ from proxy.simulator import create_app as create_simulator
 
 MODEL = "tiny"
 WINDOW = 2048
+# vLLM 0.31, not the simulator's default 0.32: 0.32+ clamps an overflowing max_tokens itself, so the tour could not
+# show the rejection that the guard exists to prevent (and that every vLLM before 0.32 gives).
+PROFILE = "0.31"
 
 
 def run_demo(port: int = 8080, once: bool = False) -> int:
@@ -35,7 +38,7 @@ def run_demo(port: int = 8080, once: bool = False) -> int:
 
 async def _demo(tokenizer: Path, port: int, once: bool) -> None:
     simulator = create_simulator(
-        SimulatorSettings(tokenizer=tokenizer, model=MODEL, max_model_len=WINDOW, profile="0.31", itl_s=0.002)
+        SimulatorSettings(tokenizer=tokenizer, model=MODEL, max_model_len=WINDOW, profile=PROFILE, itl_s=0.002)
     )
     async with running(simulator) as upstream:
         flags = {"upstream.url": upstream, "model.name": MODEL, "model.tokenizer": str(tokenizer)}
@@ -75,8 +78,9 @@ def _banner(url: str, upstream: str) -> str:
     return f"""
 token-guard demo
   guard      {url}  (OpenAI-compatible; point base_url here)
-  upstream   {upstream}  (built-in vLLM simulator, 0.31 profile, model "{MODEL}", max_model_len {WINDOW},
-             real DeepSeek tokenizer)
+  upstream   {upstream}  (built-in vLLM simulator: model "{MODEL}", max_model_len {WINDOW}, real DeepSeek tokenizer)
+             It plays vLLM {PROFILE}, the last release that rejects a prompt + max_tokens over the window; from 0.32
+             vLLM clamps max_tokens itself, and `token-guard simulate` defaults to that newer behaviour.
 
 Try it:
   curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\
@@ -95,26 +99,61 @@ async def _tour(url: str, upstream: str) -> None:
     notes = [{"role": "user", "content": "Turn these notes into a summary: " + "prompt plus output must fit. " * 30}]
     essay = [{"role": "user", "content": "Summarise this: " + "All work and no play makes Jack a dull boy. " * 300}]
     async with httpx.AsyncClient(timeout=60) as client:
+        vllm = _Upstream(client, upstream)
         print("Tour")
-        await _show(client, url, "1. a request that fits", {"messages": hello, "max_tokens": 32})
-        direct = await client.post(f"{upstream}/v1/chat/completions", json=_chat(notes, 2000))
-        print(f"\n2. a 200-token prompt with max_tokens 2000, sent straight to the upstream: HTTP {direct.status_code}")
-        print(f"   {_message(direct.json())}")
-        await _show(client, url, "   the same request through token-guard", {"messages": notes, "max_tokens": 2000})
-        await _show(
-            client,
-            url,
-            "3. a prompt longer than the window, through token-guard",
-            {"messages": essay, "max_tokens": 16},
+
+        prompt = await vllm.count(hello)
+        print(f"\n1. A prompt of {prompt} tokens with max_tokens 32: it fits, so it passes untouched.")
+        await _through_guard(client, url, hello, 32)
+
+        prompt, asked = await vllm.count(notes), 2000
+        print(
+            f"\n2. A prompt of {prompt} tokens with max_tokens {asked}: {prompt} + {asked} = {prompt + asked}, "
+            f"more than the {WINDOW}-token window."
         )
+        direct = await client.post(f"{upstream}/v1/chat/completions", json=_chat(notes, asked))
+        print(f"   straight to vLLM: HTTP {direct.status_code}")
+        print(f"   {_message(direct.json())}")
+        cut = WINDOW - asked + 1
+        print(
+            f"   (vLLM {PROFILE} stops counting a prompt at {WINDOW} - {asked} + 1 = {cut} tokens, one more than fits, "
+            f'hence "at least {cut}")'
+        )
+        await _through_guard(client, url, notes, asked)
+
+        prompt, received = await vllm.count(essay), await vllm.received()
+        print(f"\n3. A prompt of {prompt} tokens with max_tokens 16: the prompt alone is longer than the window.")
+        await _through_guard(client, url, essay, 16)
+        print(f"   vLLM received {await vllm.received() - received} requests for it: the guard answered at the door.")
 
 
-async def _show(client: httpx.AsyncClient, url: str, title: str, fields: dict[str, Any]) -> None:
-    response = await client.post(f"{url}/v1/chat/completions", json={"model": MODEL, **fields})
+class _Upstream:
+    """What the tour asks the simulator directly: vLLM's own count (POST /tokenize) and how many requests it got."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str) -> None:
+        self.client = client
+        self.url = url
+
+    async def count(self, messages: list[dict[str, str]]) -> int:
+        response = await self.client.post(f"{self.url}/tokenize", json={"model": MODEL, "messages": messages})
+        return int(response.json()["count"])
+
+    async def received(self) -> int:
+        return int((await self.client.get(f"{self.url}/sim/stats")).json()["received"])
+
+
+async def _through_guard(client: httpx.AsyncClient, url: str, messages: list[dict[str, str]], asked: int) -> None:
+    response = await client.post(f"{url}/v1/chat/completions", json=_chat(messages, asked))
     action, prompt, limit = (
         response.headers.get(f"x-token-guard-{k}") for k in ("action", "prompt-tokens", "max-tokens")
     )
-    print(f"\n{title}: HTTP {response.status_code}, action {action}, prompt tokens {prompt}, max_tokens {limit}")
+    if action == "clamp":
+        sent = f"max_tokens {asked} -> {limit} (= {WINDOW} - {prompt})"
+    elif action == "pass":
+        sent = f"max_tokens {limit} (unchanged)"
+    else:
+        sent = f"max_tokens {asked} asked, {max(WINDOW - int(prompt or 0), 0)} tokens of room"
+    print(f"   through token-guard: HTTP {response.status_code}, action {action}, prompt tokens {prompt}, {sent}")
     body = response.json()
     if response.status_code == 200:
         usage = body["usage"]
