@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,14 @@ from typing import Any
 from proxy.counting.tokenizer import TokenizerLoadError
 from proxy.server.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
+from proxy.settings.loader import WORKER_SETUP
 
 FLAGS = {  # flag destination -> settings key
     "host": "server.host",
     "port": "server.port",
     "log_level": "server.log_level",
     "log_format": "server.log_format",
+    "workers": "server.workers",
     "upstream": "upstream.url",
     "min_output_tokens": "policy.min_output_tokens",
     "default_max_tokens": "policy.default_max_tokens",
@@ -39,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--min-output-tokens", help="reject prompts that leave fewer tokens for the answer")
     serve.add_argument("--default-max-tokens", help='max_tokens for chat requests without one: N or "50%%"')
     serve.add_argument("--log-format", help="text (default) or json: one JSON object per line")
+    serve.add_argument("--workers", help="processes serving the port, e.g. one per core (default 1)")
     check = add_settings_flags(commands.add_parser("check", help="compare the guard's token counts with vLLM's"))
     check.add_argument("--samples", type=Path, help="JSONL file of chat or completions requests to check as well")
     check.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the upstream (default 5)")
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
-            return serve(settings_from(args))
+            return serve(settings_from(args), flags_from(args), args.config)
         if args.command == "check":
             from proxy.check.run import run_check
 
@@ -88,32 +92,42 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def flags_from(args: argparse.Namespace) -> dict[str, Any]:
+    return {key: getattr(args, dest) for dest, key in FLAGS.items() if getattr(args, dest, None)}
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
-    flags: dict[str, Any] = {key: getattr(args, dest) for dest, key in FLAGS.items() if getattr(args, dest, None)}
-    return load_settings(flags, config_file=args.config)
+    return load_settings(flags_from(args), config_file=args.config)
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -> int:
     import uvicorn
 
-    from proxy.counting.registry import ModelRegistry
-    from proxy.server.app import create_app
+    from proxy.server import worker
 
     configure_logging(settings.server.log_level, settings.server.log_format)
-    registry = ModelRegistry.from_settings(settings.models, settings.counting)
-    app = create_app(settings, registry)
-    logging.getLogger("token_guard").info(
-        "token-guard listening on http://%s:%d, upstream %s", settings.server.host, settings.server.port,
-        settings.upstream.url,
-    )  # fmt: skip
-    uvicorn.run(
-        app,
-        host=settings.server.host,
-        port=settings.server.port,
-        log_level="warning",
-        access_log=False,
+    server = settings.server
+    options: dict[str, Any] = {
+        "host": server.host,
+        "port": server.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "log_level": "warning",
+        "access_log": False,
+        "backlog": 4096,
         # On SIGTERM: stop accepting, let in-flight requests (streams too) finish for up to this long, then close.
-        # uvicorn annotates it int but hands it to asyncio.timeout, which takes fractions of a second as well.
-        timeout_graceful_shutdown=settings.server.drain_timeout_s,  # type: ignore[arg-type]
-    )
+        "timeout_graceful_shutdown": server.drain_timeout_s,
+    }
+    logging.getLogger("token_guard").info(
+        "token-guard listening on http://%s:%d with %d worker(s), upstream %s", server.host, server.port,
+        server.workers, settings.upstream.url,
+    )  # fmt: skip
+    if server.workers == 1:
+        from proxy.counting.registry import ModelRegistry
+        from proxy.server.app import create_app
+
+        uvicorn.run(create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting)), **options)
+    else:  # each worker builds its own app from the same flags and config file (proxy/server/worker.py)
+        os.environ[WORKER_SETUP] = worker.handover(flags, config_file)
+        uvicorn.run("proxy.server.worker:app", factory=True, workers=server.workers, **options)
     return 0

@@ -80,11 +80,11 @@ def _error_message(payload: Any, raw: bytes) -> str:
 async def upstream_count(upstream: Upstream, model: str, sample: Sample) -> Count:
     """The upstream's count; raises GuardError when it cannot be asked at all (unreachable, no /tokenize)."""
     body = json.dumps(tokenize_body(model, sample)).encode()
-    response = (await upstream.open("POST", "/tokenize", "", JSON_HEADERS, body)).response
+    response = (await upstream.open("POST", "/tokenize", JSON_HEADERS, body)).response
     try:
         raw = await response.read()
     finally:
-        await response.close()
+        response.close()
     if response.status == 404 and raw.strip() == b'{"detail":"Not Found"}':
         raise UpstreamUnavailable(f"The upstream at {upstream.url} has no POST /tokenize to compare counts with.")
     return tokenize_result(response.status, raw)

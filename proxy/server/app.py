@@ -1,77 +1,93 @@
-"""The ASGI app, assembled: the upstream client, the guard, the metrics, the routes and their middlewares, and the
-background work of its lifetime (learning the upstream's models, watching replicas' health, reading KV budgets)."""
+"""The ASGI app, assembled: the upstream client, the guard, the metrics, a route table, and the background work of
+its lifetime (learning the upstream's models, watching replicas' health, reading KV budgets).
+
+Raw ASGI rather than a framework's router and middleware stack: on the hot path every object built per request
+costs CPU that a sidecar in front of a GPU's token stream cannot spare (bench/results: ceiling)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
-
-from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from collections.abc import Awaitable, Callable
 
 from proxy.check.run import drift_warnings
 from proxy.counting.registry import ModelRegistry
 from proxy.errors import GuardError
 from proxy.policy.guard import Guard
-from proxy.server.auth import ApiKeyAuth
-from proxy.server.body_limit import BodyLimit
+from proxy.server.asgi import Receive, Reply, Scope, Send
+from proxy.server.auth import REFUSED, ApiKeys
 from proxy.server.handlers import Handlers
 from proxy.server.metrics import Metrics
-from proxy.server.responses import error_response
+from proxy.server.record import REQUEST_ID, request_id
+from proxy.server.responses import send_error
 from proxy.settings import Settings
 from proxy.upstream.client import Upstream
 from proxy.upstream.discovery import discover
 
 log = logging.getLogger("token_guard.app")
 
-ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+GET = frozenset({"GET", "HEAD"})
+POST = frozenset({"POST"})
 
 
-def create_app(settings: Settings, registry: ModelRegistry, upstream: Upstream | None = None) -> Starlette:
-    upstream = upstream or Upstream(settings.upstream, settings.admission)
-    guard = Guard(settings, registry)
-    metrics = Metrics(
-        lambda: {name: registry.resolve(name).counter.stats() for name in registry.names},
-        lambda: (upstream.admission.queued, {r.url: r.budget.tokens for r in upstream.replicas}),
-    )
-    handlers = Handlers(guard, registry, upstream, metrics)
+class GuardApp:
+    def __init__(self, settings: Settings, registry: ModelRegistry, upstream: Upstream | None = None) -> None:
+        self.settings, self.registry = settings, registry
+        self.upstream = upstream or Upstream(settings.upstream, settings.admission, workers=settings.server.workers)
+        self.metrics = Metrics(
+            lambda: {name: registry.resolve(name).counter.stats() for name in registry.names},
+            lambda: (self.upstream.admission.queued, {r.url: r.budget.tokens for r in self.upstream.replicas}),
+        )
+        handlers = Handlers(Guard(settings, registry), registry, self.upstream, self.metrics,
+                            settings.server.max_body_bytes)  # fmt: skip
+        self._routes: dict[str, tuple[frozenset[str], Handler]] = {
+            "/health": (GET, handlers.health),
+            "/metrics": (GET, handlers.metrics_text),
+            "/livez": (GET, handlers.alive),
+            "/v1/chat/completions": (POST, handlers.guarded),
+            "/v1/completions": (POST, handlers.guarded),
+        }
+        self._passthrough = handlers.passthrough
+        self._keys = ApiKeys(settings.server.api_keys)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            if self._keys and not self._keys.allows(scope):
+                await _refuse(scope, send)
+                return
+            route = self._routes.get(scope["path"])
+            handler = route[1] if route is not None and scope["method"] in route[0] else self._passthrough
+            await handler(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+        else:
+            await send({"type": "websocket.close", "code": 1000})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        await receive()  # lifespan.startup
         async with asyncio.TaskGroup() as group:
-            jobs = [_learn_models(settings, registry, upstream), upstream.watch_health()]
-            if upstream.auto_budget:
-                jobs.append(upstream.learn_budgets())
+            jobs = [_learn_models(self.settings, self.registry, self.upstream), self.upstream.watch_health()]
+            if self.upstream.auto_budget:
+                jobs.append(self.upstream.learn_budgets())
             tasks = [group.create_task(_logged(job)) for job in jobs]
-            try:
-                yield
-            finally:
-                for task in tasks:
-                    task.cancel()
-        await upstream.aclose()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()  # lifespan.shutdown
+            for task in tasks:
+                task.cancel()
+        await self.upstream.aclose()
+        await send({"type": "lifespan.shutdown.complete"})
 
-    routes = [
-        Route("/health", handlers.health, methods=["GET"]),
-        Route("/metrics", handlers.metrics_text, methods=["GET"]),
-        Route("/livez", handlers.alive, methods=["GET"]),
-        Route("/v1/chat/completions", handlers.guarded, methods=["POST"]),
-        Route("/v1/completions", handlers.guarded, methods=["POST"]),
-        Route("/{path:path}", handlers.passthrough, methods=ALL_METHODS),
-    ]
-    middleware = [  # outermost first: a client without a key gets its 401 before any of its body is read
-        Middleware(ApiKeyAuth, api_keys=settings.server.api_keys),
-        Middleware(BodyLimit, max_body_bytes=settings.server.max_body_bytes),
-    ]
-    exception_handlers = {GuardError: _guard_error, Exception: _crash}
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=exception_handlers)
-    app.state.upstream = upstream
-    app.state.metrics = metrics
-    return app
+
+def create_app(settings: Settings, registry: ModelRegistry, upstream: Upstream | None = None) -> GuardApp:
+    return GuardApp(settings, registry, upstream)
+
+
+async def _refuse(scope: Scope, send: Send) -> None:
+    rid = request_id(next((v.decode("latin-1") for k, v in scope["headers"] if k == REQUEST_ID), None))
+    log.info("401 for %s %s: no valid API key (request %s)", scope["method"], scope["path"], rid)
+    await send_error(Reply(send), REFUSED, [(b"www-authenticate", b"Bearer"), (REQUEST_ID, rid.encode())])
 
 
 async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: Upstream) -> None:
@@ -94,13 +110,3 @@ async def _logged(job: Awaitable[None]) -> None:
         await job
     except Exception:
         log.exception("a background task failed; the guard keeps serving without it")
-
-
-async def _guard_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, GuardError)
-    return error_response(exc)
-
-
-async def _crash(request: Request, exc: Exception) -> Response:
-    log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(GuardError("token-guard hit an internal error; the details are in its log."))

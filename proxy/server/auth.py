@@ -9,38 +9,28 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import posixpath
 from collections.abc import Iterable
 
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
-
 from proxy.errors import Unauthorized
-from proxy.server.record import REQUEST_ID, request_id
-from proxy.server.responses import error_response
-
-log = logging.getLogger("token_guard.auth")
+from proxy.server.asgi import Scope
 
 PROTECTED = ("/v1", "/v2", "/inference", "/cohere")
+REFUSED = Unauthorized("Invalid or missing API key: send `Authorization: Bearer <key>`.")
 
 
-class ApiKeyAuth:
-    def __init__(self, app: ASGIApp, api_keys: Iterable[str]) -> None:
-        self.app = app
+class ApiKeys:
+    def __init__(self, api_keys: Iterable[str]) -> None:
         self._digests = [hashlib.sha256(key.encode()).digest() for key in api_keys]
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self._digests or not _protected(scope) or self._allowed(scope):
-            await self.app(scope, receive, send)
-            return
-        rid = request_id(Headers(scope=scope).get(REQUEST_ID))
-        log.info("401 for %s %s: no valid API key (request %s)", scope["method"], scope["path"], rid)
-        error = Unauthorized("Invalid or missing API key: send `Authorization: Bearer <key>`.")
-        headers = {"www-authenticate": "Bearer", REQUEST_ID: rid}
-        await error_response(error, headers)(scope, receive, send)
+    def __bool__(self) -> bool:
+        return bool(self._digests)
 
-    def _allowed(self, scope: Scope) -> bool:
+    def allows(self, scope: Scope) -> bool:
+        """True when the request may pass: no keys are configured, its path is open, or it carries a valid key."""
+        return not self._digests or not _protected(scope) or self._valid(scope)
+
+    def _valid(self, scope: Scope) -> bool:
         header = next((value for name, value in scope["headers"] if name.lower() == b"authorization"), b"")
         scheme, _, token = header.partition(b" ")
         if scheme.lower() != b"bearer":

@@ -4,82 +4,77 @@ gets; a client that goes away cancels every part."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncGenerator
 from typing import Any
-
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from proxy.errors import GuardError
 from proxy.policy.guard import Guard
 from proxy.policy.merge import StreamMerger, merge_answers, sum_usage
 from proxy.policy.outcome import Chunked
-from proxy.server.disconnect import ClientGone, unless_disconnected
-from proxy.server.responses import error_response
-from proxy.server.streaming import StreamResponse
+from proxy.server.asgi import Headers, Reply
+from proxy.server.responses import internal_error, send_error
+from proxy.server.streaming import send_stream
 from proxy.upstream.parts import PartFailed, PartRunner
 
 log = logging.getLogger("token_guard.chunked")
 
-SSE = "text/event-stream; charset=utf-8"
 
-
-async def answer_chunked(request: Request, chunked: Chunked, runner: PartRunner, guard: Guard) -> Response:
-    headers = chunked.decision.headers()
+async def answer_chunked(reply: Reply, chunked: Chunked, runner: PartRunner, guard: Guard, headers: Headers) -> None:
     if chunked.stream and chunked.policy.chunk_merge == "concat":  # part 1's tokens go out as they are generated
         merger = StreamMerger(chunked.kind, len(chunked.bodies), chunked.policy.chunk_separator, chunked.include_usage)
-        return _streamed(runner.stream(chunked.bodies, chunked.costs, merger), headers)
+        await _stream(reply, runner.stream(chunked.bodies, chunked.costs, merger), headers)
+        return
     try:
-        return await unless_disconnected(request.receive, _merged(runner, chunked, guard, headers))
-    except ClientGone:
-        log.info("client went away during a chunked request; %d parts cancelled", len(chunked.bodies))
-        return Response(status_code=499)
-    except Exception as exc:
-        return failed(exc, headers)
+        await _merged(reply, runner, chunked, guard, headers)
+    except (PartFailed, GuardError) as exc:
+        await failed(reply, exc, headers)
 
 
-def failed(exc: Exception, headers: dict[str, str]) -> Response:
-    """The response for a chunked request that failed before its answer started."""
+async def failed(reply: Reply, exc: Exception, headers: Headers) -> None:
+    """The answer for a chunked request that failed before its answer started."""
     if isinstance(exc, PartFailed):  # the upstream's own error for that part, as it said it
-        return Response(exc.body, exc.status, headers=headers, media_type=exc.content_type)
-    if isinstance(exc, GuardError):
-        return error_response(exc, headers)
-    log.error("a chunked request failed unexpectedly", exc_info=exc)
-    return error_response(GuardError("token-guard hit an internal error while running a chunked request."), headers)
+        await reply.whole(exc.status, headers, exc.body, exc.content_type.encode("latin-1"))
+    elif isinstance(exc, GuardError):
+        await send_error(reply, exc, headers)
+    else:
+        log.error("a chunked request failed unexpectedly", exc_info=exc)
+        await send_error(reply, internal_error(), headers)
 
 
-async def _merged(runner: PartRunner, chunked: Chunked, guard: Guard, headers: dict[str, str]) -> Response:
+async def _stream(reply: Reply, body: AsyncGenerator[bytes, None], headers: Headers) -> None:
+    async def early(exc: Exception) -> None:
+        await failed(reply, exc, headers)
+
+    await send_stream(reply, headers, body, early)
+
+
+async def _merged(reply: Reply, runner: PartRunner, chunked: Chunked, guard: Guard, headers: Headers) -> None:
     bodies = [_non_streaming(b) for b in chunked.bodies] if chunked.stream else chunked.bodies
     answers = await runner.answers(bodies, chunked.costs)
     merged = merge_answers(chunked.kind, answers, chunked.policy.chunk_separator)
     if chunked.policy.chunk_merge == "reduce":
         reduce = await guard.reduce(chunked, answers)
         if reduce is None:
-            headers = {**headers, "x-token-guard-merge": "concat (the combining request would not fit)"}
+            headers = [*headers, (b"x-token-guard-merge", b"concat (the combining request would not fit)")]
         else:
-            headers = {**headers, "x-token-guard-merge": "reduce"}
+            headers = [*headers, (b"x-token-guard-merge", b"reduce")]
             reduce_body, reduce_cost = reduce
             if chunked.stream:
                 prior = [a.get("usage") for a in answers]
                 merger = StreamMerger(chunked.kind, 1, "", chunked.include_usage, prior)
                 streamed = {**reduce_body, "stream": True, "stream_options": {"include_usage": True}}
-                body = runner.stream([streamed], [reduce_cost], merger)
-                return StreamResponse(
-                    body, headers=headers, media_type=SSE, on_early_error=lambda e: failed(e, headers)
-                )
+                await _stream(reply, runner.stream([streamed], [reduce_cost], merger), headers)
+                return
             (final,) = await runner.answers([reduce_body], [reduce_cost])
             merged = merge_answers(chunked.kind, [final], "")
             merged["usage"] = sum_usage([a.get("usage") for a in [*answers, final]])
     if chunked.stream:  # the client asked for a stream: one merged answer as a stream of chunks
         merger = StreamMerger(chunked.kind, 1, "", chunked.include_usage)
-        return StreamResponse(_replay(merger, merged), headers=headers, media_type=SSE)
-    return JSONResponse(merged, headers=headers)
-
-
-def _streamed(body: AsyncGenerator[bytes, None], headers: dict[str, str]) -> StreamResponse:
-    """A merged stream; a failure before its first byte is answered as `failed` says."""
-    return StreamResponse(body, headers=headers, media_type=SSE, on_early_error=lambda exc: failed(exc, headers))
+        await send_stream(reply, headers, _replay(merger, merged))
+        return
+    await reply.whole(200, headers, json.dumps(merged, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def _non_streaming(body: dict[str, Any]) -> dict[str, Any]:

@@ -1,122 +1,135 @@
-"""The routes' handlers. A guarded request: the guard decides (policy/guard.py), then the answer is forwarded,
-refused or fanned out; everything else is relayed unchanged. Every request gets a record, logged as one line and fed
-to the metrics when its answer ends."""
+"""The routes' handlers, on raw ASGI. A guarded request: the guard decides (policy/guard.py), then the answer is
+forwarded, refused or fanned out; everything else is relayed unchanged. Every request gets a record, logged as one
+line and fed to the metrics when its answer ends."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from proxy.counting.registry import ModelRegistry
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.policy.guard import Guard
 from proxy.policy.outcome import Chunked, Forward
+from proxy.server.asgi import ClientGone, Headers, Incoming, Receive, Reply, Scope, Send, encode_headers, read_body
 from proxy.server.chunked import answer_chunked
-from proxy.server.disconnect import ClientGone, unless_disconnected
+from proxy.server.disconnect import ClientWatch
 from proxy.server.metrics import Metrics
 from proxy.server.record import REQUEST_ID, RequestRecord, log_fields, log_line, request_id
 from proxy.server.relay import relay, relay_error
-from proxy.server.responses import error_response
-from proxy.server.streaming import StreamResponse
+from proxy.server.responses import internal_error, send_error
 from proxy.upstream.client import Upstream
 from proxy.upstream.parts import PartRunner
 
 log = logging.getLogger("token_guard.app")
 requests_log = logging.getLogger("token_guard.requests")
 
-QUEUE_HEADER = "x-token-guard-queue-ms"
-Handler = Callable[[Request, RequestRecord], Awaitable[Response]]
+QUEUE_HEADER = b"x-token-guard-queue-ms"
+METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 
 class Handlers:
-    def __init__(self, guard: Guard, registry: ModelRegistry, upstream: Upstream, metrics: Metrics) -> None:
+    def __init__(
+        self, guard: Guard, registry: ModelRegistry, upstream: Upstream, metrics: Metrics, max_body_bytes: int
+    ) -> None:
         self.guard, self.registry, self.upstream, self.metrics = guard, registry, upstream, metrics
+        self.max_body_bytes = max_body_bytes
 
-    async def guarded(self, request: Request) -> Response:
-        return await self._recorded(request, True, self._guarded)
+    async def guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._handle(scope, receive, send, guarded=True)
 
-    async def passthrough(self, request: Request) -> Response:
-        return await self._recorded(request, False, self._passthrough)
+    async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._handle(scope, receive, send, guarded=False)
 
-    async def health(self, request: Request) -> Response:
+    async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Readiness: the models are known and an upstream replica answers its own /health."""
+        body: dict[str, object]
         if self.registry.discovering:
-            return JSONResponse({"status": "starting", "detail": "learning the upstream's models"}, status_code=503)
-        if not await self.upstream.is_healthy():
-            return JSONResponse({"status": "unhealthy", "detail": f"upstream {self.upstream.url} is not healthy"}, 503)
-        return JSONResponse({"status": "ok", "models": self.registry.names})
+            status, body = 503, {"status": "starting", "detail": "learning the upstream's models"}
+        elif not await self.upstream.is_healthy():
+            status, body = 503, {"status": "unhealthy", "detail": f"upstream {self.upstream.url} is not healthy"}
+        else:
+            status, body = 200, {"status": "ok", "models": self.registry.names}
+        await Reply(send).whole(status, [], json.dumps(body).encode())
 
-    async def alive(self, request: Request) -> Response:
+    async def alive(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Liveness: the process serves requests, whatever the upstream's state (that is /health's job)."""
-        return JSONResponse({"status": "alive"})
+        await Reply(send).whole(200, [], b'{"status":"alive"}')
 
-    async def metrics_text(self, request: Request) -> Response:
-        return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def metrics_text(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await Reply(send).whole(200, [], self.metrics.exposition(), METRICS_TYPE)
 
-    async def _recorded(self, request: Request, is_guarded: bool, handler: Handler) -> Response:
-        rid = request_id(request.headers.get(REQUEST_ID))
-        record = RequestRecord(rid, request.method, request.url.path, is_guarded)
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, guarded: bool) -> None:
+        incoming, reply = Incoming(scope), Reply(send)
+        record = RequestRecord(request_id(incoming.header(REQUEST_ID)), incoming.method, incoming.path, guarded)
+        tagged: Headers = [(REQUEST_ID, record.request_id.encode())]
         try:
-            response = await handler(request, record)
+            body = await read_body(receive, incoming, self.max_body_bytes)
+            headers = incoming.headers()
+            headers["x-request-id"] = record.request_id  # vLLM makes it the response id
+            async with ClientWatch(receive, lambda: reply.finished):
+                if guarded:
+                    await self._guard(reply, incoming, body, headers, record, tagged)
+                else:
+                    await self._forward(reply, incoming, body, headers, record, tagged, None)
+        except ClientGone:
+            record.client_gone = True
+            if not reply.started:
+                log.info("client went away before its answer began (%s); upstream work cancelled", incoming.path)
         except GuardError as exc:
             if isinstance(exc, UpstreamTimeout | UpstreamUnavailable):
-                record.upstream_error = "timeout" if isinstance(exc, UpstreamTimeout) else "unavailable"
-            response = error_response(exc)
-        response.headers[REQUEST_ID] = record.request_id
-        if isinstance(response, StreamResponse):
-            response.on_close = lambda gone: self._done(record, response.status_code, gone)
-        else:
-            self._done(record, response.status_code, response.status_code == 499)
-        return response
+                record.upstream_error = record.upstream_error or ("timeout" if isinstance(exc, UpstreamTimeout)
+                                                                  else "unavailable")  # fmt: skip
+            if not reply.started:
+                await send_error(reply, exc, tagged)
+        except Exception:
+            log.exception("unexpected error on %s %s (request %s)", incoming.method, incoming.path, record.request_id)
+            if not reply.started:
+                await send_error(reply, internal_error(), tagged)
+        finally:
+            self._done(record, reply)
 
-    def _done(self, record: RequestRecord, status: int, client_gone: bool) -> None:
-        record.client_gone = record.client_gone or client_gone
-        record.finish(status)
-        self.metrics.observe(record)
-        fields = log_fields(record)
-        requests_log.info("%s", log_line(fields), extra={"fields": fields})
-
-    async def _guarded(self, request: Request, record: RequestRecord) -> Response:
-        outcome = await self.guard.handle(request.url.path, await request.body(), request.headers, record.findings)
-        headers = outcome.decision.headers()
+    async def _guard(
+        self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
+        tagged: Headers,
+    ) -> None:  # fmt: skip
+        outcome = await self.guard.handle(incoming.path, body, headers, record.findings)
+        extra = tagged + encode_headers(outcome.decision.headers())
         if isinstance(outcome, Forward):
-            return await self._forward(request, record, outcome.body, headers, outcome.cost)
-        if isinstance(outcome, Chunked):
-            sent = {**request.headers, REQUEST_ID: record.request_id}
-            policy = outcome.policy
-            runner = PartRunner(self.upstream, request.url.path, sent, policy.max_fanout, self.metrics.fanout)
-            return await answer_chunked(request, outcome, runner, self.guard)
-        return error_response(outcome.error, headers)
-
-    async def _passthrough(self, request: Request, record: RequestRecord) -> Response:
-        return await self._forward(request, record, await request.body(), {}, None)
+            await self._forward(reply, incoming, outcome.body, headers, record, extra, outcome.cost)
+        elif isinstance(outcome, Chunked):
+            fanout = outcome.policy.max_fanout
+            runner = PartRunner(self.upstream, incoming.path, headers, fanout, self.metrics.fanout)
+            await answer_chunked(reply, outcome, runner, self.guard, extra)
+        else:
+            await send_error(reply, outcome.error, extra)
 
     async def _forward(
-        self, request: Request, record: RequestRecord, body: bytes, extra: dict[str, str], cost: int | None
-    ) -> Response:
-        headers = {**request.headers, REQUEST_ID: record.request_id}  # vLLM makes it the response id
-        opening = self.upstream.open(request.method, request.url.path, request.url.query, headers, body, cost)
-        try:
-            opened = await unless_disconnected(request.receive, opening)
-        except ClientGone:
-            log.info("client went away before the upstream answered %s; upstream request cancelled", request.url.path)
-            return Response(status_code=499)
-        record.upstream_first_byte_s = time.perf_counter() - record.started
+        self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
+        extra: Headers, cost: int | None,
+    ) -> None:  # fmt: skip
+        opened = await self.upstream.open(incoming.method, incoming.target, headers, body, cost)
         upstream = opened.response
-        if upstream.status >= 500:
-            record.upstream_error = f"http_{upstream.status}"
-        if opened.ticket is not None and opened.ticket.waited_s > 0:
-            record.queue_s = opened.ticket.waited_s
-            extra = {**extra, QUEUE_HEADER: str(round(opened.ticket.waited_s * 1000))}
-        if upstream.status >= 500 and not upstream.is_sse:
-            try:
-                return await relay_error(upstream, extra, record)
-            finally:
-                self.upstream.release(opened.ticket)
-        response = relay(upstream, extra, record)
-        response.on_release = lambda: self.upstream.release(opened.ticket)  # streams hold budget to their last byte
-        return response
+        try:
+            record.upstream_first_byte_s = time.perf_counter() - record.started
+            if upstream.status >= 500:
+                record.upstream_error = f"http_{upstream.status}"
+            if opened.ticket is not None and opened.ticket.waited_s > 0:
+                record.queue_s = opened.ticket.waited_s
+                extra = [*extra, (QUEUE_HEADER, str(round(opened.ticket.waited_s * 1000)).encode())]
+            if upstream.status >= 500 and not upstream.is_sse:
+                await relay_error(reply, upstream, extra, record)
+            else:
+                await relay(reply, upstream, extra, record)
+        finally:
+            upstream.close()
+            self.upstream.release(opened.ticket)  # streams hold their budget to their last byte
+
+    def _done(self, record: RequestRecord, reply: Reply) -> None:
+        record.client_gone = record.client_gone or (reply.started and not reply.finished)
+        record.finish(reply.status if reply.status is not None else 499)
+        self.metrics.observe(record)
+        if requests_log.isEnabledFor(logging.INFO):
+            fields = log_fields(record)
+            requests_log.info("%s", log_line(fields), extra={"fields": fields})

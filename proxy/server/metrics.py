@@ -1,12 +1,18 @@
-"""Prometheus metrics for one app instance (its own registry: nothing global), fed by finished request records."""
+"""Prometheus metrics for one app instance, fed by finished request records.
+
+The hot path only adds to plain numbers in dicts (no locks, no metric objects per request); the Prometheus families
+are built from them when /metrics is scraped. Each instance has its own registry: nothing global.
+"""
 
 from __future__ import annotations
 
+import bisect
+from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.counting.counter import CounterStats
@@ -21,95 +27,158 @@ CHUNK_BUCKETS = (2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
 ME = ("model", "endpoint")
 
 
-DEFINITIONS: list[tuple[str, type, str, str, tuple[str, ...], tuple[float, ...] | None]] = [
-    ("requests", Counter, "token_guard_requests", "Guarded requests by action and status", (*ME, "action", "status"),
-     None),
-    ("prompt_tokens", Histogram, "token_guard_prompt_tokens", "Prompt tokens of guarded requests", ME, TOKEN_BUCKETS),
-    ("output_asked", Counter, "token_guard_output_tokens_requested",
-     "Output tokens the clients asked for (max_tokens / max_completion_tokens)", ME, None),
-    ("clamped", Counter, "token_guard_clamped_tokens", "Output tokens removed from requests by the clamp", ME, None),
-    ("rejections", Counter, "token_guard_overflow_rejections", "Requests refused because the prompt cannot fit", ME,
-     None),
-    ("truncated", Counter, "token_guard_truncated_tokens", "Prompt tokens cut by the truncate policy", ME, None),
-    ("chunks", Histogram, "token_guard_chunks", "Parts per chunked request", ME, CHUNK_BUCKETS),
-    ("fanout", Gauge, "token_guard_fanout_parts_in_flight", "Parts of chunked requests running now", (), None),
-    ("first_byte", Histogram, "token_guard_upstream_first_byte_seconds", "Upstream time to response headers", ME,
-     LATENCY_BUCKETS),
-    ("upstream_total", Histogram, "token_guard_upstream_seconds", "Upstream time to the last byte", ME,
-     LATENCY_BUCKETS),
-    ("upstream_errors", Counter, "token_guard_upstream_errors", "Upstream failures by kind", ("kind",), None),
-    ("count_time", Histogram, "token_guard_tokenize_seconds", "Time to count a request's prompt tokens", ("model",),
-     COUNT_BUCKETS),
-    ("disconnects", Counter, "token_guard_client_disconnects", "Clients that went away before their answer ended",
-     ("endpoint",), None),
-    ("queue_wait", Histogram, "token_guard_admission_wait_seconds", "Time requests waited for admission", ME,
-     LATENCY_BUCKETS),
-]  # fmt: skip
+@dataclass(frozen=True)
+class Definition:
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...] | None = None  # a histogram when set, else a counter
+
+
+DEFINITIONS = {
+    "requests": Definition("token_guard_requests", "Guarded requests by action and status", (*ME, "action", "status")),
+    "prompt_tokens": Definition("token_guard_prompt_tokens", "Prompt tokens of guarded requests", ME, TOKEN_BUCKETS),
+    "output_asked": Definition(
+        "token_guard_output_tokens_requested",
+        "Output tokens the clients asked for (max_tokens / max_completion_tokens)",
+        ME,
+    ),
+    "clamped": Definition("token_guard_clamped_tokens", "Output tokens removed from requests by the clamp", ME),
+    "rejections": Definition("token_guard_overflow_rejections", "Requests refused because the prompt cannot fit", ME),
+    "truncated": Definition("token_guard_truncated_tokens", "Prompt tokens cut by the truncate policy", ME),
+    "chunks": Definition("token_guard_chunks", "Parts per chunked request", ME, CHUNK_BUCKETS),
+    "first_byte": Definition(
+        "token_guard_upstream_first_byte_seconds", "Upstream time to response headers", ME, LATENCY_BUCKETS
+    ),
+    "upstream_total": Definition("token_guard_upstream_seconds", "Upstream time to the last byte", ME, LATENCY_BUCKETS),
+    "upstream_errors": Definition("token_guard_upstream_errors", "Upstream failures by kind", ("kind",)),
+    "count_time": Definition(
+        "token_guard_tokenize_seconds", "Time to count a request's prompt tokens", ("model",), COUNT_BUCKETS
+    ),
+    "disconnects": Definition(
+        "token_guard_client_disconnects", "Clients that went away before their answer ended", ("endpoint",)
+    ),
+    "queue_wait": Definition(
+        "token_guard_admission_wait_seconds", "Time requests waited for admission", ME, LATENCY_BUCKETS
+    ),
+}  # fmt: skip
+
+
+@dataclass
+class _Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def observe(self, value: float) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.buckets) + 1)
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        running, out = 0, list[tuple[str, float]]()
+        for bound, count in zip([*map(str, map(float, self.buckets)), "+Inf"], self.counts, strict=True):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+class InFlight:
+    """A gauge of chunked-request parts running now."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self) -> None:
+        self.value += 1
+
+    def dec(self) -> None:
+        self.value -= 1
 
 
 class Metrics:
     def __init__(
         self, counters: Callable[[], dict[str, CounterStats]], gate: Callable[[], tuple[int, dict[str, int]]]
     ) -> None:
+        self._counters: defaultdict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+        self._histograms: dict[tuple[str, tuple[str, ...]], _Histogram] = {}
+        self.fanout = InFlight()
         self.registry = CollectorRegistry()
-        for attr, kind, name, help_text, labels, buckets in DEFINITIONS:
-            options: dict[str, Any] = {"registry": self.registry}
-            if buckets is not None:
-                options["buckets"] = buckets
-            setattr(self, attr, kind(name, help_text, labels, **options))
+        self.registry.register(_Families(self))
         self.registry.register(_CounterCaches(counters))
         self.registry.register(_Gate(gate))
 
-    requests: Counter
-    prompt_tokens: Histogram
-    output_asked: Counter
-    clamped: Counter
-    rejections: Counter
-    truncated: Counter
-    chunks: Histogram
-    fanout: Gauge
-    first_byte: Histogram
-    upstream_total: Histogram
-    upstream_errors: Counter
-    count_time: Histogram
-    disconnects: Counter
-    queue_wait: Histogram
+    def add(self, metric: str, labels: tuple[str, ...], value: float = 1) -> None:
+        self._counters[metric, labels] += value
+
+    def observe_value(self, metric: str, labels: tuple[str, ...], value: float) -> None:
+        histogram = self._histograms.get((metric, labels))
+        if histogram is None:
+            histogram = self._histograms[metric, labels] = _Histogram(DEFINITIONS[metric].buckets or ())
+        histogram.observe(value)
 
     def observe(self, record: RequestRecord) -> None:
         found, decision = record.findings, record.findings.decision
         labels = (found.model or "", record.endpoint)
         if record.guarded:
-            self.requests.labels(*labels, decision.action if decision else "error", str(record.status)).inc()
+            self.add("requests", (*labels, decision.action if decision else "error", str(record.status)))
             if found.count_s is not None:
-                self.count_time.labels(found.model or "").observe(found.count_s)
+                self.observe_value("count_time", (found.model or "",), found.count_s)
             if found.max_tokens_before is not None:
-                self.output_asked.labels(*labels).inc(found.max_tokens_before)
+                self.add("output_asked", labels, found.max_tokens_before)
             if decision is not None:
                 self._decided(labels, decision, found.max_tokens_before)
         if record.upstream_first_byte_s is not None:
-            self.first_byte.labels(*labels).observe(record.upstream_first_byte_s)
+            self.observe_value("first_byte", labels, record.upstream_first_byte_s)
         if record.upstream_s is not None:
-            self.upstream_total.labels(*labels).observe(record.upstream_s)
+            self.observe_value("upstream_total", labels, record.upstream_s)
         if record.upstream_error:
-            self.upstream_errors.labels(record.upstream_error).inc()
+            self.add("upstream_errors", (record.upstream_error,))
         if record.client_gone:
-            self.disconnects.labels(record.endpoint).inc()
+            self.add("disconnects", (record.endpoint,))
         if record.queue_s is not None:
-            self.queue_wait.labels(*labels).observe(record.queue_s)
+            self.observe_value("queue_wait", labels, record.queue_s)
 
     def _decided(self, labels: tuple[str, str], decision: Decision, asked: int | None) -> None:
-        self.prompt_tokens.labels(*labels).observe(decision.prompt_tokens)
+        self.observe_value("prompt_tokens", labels, decision.prompt_tokens)
         if asked is not None and decision.max_tokens is not None and decision.max_tokens < asked:
-            self.clamped.labels(*labels).inc(asked - decision.max_tokens)
+            self.add("clamped", labels, asked - decision.max_tokens)
         if decision.action == "reject":
-            self.rejections.labels(*labels).inc()
+            self.add("rejections", labels)
         if decision.truncated_tokens:
-            self.truncated.labels(*labels).inc(decision.truncated_tokens)
+            self.add("truncated", labels, decision.truncated_tokens)
         if decision.chunks:
-            self.chunks.labels(*labels).observe(decision.chunks)
+            self.observe_value("chunks", labels, decision.chunks)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def families(self) -> Iterable[Metric]:
+        for metric, definition in DEFINITIONS.items():
+            if definition.buckets is None:
+                counter = CounterMetricFamily(definition.name, definition.help, labels=definition.labels)
+                for (name, labels), value in list(self._counters.items()):
+                    if name == metric:
+                        counter.add_metric(list(labels), value)
+                yield counter
+            else:
+                family = HistogramMetricFamily(definition.name, definition.help, labels=definition.labels)
+                for (name, labels), histogram in list(self._histograms.items()):
+                    if name == metric:
+                        family.add_metric(list(labels), histogram.cumulative(), histogram.total)
+                yield family
+        parts = GaugeMetricFamily("token_guard_fanout_parts_in_flight", "Parts of chunked requests running now")
+        parts.add_metric([], self.fanout.value)
+        yield parts
+
+
+class _Families(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self.metrics.families())
 
 
 class _CounterCaches(Collector):

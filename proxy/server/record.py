@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from proxy.policy.outcome import Findings
 
-REQUEST_ID = "x-request-id"
+REQUEST_ID = b"x-request-id"
 
 
 @dataclass

@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from starlette.responses import Response
-
 from proxy.errors import GuardError, TooBusy
+from proxy.server.asgi import Headers, Reply
 
-JSON = "application/json"
 
-
-def error_response(error: GuardError, headers: Mapping[str, str] | None = None) -> Response:
-    headers = dict(headers or {})
+async def send_error(reply: Reply, error: GuardError, headers: Headers | None = None) -> None:
+    extra = list(headers or [])
     if isinstance(error, TooBusy):
-        headers["retry-after"] = str(error.retry_after_s)
-    return Response(error.json_bytes(), status_code=error.status, headers=headers, media_type=JSON)
+        extra.append((b"retry-after", str(error.retry_after_s).encode()))
+    await reply.whole(error.status, extra, error.json_bytes())
+
+
+def internal_error() -> GuardError:
+    return GuardError("token-guard hit an internal error; the details are in its log.")

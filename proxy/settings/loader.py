@@ -28,6 +28,7 @@ from proxy.settings.sections import (
 CONFIG_ENV = "TOKEN_GUARD_CONFIG"
 ENV_PREFIX = "TOKEN_GUARD_"
 TOOLING_PREFIXES = ("TOKEN_GUARD_E2E_", "TOKEN_GUARD_BENCH_")  # the test and bench harnesses' own variables
+WORKER_SETUP = "TOKEN_GUARD_WORKER_SETUP"  # how `serve --workers N` hands its settings to its worker processes
 
 
 class SettingsError(ValueError):
@@ -45,6 +46,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_json_depth": v.integer(8),
         "max_messages": v.integer(1),
         "drain_timeout_s": v.positive_float,
+        "workers": v.integer(1, 64),
     },
     "upstream": {
         "url": v.url,
@@ -154,7 +156,7 @@ def _env_layer(environ: Mapping[str, str]) -> _Layer:
     layer = _Layer()
     single: dict[str, Any] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV or name.startswith(TOOLING_PREFIXES):
+        if not name.startswith(ENV_PREFIX) or name in (CONFIG_ENV, WORKER_SETUP) or name.startswith(TOOLING_PREFIXES):
             continue
         rest = name[len(ENV_PREFIX) :].lower()
         section, _, key = rest.partition("_")

@@ -18,6 +18,7 @@ class ServerSettings:
     max_json_depth: int = 64
     max_messages: int = 10_000
     drain_timeout_s: float = 30.0
+    workers: int = 1  # processes serving one port; each takes an equal share of the admission budget
 
 
 @dataclass(frozen=True)

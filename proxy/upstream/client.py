@@ -56,10 +56,14 @@ class Upstream:
         settings: UpstreamSettings,
         admission: AdmissionSettings | None = None,
         client: HttpClient | None = None,
+        workers: int = 1,
     ) -> None:
+        """`workers`: processes serving the same port, each with its own gate: each takes 1/workers of a budget."""
         admission = admission or AdmissionSettings()
+        self.workers = workers
         tokens = admission.max_inflight_tokens if isinstance(admission.max_inflight_tokens, int) else 0
-        self.replicas = [Replica(url, Budget(tokens, admission.max_inflight_requests)) for url in settings.replicas]
+        budget = (_share(tokens, workers), _share(admission.max_inflight_requests, workers))
+        self.replicas = [Replica(url, Budget(*budget)) for url in settings.replicas]
         self.url = ", ".join(r.url for r in self.replicas)
         self.settings = settings
         self.auto_budget = admission.max_inflight_tokens == "auto"
@@ -68,10 +72,11 @@ class Upstream:
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
 
     async def open(
-        self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes, cost: int | None = None
+        self, method: str, target: str, headers: Mapping[str, str], body: bytes, cost: int | None = None
     ) -> Opened:
-        """Send the request and return once a replica's status and headers have arrived (body unread). With a
-        `cost`, the request first passes the admission gate; the returned ticket must be released by the caller."""
+        """Send the request (`target`: path and query as received) and return once a replica's status and headers
+        have arrived (body unread). With a `cost`, the request first passes the admission gate; the returned ticket
+        must be released by the caller."""
         tried: set[int] = set()
         for attempt in range(self.settings.retries + 1):
             last = attempt == self.settings.retries or len(tried) + 1 >= len(self.replicas)
@@ -79,7 +84,7 @@ class Upstream:
             replica = self.replicas[index]
             sent = outgoing(forwardable(headers), self.settings.api_key)
             try:
-                response = await self._client.open(method, replica.url, path, query, sent, body)
+                response = await self._client.open(method, replica.url, target, sent, body)
             except (UpstreamRefused, UpstreamConnectTimeout) as exc:
                 self._release(ticket)
                 replica.take_out()
@@ -93,7 +98,7 @@ class Upstream:
                 self._release(ticket)
                 raise
             if response.status == 503 and not last:
-                await response.close()
+                response.close()
                 self._release(ticket)
                 tried.add(index)
                 continue
@@ -178,11 +183,17 @@ class Upstream:
                 log.warning("replica %s does not expose vllm:cache_config_info; admission by tokens is off for it",
                             replica.url)  # fmt: skip
             else:
-                replica.budget.max_tokens = capacity
-                log.info("replica %s: KV budget %d tokens (from vllm:cache_config_info)", replica.url, capacity)
+                replica.budget.max_tokens = _share(capacity, self.workers)
+                log.info("replica %s: KV budget %d tokens (from vllm:cache_config_info), %d for this worker",
+                         replica.url, capacity, replica.budget.max_tokens)  # fmt: skip
 
     def _by_health(self) -> list[Replica]:
         return sorted(self.replicas, key=lambda r: (not r.budget.available, r.down_until))
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _share(budget: int, workers: int) -> int:
+    """One worker's share of a budget (0 stays 0: off); at least 1, so that every worker can admit something."""
+    return max(1, budget // workers) if budget else 0

@@ -1,17 +1,23 @@
-"""The HTTP client toward the upstream: the only module that imports httpx, and the one place its errors become the
+"""The HTTP client toward the upstream: the only module that imports aiohttp, and the one place its errors become the
 guard's own (`UpstreamRefused`, `UpstreamConnectTimeout`, `UpstreamUnavailable`, `UpstreamTimeout`).
 
+aiohttp rather than httpx: on the guard's hot path httpx's connection pool and request/response models cost more CPU
+than everything else the guard does (bench/results/2026-12-03/ceiling.md). One session serves every replica; it
+sends the client's headers and body as they are (no added User-Agent, Accept, Accept-Encoding or Content-Type, no
+cookie jar, no decompression, no redirects followed), and relays the answer's raw bytes.
+
 An answer is opened when its status and headers have arrived; its body is then read whole or relayed chunk by chunk
-as it comes, and closed for sure when the client goes away (that is what makes vLLM abort the generation).
+as it comes. Closing an answer that was not read to its end closes its connection, which is what makes vLLM abort
+the generation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import AsyncIterator, Mapping
 
-import httpx
+import aiohttp
+from yarl import URL
 
 from proxy.errors import (
     GuardError,
@@ -22,102 +28,104 @@ from proxy.errors import (
 )
 from proxy.settings import UpstreamSettings
 
+NOT_ADDED = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
 
-def translate(exc: httpx.HTTPError | TimeoutError, url: str) -> GuardError:
-    name = "no response headers in time" if isinstance(exc, TimeoutError) else type(exc).__name__
-    if isinstance(exc, httpx.ConnectTimeout):
-        return UpstreamConnectTimeout(f"The upstream at {url} did not answer in time ({name}).")
-    if isinstance(exc, httpx.TimeoutException | TimeoutError):
-        return UpstreamTimeout(f"The upstream at {url} did not answer in time ({name}).")
-    if isinstance(exc, httpx.ConnectError):
-        return UpstreamRefused(f"The upstream at {url} could not be reached ({name}).")
-    return UpstreamUnavailable(f"The upstream at {url} could not be reached ({name}).")
+
+def translate(exc: BaseException, base: str) -> GuardError:
+    """The guard's error for an aiohttp failure, worded without the library's class names."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamConnectTimeout(f"The upstream at {base} did not answer in time (no connection).")
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        return UpstreamTimeout(f"The upstream at {base} did not answer in time (silent for read_timeout_s).")
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout(f"The upstream at {base} did not answer in time (no response headers).")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamRefused(f"The upstream at {base} could not be reached (connection refused).")
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError):
+        return UpstreamUnavailable(f"The upstream at {base} broke the connection.")
+    return UpstreamUnavailable(f"The upstream at {base} answered something that is not HTTP ({type(exc).__name__}).")
 
 
 class UpstreamResponse:
     """An upstream answer whose status and headers have arrived; the body is still to be read."""
 
-    def __init__(self, response: httpx.Response, url: str) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, base: str) -> None:
         self._response = response
-        self.url = url
-        self.status = response.status_code
+        self.url = base
+        self.status = response.status
+        self.raw_headers: tuple[tuple[bytes, bytes], ...] = response.raw_headers
         self.headers: Mapping[str, str] = response.headers
-
-    @property
-    def content_type(self) -> str:
-        return self.headers.get("content-type", "")
-
-    @property
-    def is_sse(self) -> bool:
-        return self.content_type.startswith("text/event-stream")
+        self.content_type = response.headers.get("content-type", "")
+        self.is_sse = self.content_type.startswith("text/event-stream")
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body's raw bytes as they arrive."""
+        """The body's bytes as they arrive."""
         try:
-            async for chunk in self._response.aiter_raw():
+            async for chunk in self._response.content.iter_any():
                 yield chunk
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc, self.url) from None
 
     async def read(self) -> bytes:
         try:
-            return await self._response.aread()
-        except httpx.HTTPError as exc:
+            return await self._response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc, self.url) from None
 
-    async def close(self) -> None:
-        """Close even while this task is being cancelled (the client went away). The close runs as a task of its own,
-        outside any cancel scope of the request, because a close that is itself cancelled can leave the connection
-        open, and then vLLM keeps generating for nobody."""
-        closing = asyncio.get_running_loop().create_task(self._close(), context=contextvars.Context())
-        _closing.add(closing)
-        closing.add_done_callback(_closing.discard)
-        await asyncio.shield(closing)
-
-    async def _close(self) -> None:
-        try:
-            await self._response.aclose()
-        except httpx.HTTPError:
-            pass
-
-
-_closing: set[asyncio.Task[None]] = set()  # closes in progress, kept referenced until they finish
+    def close(self) -> None:
+        """Release the connection: back to the pool if the answer was read to its end, else closed. Synchronous, so
+        it happens even while the task is being cancelled (the client went away)."""
+        if self._response.content.is_eof():
+            self._response.release()
+        else:
+            self._response.close()
 
 
 class HttpClient:
     """One connection pool for every replica, with the upstream timeouts."""
 
-    def __init__(self, settings: UpstreamSettings, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        timeout = httpx.Timeout(
-            connect=settings.connect_timeout_s,
-            read=settings.read_timeout_s,
-            write=settings.write_timeout_s,
-            pool=settings.connect_timeout_s,
+    def __init__(self, settings: UpstreamSettings) -> None:
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
         )
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
         self.first_byte_timeout_s = settings.first_byte_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        # Made on first use, inside the event loop that serves (the app is built before the loop runs).
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                skip_auto_headers=NOT_ADDED,
+            )
+        return self._session
 
     async def open(
-        self, method: str, base: str, path: str, query: str, headers: Mapping[str, str], body: bytes
+        self, method: str, base: str, target: str, headers: Mapping[str, str], body: bytes
     ) -> UpstreamResponse:
-        """Send a request to the replica at `base`; return once the status and headers have arrived (within
-        first_byte_timeout_s)."""
-        params = httpx.QueryParams(query)
-        request = self._client.build_request(method, base + path, params=params, headers=headers, content=body)
+        """Send a request to the replica at `base` (`target` is the path and query, as received); return once the
+        status and headers have arrived, within first_byte_timeout_s."""
+        url = URL(base + target, encoded=True)
         try:
-            response = await asyncio.wait_for(self._client.send(request, stream=True), self.first_byte_timeout_s)
-        except (httpx.HTTPError, TimeoutError) as exc:
+            async with asyncio.timeout(self.first_byte_timeout_s):
+                response = await self._client().request(method, url, data=body, headers=headers, allow_redirects=False)
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc, base) from None
         return UpstreamResponse(response, base)
 
     async def get(self, base: str, path: str, headers: Mapping[str, str], timeout_s: float) -> tuple[int, bytes]:
         """A small GET read whole (health, discovery, metrics): status and body."""
         try:
-            response = await self._client.get(base + path, headers=headers, timeout=timeout_s)
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(timeout_s):
+                async with self._client().get(base + path, headers=headers, allow_redirects=False) as response:
+                    return response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc, base) from None
-        return response.status_code, response.content
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()

@@ -69,7 +69,7 @@ class PartRunner:
                 raise UpstreamUnavailable(f"a part's answer broke off: {exc.message}") from None
             finally:
                 self._done(opened)
-                await response.close()
+                response.close()
         if response.status != 200:
             raise PartFailed(response.status, raw, response.headers.get("content-type", "application/json"))
         try:
@@ -117,7 +117,7 @@ class PartRunner:
                         await queues[index].put(event)
                 finally:
                     self._done(part)
-                    await response.close()
+                    response.close()
             await queues[index].put(None)
         except Exception as exc:  # any failure must reach the reader, or it would wait forever
             if index == 0 and not opened.done():
@@ -130,7 +130,7 @@ class PartRunner:
         if self.in_flight is not None:
             self.in_flight.inc()
         try:
-            return await self.upstream.open("POST", self.path, "", self.headers, raw, cost=cost)
+            return await self.upstream.open("POST", self.path, self.headers, raw, cost=cost)
         except BaseException:
             if self.in_flight is not None:
                 self.in_flight.dec()

@@ -3,17 +3,15 @@ anything else happens); probes stay open; upstream.api_key replaces the client's
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.server.auth import ApiKeyAuth
+from proxy.server.auth import ApiKeys
 from proxy.server.running import ServerThread
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
@@ -151,17 +149,5 @@ def test_the_upstream_key_replaces_the_clients(upstream: tuple[str, HeaderTap], 
     [("/x/../v1/models", True), ("/v1/./models", True), ("///v1", True), ("/v10/models", False), ("/v1x", False)],
 )
 def test_path_spellings_a_client_library_would_normalize(path: str, protected: bool) -> None:
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await Response("ok")(scope, receive, send)
-
-    sent: list[Message] = []
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    async def receive() -> Message:
-        return {"type": "http.request", "body": b""}
-
     scope = {"type": "http", "method": "GET", "path": path, "root_path": "", "headers": [], "query_string": b""}
-    asyncio.run(ApiKeyAuth(app, ["k"])(scope, receive, send))
-    assert (sent[0]["status"] == 401) == protected
+    assert ApiKeys(["k"]).allows(scope) is not protected

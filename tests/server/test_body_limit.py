@@ -16,7 +16,7 @@ import pytest
 from starlette.types import Message
 
 from proxy.errors import PayloadTooLarge
-from proxy.server.body_limit import counting
+from proxy.server.asgi import Incoming, read_body
 from tests.support.servers import MODEL, guard, simulator
 
 LIMIT = 64 * 1024
@@ -107,9 +107,8 @@ def test_counting_stops_reading_at_the_limit() -> None:
         return {"type": "http.request", "body": b"x" * 1000, "more_body": True}  # an endless upload
 
     async def read_all() -> None:
-        counted = counting(receive, 10_500)
-        while True:
-            await counted()
+        scope = {"method": "POST", "path": "/v1/chat/completions", "query_string": b"", "headers": []}
+        await read_body(receive, Incoming(scope), 10_500)
 
     with pytest.raises(PayloadTooLarge):
         asyncio.run(read_all())

@@ -89,7 +89,7 @@ def test_disconnect_while_queued_releases_nothing_twice_and_leaks_nothing(deepse
     with simulator(deepseek_dir, max_model_len=WINDOW, itl_s=0.01) as (sim, stats, _):
         flags = {"model.max_model_len": WINDOW, "admission.max_inflight_tokens": cost_of(sim.url, "x", 150)}
         with guard(sim.url, deepseek_dir, **flags) as proxy:
-            admission = proxy.app.state.upstream.admission  # the gate's own counters
+            admission = proxy.app.upstream.admission  # the gate's own counters
             with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body("x", 150, stream=True)) as first:
                 lines = first.iter_lines()
                 next(lines)

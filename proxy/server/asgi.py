@@ -1,0 +1,105 @@
+"""The ASGI vocabulary the server speaks: a request as uvicorn hands it over, read without building objects the guard
+does not need, and a response written as bytes. uvicorn (httptools) parses HTTP; nothing here parses it again."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from proxy.errors import PayloadTooLarge
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+JSON = b"application/json"
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was complete."""
+
+
+class Incoming:
+    """One request's line and headers, as received."""
+
+    __slots__ = ("method", "path", "target", "raw_headers")
+
+    def __init__(self, scope: Scope) -> None:
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        raw_path: bytes = scope.get("raw_path") or self.path.encode()
+        query: bytes = scope["query_string"]
+        self.target = (raw_path + b"?" + query if query else raw_path).decode("latin-1")  # path and query, untouched
+        self.raw_headers: Headers = scope["headers"]
+
+    def header(self, name: bytes) -> str | None:
+        """The first value of a header (`name` in lower case, as ASGI gives them)."""
+        for key, value in self.raw_headers:
+            if key == name:
+                return value.decode("latin-1")
+        return None
+
+    def headers(self) -> dict[str, str]:
+        """Every header (the last value of a repeated one), for forwarding."""
+        return {key.decode("latin-1"): value.decode("latin-1") for key, value in self.raw_headers}
+
+
+async def read_body(receive: Receive, incoming: Incoming, limit: int) -> bytes:
+    """The whole body: 413 before reading a byte when its declared length is over `limit`, or at the chunk that
+    takes it past `limit` (nothing more is read; the server discards the rest of the upload)."""
+    declared = incoming.header(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes (server.max_body_bytes).")
+
+
+class Reply:
+    """The response side of one request: what was sent so far, so that an error can still be answered properly
+    before the status line went out, and only then."""
+
+    __slots__ = ("_send", "status", "started", "finished")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status: int | None = None
+        self.started = False
+        self.finished = False
+
+    async def start(self, status: int, headers: Headers) -> None:
+        self.status, self.started = status, True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def chunk(self, body: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def end(self, body: bytes = b"") -> None:
+        self.finished = True
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def whole(self, status: int, headers: Headers, body: bytes, content_type: bytes = JSON) -> None:
+        """A complete response with a Content-Length."""
+        length = [(b"content-length", str(len(body)).encode()), (b"content-type", content_type)]
+        await self.start(status, [*headers, *length])
+        await self.end(body)
+
+
+def encode_headers(headers: dict[str, str]) -> Headers:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
