@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from proxy.simulator.chat_prompt import check_prompt_flags, check_template_trust, read_chat_options, render_chat
@@ -16,8 +18,10 @@ from proxy.simulator.context import (
     unwrap,
     usage_flags,
 )
+from proxy.simulator.endings import check_stops, read_stops, with_endings
 from proxy.simulator.errors import validation_error
-from proxy.simulator.generation import Generation, PromptPlan
+from proxy.simulator.forced import check_tool_choice, forced_content, forced_tool
+from proxy.simulator.generation import ForcedTool, Generation, PromptPlan
 from proxy.simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
 from proxy.simulator.wire import Fields
 
@@ -37,6 +41,7 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
     if isinstance(body, dict):
         check_prompt_flags(body)
         check_tool_fields(body)
+        check_tool_choice(body)
         check_stream_options(body)
     fields = Fields(body)
     options = read_chat_options(fields, _template_inputs(fields))
@@ -47,6 +52,7 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
     stream = bool(fields.bool_or_none("stream", False))
     stream_options = fields.dict_or_none("stream_options")
     min_tokens = fields.integer("min_tokens", 0)
+    rules = read_stops(fields, min_tokens)
     temperature = fields.float_or_none("temperature")
     echo = fields.boolean("echo", False)
     return_token_ids = bool(fields.bool_or_none("return_token_ids", False))
@@ -68,16 +74,20 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
     token_ids = rendered.token_ids[len(rendered.token_ids) - counted :]
     generate = unwrap(budget(request, counted))
     raise_if(check_sampling(generate, min_tokens, 1 if n is None else n, temperature))
+    check_stops(rules)
+    tool = forced_tool(fields.body)
+    rules = replace(rules, forced=tool[1] if tool else forced_content(fields.body))
+    choices = 1 if n is None else n
 
     role = _response_role(options.add_generation_prompt, rendered.conversation)
     include_usage, continuous = usage_flags(stream, stream_options)
-    return Generation(
+    generation = Generation(
         endpoint="chat",
         response_id=response_id("chatcmpl", headers, body_request_id),
         created=int(time.time()),
         model=ctx.settings.model,
         prompts=[PromptPlan(token_ids=token_ids, max_tokens=generate)],
-        n=1 if n is None else n,
+        n=choices,
         stream=stream,
         include_usage=include_usage,
         continuous_usage=continuous,
@@ -85,7 +95,13 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
         role=role,
         chat_echo=_echo_text(rendered.conversation, role) if echo else None,
         engine_error=engine_error(ctx, token_ids),
+        tool_call=ForcedTool(tool[0], tuple(_tool_call_id() for _ in range(choices))) if tool else None,
     )
+    return with_endings(generation, ctx.tokenizer, rules)
+
+
+def _tool_call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().int & (2**64 - 1):016x}"
 
 
 def _template_inputs(fields: Fields) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from proxy.simulator.context import (
     unwrap,
     usage_flags,
 )
+from proxy.simulator.endings import check_stops, read_stops, with_endings
 from proxy.simulator.errors import ApiError, validation_error
 from proxy.simulator.generation import Generation, PromptPlan
 from proxy.simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
@@ -78,6 +79,7 @@ def plan_completion(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gene
     stream = bool(fields.bool_or_none("stream", False))
     stream_options = fields.dict_or_none("stream_options")
     min_tokens = fields.integer("min_tokens", 0)
+    rules = read_stops(fields, min_tokens)
     temperature = fields.float_or_none("temperature")
     echo = bool(fields.bool_or_none("echo", False))
     add_special_tokens = fields.boolean("add_special_tokens", True)
@@ -102,8 +104,9 @@ def plan_completion(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gene
         raise_if(check_sampling(generate, min_tokens, n, temperature))
         echo_text = (raw.text if raw.text is not None else ctx.tokenizer.decode(ids)) if echo else None
         plans.append(PromptPlan(token_ids=ids, max_tokens=generate, echo_text=echo_text, echo_only=echo_only))
+    check_stops(rules)
     include_usage, continuous = usage_flags(stream, stream_options)
-    return Generation(
+    generation = Generation(
         endpoint="completion",
         response_id=response_id("cmpl", headers, body_request_id),
         created=int(time.time()),
@@ -116,6 +119,7 @@ def plan_completion(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gene
         return_token_ids=return_token_ids,
         engine_error=next((e for p in plans if (e := engine_error(ctx, p.token_ids)) is not None), None),
     )
+    return with_endings(generation, ctx.tokenizer, rules)
 
 
 def _counted(

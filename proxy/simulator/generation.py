@@ -1,7 +1,9 @@
 """The fake engine: a plan of what to generate, and deterministic tokens paced by TTFT and inter-token latency.
 
 Every sequence runs to exactly its max_tokens (finish_reason "length"): that is what a random-weight model
-does on a real vLLM, and it makes usage.completion_tokens equal the effective max_tokens.
+does on a real vLLM, and it makes usage.completion_tokens equal the effective max_tokens. The exceptions are requests
+that constrain the output (stop strings or token ids, a forced tool call or JSON schema): `endings.py` decides those
+sequences' tokens and finish up front and puts them in `Generation.scripted`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class Generation:
     # Checks the engine itself runs (empty prompt, unknown token id): a 400 before a non-stream answer, an SSE
     # error event after the 200 of a stream.
     engine_error: ApiError | None = None
+    # A named tool_choice: each choice's output is that tool's arguments, answered as a tool call.
+    tool_call: ForcedTool | None = None
+    # The sequences, when the request constrains how they end (see endings.py); None: plain filler to max_tokens.
+    scripted: tuple[Sequence, ...] | None = None
 
     @property
     def kv_tokens(self) -> int:
@@ -72,10 +78,19 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class ForcedTool:
+    name: str
+    ids: tuple[str, ...]  # one tool-call id per choice
+
+
+@dataclass(frozen=True)
 class Sequence:
     index: int
     prompt: int
-    max_tokens: int
+    max_tokens: int  # the tokens it generates
+    finish_reason: str = "length"
+    stop_reason: str | int | None = None
+    script: tuple[Piece, ...] | None = None  # each token's id and the text streamed with it; None: the filler
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,8 @@ class Token:
 
 def sequences(generation: Generation) -> list[Sequence]:
     """Choices in vLLM's order: prompt by prompt, then output index; index = prompt * n + output."""
+    if generation.scripted is not None:
+        return list(generation.scripted)
     return [
         Sequence(index=p * generation.n + j, prompt=p, max_tokens=prompt.max_tokens)
         for p, prompt in enumerate(generation.prompts)
@@ -100,6 +117,8 @@ def sequences(generation: Generation) -> list[Sequence]:
 
 
 def token_at(pieces: list[Piece], sequence: Sequence, position: int) -> Piece:
+    if sequence.script is not None:
+        return sequence.script[position]
     # Offsetting by the choice index makes the n choices of one request differ, still deterministically.
     return pieces[(position + 3 * sequence.index) % len(pieces)]
 

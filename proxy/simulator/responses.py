@@ -58,18 +58,10 @@ class Wire:
         choices = [
             {
                 "index": o.sequence.index,
-                "message": {
-                    "role": g.role,
-                    "content": (g.chat_echo or "") + o.text,
-                    "refusal": None,
-                    "annotations": None,
-                    "audio": None,
-                    "function_call": None,
-                    "reasoning": None,
-                },
+                "message": self._message(o),
                 "logprobs": None,
-                "finish_reason": "length",
-                "stop_reason": None,
+                "finish_reason": o.sequence.finish_reason,
+                "stop_reason": o.sequence.stop_reason,
                 "token_ids": o.token_ids if g.return_token_ids else None,
                 "routed_experts": None,
             }
@@ -83,6 +75,18 @@ class Wire:
         body.update(prompt_text=None, kv_transfer_params=None, ec_transfer_params=None, metrics=None)
         return body
 
+    def _message(self, output: Output) -> dict[str, Any]:
+        g = self.generation
+        content = (g.chat_echo or "") + ("" if g.tool_call else output.text)
+        message: dict[str, Any] = {"role": g.role, "content": content, "refusal": None, "annotations": None}
+        message.update(audio=None, function_call=None)
+        if g.tool_call:  # an empty tool_calls list is left out (0.24+)
+            function = {"name": g.tool_call.name, "arguments": output.text}
+            call_id = g.tool_call.ids[output.sequence.index]
+            message["tool_calls"] = [{"id": call_id, "type": "function", "function": function}]
+        message["reasoning"] = None
+        return message
+
     def completion_body(self, outputs: list[Output]) -> dict[str, Any]:
         g = self.generation
         choices = []
@@ -93,8 +97,8 @@ class Wire:
                     "index": o.sequence.index,
                     "text": self._completion_text(o.sequence, o.text, first=True),
                     "logprobs": None,
-                    "finish_reason": "length",
-                    "stop_reason": None,
+                    "finish_reason": o.sequence.finish_reason,
+                    "stop_reason": o.sequence.stop_reason,
                     "token_ids": o.token_ids if g.return_token_ids else None,
                     "prompt_logprobs": None,
                     "prompt_token_ids": prompt.token_ids if g.return_token_ids else None,
@@ -139,10 +143,10 @@ class Wire:
 
     def chat_token_chunk(self, token: Token, generated: int) -> str:
         g = self.generation
-        choice: dict[str, Any] = {"index": token.sequence.index, "delta": {"content": token.text}, "logprobs": None}
-        choice["finish_reason"] = "length" if token.last else None
+        choice: dict[str, Any] = {"index": token.sequence.index, "delta": self._delta(token), "logprobs": None}
+        choice["finish_reason"] = token.sequence.finish_reason if token.last else None
         if token.last:
-            choice["stop_reason"] = None
+            choice["stop_reason"] = token.sequence.stop_reason
         choice["token_ids"] = [token.token_id] if g.return_token_ids else None
         chunk = self._head("chat.completion.chunk")
         chunk["choices"] = [choice]
@@ -152,6 +156,16 @@ class Wire:
         if token.last and not g.include_usage:
             chunk["system_fingerprint"] = self.fingerprint
         return sse(chunk)
+
+    def _delta(self, token: Token) -> dict[str, Any]:
+        tool = self.generation.tool_call
+        if tool is None:
+            return {"content": token.text}
+        index = token.sequence.index
+        if token.position > 0:
+            return {"tool_calls": [{"index": index, "function": {"arguments": token.text}}]}
+        function = {"name": tool.name, "arguments": token.text}
+        return {"tool_calls": [{"id": tool.ids[index], "type": "function", "index": index, "function": function}]}
 
     # --- completion stream chunks ---
 
@@ -165,8 +179,8 @@ class Wire:
             "index": token.sequence.index,
             "text": self._completion_text(token.sequence, token.text, first),
             "logprobs": None,
-            "finish_reason": "length" if token.last else None,
-            "stop_reason": None,
+            "finish_reason": token.sequence.finish_reason if token.last else None,
+            "stop_reason": token.sequence.stop_reason if token.last else None,
             "prompt_token_ids": prompt.token_ids if with_prompt else None,
             "token_ids": [token.token_id] if g.return_token_ids else None,
         }

@@ -33,6 +33,9 @@ class SimTokenizer:
         self.max_token_id = max(max(vocab.values()), int(getattr(hf, "vocab_size", 0)) - 1)
         self._encodings: LRUCache[tuple[str, bool], list[int]] = LRUCache(maxsize=64)
         self.pieces = self._generation_pieces()
+        # What ends forced output (guided decoding): the tokenizer's EOS, else a token id the vocabulary has.
+        eos = getattr(hf, "eos_token_id", None)
+        self.eos_token_id = eos if isinstance(eos, int) else self.max_token_id
 
     @classmethod
     def load(cls, path: Path, chat_template: Path | None = None) -> SimTokenizer:
