@@ -1,6 +1,7 @@
-"""The per-model token counter: cut each text at its added tokens, look every piece up in a memory-bounded LRU, and
-encode everything uncached in one GIL-releasing batch call on a worker thread, long pieces split first so the batch
-spreads over the cores. A count is always exactly `len(backend.encode(text, add_special_tokens=...))`.
+"""The per-model token counter: cut each text at its added tokens, look every segment up in a memory-bounded LRU;
+count an uncached short segment word by word from a second LRU of words (fresh text is mostly familiar words), and
+encode everything still uncached in one GIL-releasing batch call, long segments split first so the batch spreads
+over the cores. A count is always exactly `len(backend.encode(text, add_special_tokens=...))`.
 
 All cache access happens on the event loop's thread; only the encoding runs elsewhere.
 """
@@ -19,8 +20,8 @@ from cachetools import LRUCache
 
 from proxy.counting.components import added_special_tokens
 from proxy.counting.segments import Segmenter, segmenter_for
-from proxy.counting.selfcheck import segments_agree, splits_agree
-from proxy.counting.splitting import splitter_for
+from proxy.counting.selfcheck import segments_agree, splits_agree, words_agree
+from proxy.counting.splitting import splitter_for, words
 from proxy.settings import CountingSettings
 
 log = logging.getLogger("token_guard.counter")
@@ -45,6 +46,9 @@ class TokenCounter:
         self.splitter = splitter_for(backend, cores or available_cores(), settings.split_min_chars)
         self.specials = added_special_tokens(backend)  # None: the post-processor adds a varying number
         self._cache: LRUCache[str, tuple[int, int]] = LRUCache(int(settings.cache_mb * 2**20), getsizeof=_size)
+        self._words: LRUCache[str, tuple[int, int]] = LRUCache(int(settings.word_cache_mb * 2**20), getsizeof=_size)
+        self._word_limit = settings.split_min_chars  # longer segments are split per core instead
+        self.by_words = False
         self.hits = self.misses = 0
         self._check(name or "tokenizer")
 
@@ -59,6 +63,9 @@ class TokenCounter:
         if self.splitter is not None and not splits_agree(self.backend, self.splitter):
             log.warning("%s: long texts are not split for parallel counting: the self-check failed", name)
             self.splitter = None
+        self.by_words = self.splitter is not None and words_agree(self.backend)
+        if self.splitter is not None and not self.by_words:
+            log.warning("%s: texts are not counted word by word: the self-check failed", name)
 
     async def count(self, texts: Sequence[str], add_special_tokens: bool) -> list[int]:
         """Each text's token count, exactly as the tokenizer encodes it."""
@@ -88,16 +95,49 @@ class TokenCounter:
         return known, missing
 
     async def _encode(self, segments: list[str]) -> dict[str, int]:
+        """Counts of uncached segments: short ones summed over their words (familiar words from the word cache),
+        long ones split per core; whatever is still unknown is encoded in one batch."""
         if not segments:
             return {}
-        parts = [self.splitter.split(s) if self.splitter else [s] for s in segments]
-        lengths = iter(await self._encode_lengths([p for ps in parts for p in ps], add_special_tokens=False))
-        counts = {s: sum(next(lengths) for _ in ps) for s, ps in zip(segments, parts, strict=True)}
-        for segment, count in counts.items():
-            entry = (count, sys.getsizeof(segment) + ENTRY_OVERHEAD)
-            if entry[1] <= self._cache.maxsize:  # cachetools refuses an entry larger than the whole cache
-                self._cache[segment] = entry
+        plans = [self._plan(s) for s in segments]
+        known, unknown = self._known_words(p for by_words, parts in plans if by_words for p in parts)
+        whole = [p for by_words, parts in plans if not by_words for p in parts]
+        lengths = iter(await self._encode_lengths(unknown + whole, add_special_tokens=False))
+        fresh = {word: next(lengths) for word in unknown}
+        self._remember(self._words, fresh)
+        known.update(fresh)
+        counts = {
+            s: sum(known[p] for p in parts) if by_words else sum(next(lengths) for _ in parts)
+            for s, (by_words, parts) in zip(segments, plans, strict=True)
+        }
+        self._remember(self._cache, counts)
         return counts
+
+    def _plan(self, segment: str) -> tuple[bool, list[str]]:
+        """(True, its words) to count it word by word, or (False, its parts) to encode it whole, in parts."""
+        if self.by_words and len(segment) <= self._word_limit:
+            pieces = words(segment)
+            if len(pieces) > 1:
+                return True, pieces
+        return False, self.splitter.split(segment) if self.splitter else [segment]
+
+    def _known_words(self, pieces: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+        known: dict[str, int] = {}
+        unknown: list[str] = []
+        for piece in dict.fromkeys(pieces):
+            entry = self._words.get(piece)
+            if entry is None:
+                unknown.append(piece)
+            else:
+                known[piece] = entry[0]
+        return known, unknown
+
+    @staticmethod
+    def _remember(cache: LRUCache[str, tuple[int, int]], counts: dict[str, int]) -> None:
+        for text, count in counts.items():
+            entry = (count, sys.getsizeof(text) + ENTRY_OVERHEAD)
+            if entry[1] <= cache.maxsize:  # cachetools refuses an entry larger than the whole cache
+                cache[text] = entry
 
     async def _encode_lengths(self, texts: list[str], add_special_tokens: bool) -> list[int]:
         # encode_batch_fast releases the GIL (plain `encode` does not), so the loop keeps running while it works.
@@ -105,6 +145,8 @@ class TokenCounter:
         # the same event-loop stalls at 128K tokens (measured with tokenizers 0.23.3). Short texts are encoded right
         # here: the hop to a thread and back costs more than they do (a few ms at most hold the loop).
         encode = self.backend.encode_batch_fast
+        if not texts:
+            return []
         if sum(len(t) for t in texts) <= INLINE_MAX_CHARS:
             return [len(e) for e in encode(texts, add_special_tokens=add_special_tokens)]
         return [len(e) for e in await asyncio.to_thread(encode, texts, add_special_tokens=add_special_tokens)]

@@ -109,9 +109,27 @@ def _pipeline_refusal(backend: Any) -> str | None:
 
 
 def _alternation(rules: list[AddedTokenRule]) -> re.Pattern[str] | None:
-    # Longest first: Python's regex takes the first alternative that matches, tokenizers the longest one.
-    contents = sorted((r.content for r in rules), key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, contents))) if contents else None
+    """One pattern that finds the added tokens, shaped as a trie: at each position it follows the text character by
+    character through the tokens that start there and takes the longest that ends (as tokenizers does), instead of
+    trying a thousand alternatives one after the other."""
+    contents = sorted({r.content for r in rules})
+    if not contents:
+        return None
+    trie: dict[str, Any] = {}
+    for content in contents:
+        node = trie
+        for char in content:
+            node = node.setdefault(char, {})
+        node[""] = {}
+    return re.compile(_trie_pattern(trie))
+
+
+def _trie_pattern(node: dict[str, Any]) -> str:
+    branches = [re.escape(char) + _trie_pattern(child) for char, child in sorted(node.items()) if char]
+    if not branches:
+        return ""
+    body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+    return f"(?:{body})?" if "" in node else body  # a token ends here: longer ones first, greedily
 
 
 def _whitespace_before(text: str, i: int) -> int:

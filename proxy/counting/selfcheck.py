@@ -1,6 +1,6 @@
 """Confirm at load, on probe texts built from a tokenizer's own added tokens, that the counting shortcuts (cutting at
-added tokens, splitting long pieces) give exactly the tokenizer's counts. A shortcut that misses once is switched
-off for that model: correctness before speed."""
+added tokens, splitting long pieces, counting word by word) give exactly the tokenizer's counts. A shortcut that
+misses once is switched off for that model: correctness before speed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from proxy.counting.segments import Segmenter
-from proxy.counting.splitting import Splitter
+from proxy.counting.splitting import Splitter, words
 
 PROBED_TOKENS = 48
 SAMPLE = (
@@ -51,6 +51,20 @@ def splits_agree(backend: Any, splitter: Splitter) -> bool:
     eager = replace(splitter, parts=max(8, splitter.parts), min_chars=0)
     texts = [SAMPLE * 6, (SAMPLE * 6)[37:]]
     return [sum(_lengths(backend, eager.split(t))) for t in texts] == _lengths(backend, texts)
+
+
+TRICKY = (
+    "a  b\tc \td\n e \u00a0f\u3000g  \n\n h's don't I'M 12345 6.5e-3 x=>y //c #h {k: 'v'} "
+    "東京 タワー 。 、 ! ? ... 😀 👍🏽 🧑‍🤝‍🧑 é ß Ω İ ﬁ Ⅻ ١٢٣ अ ก \u200b `q` $x -y _z \x0b\x1c end  "
+)
+
+
+def words_agree(backend: Any) -> bool:
+    """Every text of a varied sample counts the same whole and as the sum of its word pieces (all cuts at once)."""
+    texts = [SAMPLE, SAMPLE * 3, TRICKY, TRICKY[::-1], TRICKY + SAMPLE, " " + TRICKY, TRICKY.replace(" ", "  ")]
+    pieces = [words(t) for t in texts]
+    lengths = iter(_lengths(backend, [p for ps in pieces for p in ps]))
+    return [sum(next(lengths) for _ in ps) for ps in pieces] == _lengths(backend, texts)
 
 
 def _probed_contents(backend: Any) -> list[str]:

@@ -80,7 +80,11 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_fanout": v.integer(1),
         "reduce_prompt": v.template("answers"),
     },
-    "counting": {"cache_mb": v.non_negative_float, "split_min_chars": v.integer(256)},
+    "counting": {
+        "cache_mb": v.non_negative_float,
+        "word_cache_mb": v.non_negative_float,
+        "split_min_chars": v.integer(256),
+    },
 }
 MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
     "name": v.nonempty_text,

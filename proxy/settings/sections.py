@@ -71,6 +71,7 @@ class PolicySettings:
 @dataclass(frozen=True)
 class CountingSettings:
     cache_mb: float = 64.0
+    word_cache_mb: float = 16.0
     split_min_chars: int = 16384
 
 

@@ -183,3 +183,30 @@ def test_everything_uncached_goes_in_one_gil_releasing_batch(guard_tok: ModelTok
     assert recorder.calls[0][1] > len(texts)  # pieces and split parts, all in the one call
     asyncio.run(counter.count(texts, add_special_tokens=False))
     assert len(recorder.calls) == 1  # all cached: no encoding at all
+
+
+def test_fresh_text_of_familiar_words_is_counted_from_the_word_cache(guard_tok: ModelTokenizer) -> None:
+    recorder = Recorder(guard_tok.backend)
+    counter = TokenCounter(recorder, CountingSettings(), cores=4)
+    assert counter.by_words
+    known = "the river bends east past the old mill and the quiet town"
+    asyncio.run(counter.count([known], add_special_tokens=False))
+    recorder.calls.clear()
+    fresh = "the quiet mill bends past the river and the old town east"  # a new segment, no new word
+    (n,) = asyncio.run(counter.count([fresh], add_special_tokens=False))
+    assert n == len(guard_tok.backend.encode(fresh, add_special_tokens=False))
+    assert recorder.calls == []  # counted without encoding anything
+    novel = fresh + " zebra"
+    assert asyncio.run(counter.count([novel], add_special_tokens=False)) == [
+        len(guard_tok.backend.encode(novel, add_special_tokens=False))
+    ]
+    assert recorder.calls == [("encode_batch_fast", 1)]  # only the new word
+
+
+@PROPERTY
+@given(texts=st.lists(TEXT, min_size=1, max_size=8))
+def test_word_by_word_counts_stay_exact(guard_tok: ModelTokenizer, texts: list[str]) -> None:
+    counter = TokenCounter(guard_tok.backend, CountingSettings(word_cache_mb=0.01), cores=4)
+    for _ in range(2):  # cold, then warm (and a word cache small enough to evict)
+        counts = asyncio.run(counter.count(texts, add_special_tokens=False))
+        assert counts == [len(guard_tok.backend.encode(t, add_special_tokens=False)) for t in texts]

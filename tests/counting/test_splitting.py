@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, normalizers, pre_tokenizers
+from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 
-from proxy.counting.splitting import Splitter, is_candidate, is_safe_cut, splitter_for, window_agrees
+from proxy.counting.selfcheck import words_agree
+from proxy.counting.splitting import Splitter, is_candidate, is_safe_cut, splitter_for, window_agrees, words
 from tests.corpus import LONG_TEXT
 
 
@@ -77,6 +78,29 @@ def test_split_parts_join_back_and_count_the_same(deepseek: Tokenizer, gpt2: Tok
         pieces = splitter.split(text)
         assert "".join(pieces) == text and len(pieces) <= parts and all(pieces)
         assert count(backend, *pieces) == count(backend, text)
+
+
+WORDY = st.lists(st.sampled_from(PIECES + ["don't", "I'M", "x=>y", "#", "`q`", "\u200b", "١٢٣", "ﬁ", "\x0b"]),
+                 min_size=1, max_size=200).map("".join)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=WORDY)
+def test_all_word_cuts_at_once_keep_the_count(deepseek: Tokenizer, gpt2: Tokenizer, text: str) -> None:
+    pieces = words(text)
+    assert "".join(pieces) == text and all(pieces)
+    assert all(p.startswith(" ") for p in pieces[1:]) and all(not p[-1].isspace() for p in pieces[:-1])
+    for backend in (deepseek, gpt2):
+        assert count(backend, *pieces) == count(backend, text), pieces
+
+
+def test_the_word_self_check_passes_for_regex_tokenizers_and_catches_a_lying_rule(gpt2: Tokenizer) -> None:
+    assert words_agree(gpt2)
+    pairs = Tokenizer.from_str(gpt2.to_str())  # pre-tokens span a space after a word: the rule does not hold
+    pairs.pre_tokenizer = pre_tokenizers.Split(Regex(r"\S+ +\S+"), behavior="isolated")
+    text = "d\n e \u00a0f"
+    assert count(pairs, *words(text)) != count(pairs, text)
+    assert not words_agree(pairs)
 
 
 def test_long_text_splits_into_one_part_per_core(deepseek: Tokenizer) -> None:
