@@ -7,6 +7,7 @@ would overflow, through the guard."""
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +25,19 @@ from tests.support.servers import MODEL, guard, simulator
 WINDOW = 2048
 TOO_LONG = "All work and no play makes Jack a dull boy. " * 300  # about 3,300 tokens
 HELLO = "Hello! Tell me about token budgets."
+
+
+@pytest.fixture(scope="module", autouse=True)
+def root_logger_of_our_own() -> Iterator[None]:
+    """The guard logs a line per request. An earlier test may have left the root logger writing to a stream that is
+    closed by now (tests/server/test_startup.py runs `serve`, which installs a handler on the captured stderr of
+    that test), which prints 'Logging error' tracebacks; these tests log to no handler of their own."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers[:] = []
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="module")
