@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from proxy.api.chat import ChatRequest
 from proxy.counting.conversation import ConversationError, template_inputs, to_conversation, to_tools
+from proxy.counting.templates import TemplateError, render
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.errors import InvalidRequest
 
@@ -20,19 +21,11 @@ def render_chat(tok: ModelTokenizer, req: ChatRequest) -> str:
         raise InvalidRequest(NO_TEMPLATE, param="messages")
     try:
         conversation = to_conversation(req.messages, tok.content_format(template))
-        rendered = tok.renderer.apply_chat_template(
-            conversation,
-            tools=to_tools(req.tools),
-            chat_template=template,
-            tokenize=False,
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            **template_inputs(req.body, req.chat_template_kwargs),
-        )
+        variables = {**tok.special_tokens, **template_inputs(req.body, req.chat_template_kwargs)}
+        trusted = req.chat_template is None  # the model's own template; a request's runs in the sandbox
+        return render(template, trusted, conversation, to_tools(req.tools), req.add_generation_prompt,
+                      req.continue_final_message, variables)  # fmt: skip
     except ConversationError as exc:
         raise InvalidRequest(str(exc), param="messages") from None
-    except Exception as exc:  # jinja2 and transformers raise many kinds for templates that refuse a conversation
+    except TemplateError as exc:
         raise InvalidRequest(f"The chat template could not render these messages: {exc}", param="messages") from None
-    if not isinstance(rendered, str):
-        raise InvalidRequest("The chat template did not render to text.", param="messages")
-    return rendered

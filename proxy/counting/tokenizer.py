@@ -7,7 +7,8 @@ file, or a Hugging Face id already in the local cache; nothing is downloaded.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ class TokenizerLoadError(ValueError):
 @dataclass(frozen=True)
 class ModelTokenizer:
     source: str
-    renderer: Any  # transformers tokenizer: renders chat templates
+    renderer: Any  # the transformers tokenizer it was loaded with (the reference the tests compare to)
     backend: Any  # tokenizers.Tokenizer: encodes, releasing the GIL in batch calls
     chat_template: str | dict[str, str] | None
+    special_tokens: dict[str, Any] = field(default_factory=dict)  # bos_token, eos_token...: template variables
 
     def template_for(self, tools: list[Any] | None, override: str | None = None) -> str | None:
         """The template vLLM would use: the request's, else the configured or tokenizer's (tool variant if any)."""
@@ -41,13 +43,9 @@ class ModelTokenizer:
         return _content_format(template)
 
 
-_FORMATS: dict[str, ContentFormat] = {}
-
-
+@lru_cache(maxsize=64)  # bounded: requests may bring templates of their own
 def _content_format(template: str) -> ContentFormat:
-    if template not in _FORMATS:
-        _FORMATS[template] = detect_content_format(template)
-    return _FORMATS[template]
+    return detect_content_format(template)
 
 
 def load_tokenizer(spec: str, chat_template: Path | None = None) -> ModelTokenizer:
@@ -65,7 +63,8 @@ def load_tokenizer(spec: str, chat_template: Path | None = None) -> ModelTokeniz
             raise TokenizerLoadError(f"chat template {chat_template}: cannot be read ({exc.strerror})") from exc
     if template is None:
         log.warning("tokenizer %s has no chat template: chat requests will be refused with a 400", spec)
-    return ModelTokenizer(source=spec, renderer=renderer, backend=backend, chat_template=template)
+    specials = dict(getattr(renderer, "special_tokens_map", {}) or {})
+    return ModelTokenizer(spec, renderer, backend, template, specials)
 
 
 def _load_renderer(spec: str) -> Any:
