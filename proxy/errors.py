@@ -2,7 +2,8 @@
 
     GuardError                      status, message, type, param, code
     ├── InvalidRequest              400  a body or field the guard cannot read
-    │   └── ContextLengthExceeded   400  the prompt leaves no room for output
+    │   ├── ContextLengthExceeded   400  the prompt leaves no room for output
+    │   └── CountedUpstreamOnly     400  parts only the upstream can count (images, audio), with no upstream to ask
     ├── Unauthorized                401  no valid `Authorization: Bearer <key>` (server.api_keys)
     ├── ModelNotFound               404  a model the guard has no tokenizer for
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
@@ -53,6 +54,11 @@ class InvalidRequest(GuardError):
 class ContextLengthExceeded(InvalidRequest):
     def __init__(self, message: str, *, param: str) -> None:
         super().__init__(message, param=param, code="context_length_exceeded")
+
+
+class CountedUpstreamOnly(InvalidRequest):
+    """The prompt holds parts whose tokens depend on the model's processor: counting.source "auto" asks the upstream
+    to count it instead; a client sees this only when the guard may not ask (counting.source "local")."""
 
 
 class Unauthorized(GuardError):

@@ -57,8 +57,9 @@ def parse_chat(raw: bytes, max_messages: int = MAX_MESSAGES, max_depth: int = MA
     kwargs = optional(body, "chat_template_kwargs", dict, "an object") or {}
     add_generation_prompt = flag(body, "add_generation_prompt", True)
     continue_final_message = flag(body, "continue_final_message", False)
-    if continue_final_message and add_generation_prompt:
-        # vLLM answers 400 here too (transformers refuses to render this combination).
+    if continue_final_message and add_generation_prompt and body.get("add_generation_prompt") is not None:
+        # vLLM's request validator refuses both when both were sent; with add_generation_prompt left at its default,
+        # it is the renderer that refuses (transformers and mistral_common do; harmony ignores both flags).
         raise InvalidRequest(
             "Cannot set both `continue_final_message` and `add_generation_prompt` to True "
             "(add_generation_prompt defaults to true: send false with continue_final_message).",

@@ -1,15 +1,18 @@
 """Turn OpenAI chat messages into the "conversation" vLLM hands to the chat template (wire contract, section 12.1).
 
 vLLM joins the text parts of list content with "\\n" for templates that treat content as a string, keeps them as
-`{"type": "text", "text": ...}` parts for templates that loop over `message['content']`, and parses tool-call
-arguments from JSON strings into objects. Counting exactly means reproducing each of these steps.
+`{"type": "text", "text": ...}` parts for templates that loop over `message['content']`, moves a chat request's
+`reasoning_content` to `reasoning`, and parses tool-call arguments from JSON strings into objects (vLLM 0.31/0.32:
+`entrypoints/chat_utils.py`, `_parse_chat_message_content` and `_postprocess_messages`). Counting exactly means
+reproducing each of these steps here, not through the installed transformers, whose own preparation changes between
+releases (5.23 copies `reasoning` into `thinking`; the 5.17 and 5.19 that vLLM 0.31 and 0.32 bundle do not).
 """
 
 from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import jinja2
@@ -17,11 +20,22 @@ import jinja2.nodes as jn
 
 ContentFormat = Literal["string", "openai"]
 
-_TEXT_PART_TYPES = ("text", "input_text", "output_text", "refusal")
+# Part type -> the field holding its text; vLLM skips text and refusal parts whose value is null.
+_TEXT_PART_FIELDS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
+                     "thinking": "thinking"}  # fmt: skip
+# Parts whose token count depends on the model's processor (images, audio, video, files): only vLLM knows it.
+MEDIA_PART_TYPES = frozenset(
+    {"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio", "audio_embeds",
+     "video_url", "file"}
+)  # fmt: skip
 
 
 class ConversationError(ValueError):
     """A message the template cannot be given: the text says which one and why."""
+
+
+class MediaPart(ConversationError):
+    """A content part (image, audio, video, file) whose prompt tokens only the upstream's processor can count."""
 
 
 def to_conversation(messages: list[Any], content_format: ContentFormat) -> list[dict[str, Any]]:
@@ -36,16 +50,23 @@ def _convert_message(index: int, message: Any, content_format: ContentFormat) ->
     role = message.get("role")
     if not isinstance(role, str):
         raise ConversationError(f"messages[{index}].role must be a string")
-    texts = _content_texts(index, message.get("content"))
-    content: Any = [{"type": "text", "text": t} for t in texts] if content_format == "openai" else "\n".join(texts)
-    if role == "tool" and isinstance(content, list):  # most templates only handle string tool results
-        content = "\n".join(texts)
+    parts = _content_parts(index, message.get("content"))
+    content: Any
+    if content_format == "openai" and role != "tool":  # vLLM joins tool results whatever the format
+        content = [{**extra, "type": "text", "text": text} for text, extra in parts]
+    else:
+        content = "\n".join(text for text, _ in parts)
     converted: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
         if message.get("tool_calls") is not None:
             converted["tool_calls"] = _copy_tool_calls(index, message["tool_calls"])
-        if message.get("reasoning") is not None:
-            converted["reasoning"] = converted["reasoning_content"] = message["reasoning"]
+        # A chat request's reasoning_content becomes reasoning when that is absent (ChatCompletionRequest's
+        # normalization); the template is then handed both names.
+        reasoning = message.get("reasoning")
+        if reasoning is None:
+            reasoning = message.get("reasoning_content")
+        if reasoning is not None:
+            converted["reasoning"] = converted["reasoning_content"] = reasoning
     if role == "tool" and "tool_call_id" in message:
         converted["tool_call_id"] = message["tool_call_id"]
     for key in ("name", "task"):
@@ -56,34 +77,38 @@ def _convert_message(index: int, message: Any, content_format: ContentFormat) ->
     return converted
 
 
-def _content_texts(index: int, content: Any) -> list[str]:
+_NO_EXTRA: dict[str, Any] = {}
+
+
+def _content_parts(index: int, content: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Each text part's text, with the part's other keys (vLLM keeps them on "openai"-format parts)."""
     if content is None:
         return []
     if isinstance(content, str):
-        return [content]
+        return [(content, _NO_EXTRA)]
     if not isinstance(content, list):
         raise ConversationError(f"messages[{index}].content must be a string, a list of parts or null")
-    texts = []
+    parts = []
     for j, part in enumerate(content):
-        text = _part_text(part)
+        if isinstance(part, str):
+            parts.append((part, _NO_EXTRA))
+            continue
+        kind = part.get("type") if isinstance(part, dict) else None
+        field = _TEXT_PART_FIELDS.get(kind) if isinstance(kind, str) else None
+        if field is None:
+            if kind in MEDIA_PART_TYPES:
+                raise MediaPart(f"messages[{index}].content[{j}] is a {kind} part; its tokens depend on the model's "
+                                "processor")  # fmt: skip
+            raise ConversationError(f"messages[{index}].content[{j}] is not a text part; this guard counts text-only "
+                                    "prompts")  # fmt: skip
+        text = part.get(field)
         if text is None:
-            raise ConversationError(
-                f"messages[{index}].content[{j}] is not a text part; this guard counts text-only prompts"
-            )
-        texts.append(text)
-    return texts
-
-
-def _part_text(part: Any) -> str | None:
-    if isinstance(part, str):
-        return part
-    if not isinstance(part, dict):
-        return None
-    kind = part.get("type")
-    key = "refusal" if kind == "refusal" else "text"
-    if kind in _TEXT_PART_TYPES and isinstance(part.get(key), str):
-        return str(part[key])
-    return None
+            continue
+        if not isinstance(text, str):
+            raise ConversationError(f"messages[{index}].content[{j}].{field} must be a string")
+        extra = {k: v for k, v in part.items() if k not in ("type", "text", "refusal", "thinking", "uuid")}
+        parts.append((text, extra or _NO_EXTRA))
+    return parts
 
 
 def _copy_tool_calls(index: int, calls: Any) -> list[Any]:
@@ -170,9 +195,42 @@ def _loop_targets(root: jn.Template, iterables: list[str], key: str | None) -> I
             yield loop.target.name
 
 
-def _content_loops(root: jn.Template) -> Iterator[str]:
+def _content_loops(root: jn.Template) -> Iterator[jn.For]:
+    """Loops over a message's content: directly, through a macro parameter bound to it, or (outside macros) over
+    a top-level variable named `content`, as vLLM's detection walks them."""
     message_names = list(_loop_targets(root, list(_aliases(root, "messages")), None))
-    return _loop_targets(root, message_names, "content")
+    bound, in_macros = _macro_content_params(root, message_names)
+    for loop in root.find_all(jn.For):
+        if any(_is_access(loop.iter, n, "content") for n in message_names):
+            yield loop
+        elif isinstance(loop.iter, jn.Name) and (
+            loop.iter.name in bound.get(id(loop), ()) or (id(loop) not in in_macros and loop.iter.name == "content")
+        ):
+            yield loop
+
+
+def _macro_content_params(root: jn.Template, message_names: list[str]) -> tuple[dict[int, set[str]], set[int]]:
+    """For each loop inside a macro, the macro's parameters that some call binds to a message's content; and the
+    ids of every loop inside a macro."""
+    bound: dict[int, set[str]] = {}
+    in_macros: set[int] = set()
+    for macro in root.find_all(jn.Macro):
+        names = [a.name for a in macro.args]
+        params: set[str] = set()
+        for call in root.find_all(jn.Call):
+            if not (isinstance(call.node, jn.Name) and call.node.name == macro.name):
+                continue
+            for i, arg in enumerate(call.args):
+                if i < len(names) and any(_is_access(arg, n, "content") for n in message_names):
+                    params.add(names[i])
+            for kw in call.kwargs:
+                if kw.key in names and any(_is_access(kw.value, n, "content") for n in message_names):
+                    params.add(kw.key)
+        for loop in macro.find_all(jn.For):
+            in_macros.add(id(loop))
+            if params:
+                bound[id(loop)] = params
+    return bound, in_macros
 
 
 def to_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
@@ -202,16 +260,27 @@ def to_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
     return normalized
 
 
-RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "chat_template", "tokenize", "return_dict", "tools"})
+# Names vLLM hands the template itself, or refuses in chat_template_kwargs; a client's value for them is not used.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "messages", "chat_template", "tokenize", "return_dict", "tools", "add_generation_prompt",
+     "continue_final_message"}
+)  # fmt: skip
 
 
-def template_inputs(body: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The extra variables vLLM hands the template: the client's chat_template_kwargs (minus reserved names), then
-    `documents` and `reasoning_effort` from the request (and `enable_thinking` derived from the latter)."""
-    merged = {k: v for k, v in kwargs.items() if k not in RESERVED_TEMPLATE_KWARGS}
+def merge_kwargs(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's merge (renderers/params.py): an override of None or "auto" keeps the default."""
+    return {**defaults, **{k: v for k, v in overrides.items() if v is not None and v != "auto"}}
+
+
+def template_inputs(
+    body: dict[str, Any], kwargs: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The extra variables vLLM hands the template, in its merge order: the server's default_chat_template_kwargs,
+    under the client's chat_template_kwargs, under the request's own `documents` and `reasoning_effort` (with
+    `enable_thinking` derived from the latter unless the client set it)."""
     effort = body.get("reasoning_effort")
-    extra: dict[str, Any] = {"documents": body.get("documents"), "reasoning_effort": effort}
+    fields: dict[str, Any] = {"documents": body.get("documents"), "reasoning_effort": effort}
     if effort is not None and "enable_thinking" not in kwargs:
-        extra["enable_thinking"] = effort != "none"
-    merged.update({k: v for k, v in extra.items() if v is not None})
-    return merged
+        fields["enable_thinking"] = effort != "none"
+    merged = merge_kwargs(defaults or {}, merge_kwargs(kwargs, fields))
+    return {k: v for k, v in merged.items() if k not in RESERVED_TEMPLATE_KWARGS}

@@ -7,6 +7,7 @@ The model's `TokenCounter` does the encoding: segment-cached, and off the event 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,8 @@ CountMessages = Callable[[list[Any]], Awaitable[int]]
 
 
 async def count_chat(tok: ModelTokenizer, req: ChatRequest, counter: TokenCounter | None = None) -> int:
+    if tok.native is not None:  # mistral_common or openai_harmony: token ids straight from the messages
+        return await asyncio.to_thread(tok.native.count_chat, req)
     text = render_chat(tok, req)
     (count,) = await _counter(tok, counter).count([text], req.add_special_tokens)
     return count
@@ -31,6 +34,11 @@ async def count_completion(
     tok: ModelTokenizer, req: CompletionRequest, counter: TokenCounter | None = None
 ) -> list[int]:
     texts = [p for p in req.prompts if isinstance(p, str)]
+    if tok.native is not None and texts:
+        native = [tok.native.count_text(t, req.add_special_tokens) for t in texts]
+        if all(n is not None for n in native):
+            counts = iter(native)
+            return [next(counts) or 0 if isinstance(p, str) else len(p) for p in req.prompts]
     text_counts = iter(await _counter(tok, counter).count(texts, req.add_special_tokens) if texts else [])
     return [next(text_counts) if isinstance(p, str) else len(p) for p in req.prompts]
 

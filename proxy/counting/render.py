@@ -4,10 +4,11 @@ The template engine's errors become the guard's 400 here, at one boundary."""
 from __future__ import annotations
 
 from proxy.api.chat import ChatRequest
-from proxy.counting.conversation import ConversationError, template_inputs, to_conversation, to_tools
+from proxy.counting.conversation import ConversationError, MediaPart, template_inputs, to_conversation, to_tools
+from proxy.counting.roles import developer_as_system, has_developer, mentions_developer
 from proxy.counting.templates import TemplateError, render
 from proxy.counting.tokenizer import ModelTokenizer
-from proxy.errors import InvalidRequest
+from proxy.errors import CountedUpstreamOnly, InvalidRequest
 
 NO_TEMPLATE = (
     "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template "
@@ -15,16 +16,28 @@ NO_TEMPLATE = (
 )
 
 
+BOTH_FLAGS = (
+    "continue_final_message and add_generation_prompt are not compatible (add_generation_prompt defaults to true: "
+    "send false with continue_final_message)."
+)
+
+
 def render_chat(tok: ModelTokenizer, req: ChatRequest) -> str:
+    if req.continue_final_message and req.add_generation_prompt:
+        raise InvalidRequest(BOTH_FLAGS, param="continue_final_message")
     template = tok.template_for(req.tools, req.chat_template)
     if template is None:
         raise InvalidRequest(NO_TEMPLATE, param="messages")
     try:
         conversation = to_conversation(req.messages, tok.content_format(template))
-        variables = {**tok.special_tokens, **template_inputs(req.body, req.chat_template_kwargs)}
+        if has_developer(conversation) and not mentions_developer(template):
+            conversation = developer_as_system(conversation)
+        variables = {**tok.special_tokens, **template_inputs(req.body, req.chat_template_kwargs, tok.default_kwargs)}
         trusted = req.chat_template is None  # the model's own template; a request's runs in the sandbox
         return render(template, trusted, conversation, to_tools(req.tools), req.add_generation_prompt,
                       req.continue_final_message, variables)  # fmt: skip
+    except MediaPart as exc:
+        raise CountedUpstreamOnly(f"{exc}: only the upstream can count it", param="messages") from None
     except ConversationError as exc:
         raise InvalidRequest(str(exc), param="messages") from None
     except TemplateError as exc:

@@ -7,18 +7,35 @@ file, or a Hugging Face id already in the local cache; nothing is downloaded.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from proxy.api.chat import ChatRequest
 from proxy.counting.conversation import ContentFormat, detect_content_format
+from proxy.counting.harmony import HarmonyChat, HarmonyLoadError
+from proxy.counting.mistral import MistralChat, MistralLoadError
+from proxy.counting.modes import Rendering, resolve_mode
 
 log = logging.getLogger("token_guard.tokenizer")
 
 
 class TokenizerLoadError(ValueError):
     pass
+
+
+class NativeChat(Protocol):
+    """A renderer that is not a Jinja template (mistral_common, openai_harmony): it counts a chat request itself,
+    and may count completion text its own way (None: the Hugging Face tokenizer's count stands)."""
+
+    def count_chat(self, req: ChatRequest) -> int: ...
+
+    def count_text(self, text: str, add_special_tokens: bool) -> int | None: ...
+
+
+HF = Rendering("hf", "a Hugging Face tokenizer and chat template")
 
 
 @dataclass(frozen=True)
@@ -28,6 +45,9 @@ class ModelTokenizer:
     backend: Any  # tokenizers.Tokenizer: encodes, releasing the GIL in batch calls
     chat_template: str | dict[str, str] | None
     special_tokens: dict[str, Any] = field(default_factory=dict)  # bos_token, eos_token...: template variables
+    rendering: Rendering = HF
+    native: NativeChat | None = None  # set for the mistral and harmony renderings
+    default_kwargs: Mapping[str, Any] = field(default_factory=dict)  # the server's default_chat_template_kwargs
 
     def template_for(self, tools: list[Any] | None, override: str | None = None) -> str | None:
         """The template vLLM would use: the request's, else the configured or tokenizer's (tool variant if any)."""
@@ -48,7 +68,14 @@ def _content_format(template: str) -> ContentFormat:
     return detect_content_format(template)
 
 
-def load_tokenizer(spec: str, chat_template: Path | None = None) -> ModelTokenizer:
+def load_tokenizer(
+    spec: str,
+    chat_template: Path | None = None,
+    tokenizer_mode: str = "auto",
+    default_kwargs: Mapping[str, Any] | None = None,
+) -> ModelTokenizer:
+    """The tokenizer, template and renderer vLLM would use for the model at `spec`; `tokenizer_mode` and
+    `default_kwargs` mirror vLLM's --tokenizer-mode and --default-chat-template-kwargs."""
     renderer = _load_renderer(spec)
     backend = getattr(renderer, "backend_tokenizer", None)
     if backend is None:
@@ -64,7 +91,34 @@ def load_tokenizer(spec: str, chat_template: Path | None = None) -> ModelTokeniz
     if template is None:
         log.warning("tokenizer %s has no chat template: chat requests will be refused with a 400", spec)
     specials = dict(getattr(renderer, "special_tokens_map", {}) or {})
-    return ModelTokenizer(spec, renderer, backend, template, specials)
+    directory = _directory(spec)
+    rendering = resolve_mode(directory, tokenizer_mode)
+    native = _native(rendering, directory, spec)
+    return ModelTokenizer(spec, renderer, backend, template, specials, rendering, native, dict(default_kwargs or {}))
+
+
+def _directory(spec: str) -> Path | None:
+    path = Path(spec).expanduser()
+    return path if path.is_dir() else path.parent if path.is_file() else None
+
+
+def _native(rendering: Rendering, directory: Path | None, spec: str) -> NativeChat | None:
+    try:
+        if rendering.mode == "mistral":
+            if directory is None:
+                raise MistralLoadError("tokenizer_mode mistral needs a model directory")
+            return MistralChat(directory)
+        if rendering.mode == "harmony":
+            return HarmonyChat()
+    except (MistralLoadError, HarmonyLoadError) as exc:
+        raise TokenizerLoadError(f"tokenizer {spec!r}: {exc}") from exc
+    return None
+
+
+# vLLM loads the Hugging Face tokenizer with mistral_format=False: with mistral_common installed, transformers would
+# otherwise hand back its mistral_common backend for a Mistral repository, which has no fast tokenizer to count with
+# and ignores the chat template.
+HF_OPTIONS: dict[str, Any] = {"local_files_only": True, "mistral_format": False}
 
 
 def _load_renderer(spec: str) -> Any:
@@ -74,13 +128,13 @@ def _load_renderer(spec: str) -> Any:
     try:
         if path.is_file():
             if path.parent.joinpath("tokenizer_config.json").is_file():
-                return AutoTokenizer.from_pretrained(str(path.parent), local_files_only=True)
+                return AutoTokenizer.from_pretrained(str(path.parent), **HF_OPTIONS)
             return PreTrainedTokenizerFast(tokenizer_file=str(path))  # type: ignore[no-untyped-call]
         if path.is_dir():
-            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            return AutoTokenizer.from_pretrained(str(path), **HF_OPTIONS)
         if spec.startswith(("/", ".", "~")):
             raise TokenizerLoadError(f"tokenizer {spec!r}: no such file or directory")
-        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+        return AutoTokenizer.from_pretrained(spec, **HF_OPTIONS)
     except TokenizerLoadError:
         raise
     except Exception as exc:  # transformers raises OSError, ValueError, EnvironmentError ... for bad sources

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.counting.conversation import ConversationError, to_conversation, to_tools
+from proxy.counting.roles import developer_as_system, has_developer, mentions_developer
 from proxy.simulator.errors import ApiError
 from proxy.simulator.tokenizer import SimTokenizer
 from proxy.simulator.wire import Fields
@@ -100,6 +101,8 @@ def render_chat(tokenizer: SimTokenizer, options: ChatOptions) -> RenderedChat:
         conversation = to_conversation(options.messages, tokenizer.content_format(template))
     except ConversationError as exc:
         raise ApiError(str(exc)) from exc
+    if has_developer(conversation) and not mentions_developer(template):
+        conversation = developer_as_system(conversation)  # as vLLM does for templates that never name the role
     kwargs = {
         **options.template_kwargs,
         "add_generation_prompt": options.add_generation_prompt,

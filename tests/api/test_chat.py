@@ -30,7 +30,11 @@ OK_MESSAGES = [{"role": "user", "content": "hi"}]
         (json.dumps({"messages": OK_MESSAGES, "stream": "yes"}).encode(), "stream", "must be a boolean"),
         (json.dumps({"messages": OK_MESSAGES, "model": 5}).encode(), "model", "must be a string"),
         (json.dumps({"messages": OK_MESSAGES, "tools": {}}).encode(), "tools", "must be an array"),
-        (json.dumps({"messages": OK_MESSAGES, "continue_final_message": True}).encode(), "continue_final_message", ""),
+        (
+            json.dumps({"messages": OK_MESSAGES, "continue_final_message": True, "add_generation_prompt": True}).encode(),
+            "continue_final_message",
+            "",
+        ),
     ],
 )
 def test_bad_chat_bodies(raw: bytes, param: str | None, fragment: str) -> None:

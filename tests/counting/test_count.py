@@ -17,7 +17,7 @@ from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
 from proxy.counting.count import count_chat, count_completion
 from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
-from proxy.errors import InvalidRequest
+from proxy.errors import CountedUpstreamOnly, InvalidRequest
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
 from tests.support.reference import reference_chat_count
 
@@ -71,11 +71,23 @@ def test_chat_template_override_changes_the_count(deepseek_dir: Path, tmp_path: 
     assert guard_chat_count(custom, case) == expected != guard_chat_count(default, case)
 
 
-def test_image_parts_are_refused_with_a_clear_message(deepseek_dir: Path) -> None:
+def test_continue_final_message_with_the_default_generation_prompt_is_refused_by_the_template_path(
+    deepseek_dir: Path,
+) -> None:
+    # vLLM's validator only refuses both flags when both were sent; transformers then refuses the default.
+    tok = load_tokenizer(str(deepseek_dir))
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    with pytest.raises(InvalidRequest, match="not compatible"):
+        guard_chat_count(tok, {"messages": messages, "continue_final_message": True})
+
+
+def test_image_parts_are_left_to_the_upstream_with_a_clear_message(deepseek_dir: Path) -> None:
     tok = load_tokenizer(str(deepseek_dir))
     parts = [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
-    with pytest.raises(InvalidRequest, match="not a text part"):
+    with pytest.raises(CountedUpstreamOnly, match="image_url part; its tokens depend on the model's processor"):
         guard_chat_count(tok, {"messages": [{"role": "user", "content": parts}]})
+    with pytest.raises(InvalidRequest, match="not a text part"):
+        guard_chat_count(tok, {"messages": [{"role": "user", "content": [{"type": "hologram"}]}]})
 
 
 PIECES = list("abc XYZ.,!?:;-_'\"\n\t  東京🎉é0123{}()<>/\\") + ["<｜User｜>", "<|im_end|>", "  ", "\n\n    "]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.counting.conversation import detect_content_format, to_conversation, to_tools
+from proxy.counting.roles import developer_as_system, has_developer, mentions_developer
 from proxy.simulator import SimulatorSettings
 from proxy.simulator.chat import plan_chat
 from proxy.simulator.context import Context
@@ -28,9 +29,12 @@ from tests.support.trained import write_trained_tokenizer_dir
 
 
 def reference_chat_ids(tokenizer: Any, request: dict[str, Any], normalize_tools: bool = True) -> list[int]:
-    """The count a vLLM would reach: vLLM's conversation and tools, then transformers' own apply_chat_template."""
+    """The count a vLLM would reach: vLLM's conversation and tools (developer messages as system for a template
+    that never names the role), then transformers' own apply_chat_template."""
     template = tokenizer.chat_template
     conversation = to_conversation(request["messages"], detect_content_format(template))
+    if has_developer(conversation) and not mentions_developer(template):
+        conversation = developer_as_system(conversation)
     tools = request.get("tools")
     encoded = tokenizer.apply_chat_template(
         conversation,

@@ -1,0 +1,144 @@
+"""Counting for models vLLM serves with `--tokenizer-mode mistral`: chat is rendered by mistral_common straight to
+token ids, with no chat template and no text step (vLLM 0.31/0.32 `renderers/mistral.py`, `tokenizers/mistral.py`).
+
+Before mistral_common sees a chat request, vLLM gives every assistant message a `tool_calls` list, keeps the last 9
+characters of longer tool-call ids, refuses any `chat_template` or `chat_template_kwargs`, and (as a side effect of
+parsing the messages) turns tool-call arguments into objects, which mistral_common then dumps again with spaces.
+mistral_common itself maps developer to system, puts system prompts before the last user turn, joins text parts with
+a blank line and re-dumps JSON tool results. Completions: `Tekkenizer.encode(text, bos=add_special_tokens)`, where
+control-token text such as "[INST]" stays plain text.
+
+mistral_common's errors become the guard's 400 here, at this module's boundary.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from proxy.api.chat import ChatRequest
+from proxy.counting.conversation import MEDIA_PART_TYPES, to_tools
+from proxy.errors import CountedUpstreamOnly, InvalidRequest
+
+MISTRAL_TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"})
+
+
+class MistralLoadError(ValueError):
+    pass
+
+
+def tokenizer_file(directory: Path) -> Path | None:
+    """The file vLLM's mistral mode reads: tekken.json, else the newest tokenizer.model.v*."""
+    if (directory / "tekken.json").is_file():
+        return directory / "tekken.json"
+    versions = sorted(directory.glob("tokenizer.model.v*"))
+    return versions[-1] if versions else None
+
+
+class MistralChat:
+    """One model's mistral_common tokenizer, in the validation mode vLLM uses."""
+
+    def __init__(self, directory: Path) -> None:
+        try:
+            from mistral_common.protocol.instruct.validator import ValidationMode
+            from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+        except ImportError as exc:
+            raise MistralLoadError("tokenizer_mode mistral needs the mistral-common package") from exc
+        path = tokenizer_file(directory)
+        if path is None:
+            raise MistralLoadError(f"{directory}: no tekken.json or tokenizer.model.v* for tokenizer_mode mistral")
+        try:
+            self._tokenizer = MistralTokenizer.from_file(str(path), mode=ValidationMode.test)
+        except Exception as exc:  # mistral_common raises its own and pydantic's errors for a bad file
+            raise MistralLoadError(f"{path}: not a mistral_common tokenizer ({type(exc).__name__}: {exc})") from exc
+        self._raw = self._tokenizer.instruct_tokenizer.tokenizer
+        self.version = int(str(self._raw.version.value).rsplit("v", 1)[-1])
+        self.source = str(path)
+
+    def count_chat(self, req: ChatRequest) -> int:
+        messages = _prepared(req)
+        effort = req.body.get("reasoning_effort") if self.version >= 15 else None
+        try:
+            from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+            request = ChatCompletionRequest.from_openai(
+                messages=messages, tools=to_tools(req.tools), continue_final_message=req.continue_final_message,
+                reasoning_effort=effort,
+            )  # fmt: skip
+            return len(self._tokenizer.encode_chat_completion(request).tokens)
+        except Exception as exc:  # validation and structure errors: vLLM answers 400 with their text
+            raise InvalidRequest(f"{type(exc).__name__}: {exc}", param="messages") from None
+
+    def count_text(self, text: str, add_special_tokens: bool) -> int:
+        return len(self._raw.encode(text, bos=add_special_tokens, eos=False))
+
+
+def _prepared(req: ChatRequest) -> list[dict[str, Any]]:
+    """The request's messages as vLLM hands them to mistral_common, with vLLM's own 400s for what it refuses."""
+    body = req.body
+    if body.get("chat_template") is not None or body.get("chat_template_kwargs") is not None:
+        raise InvalidRequest("chat_template is not supported for Mistral tokenizers.", param="chat_template")
+    if req.continue_final_message and req.add_generation_prompt:
+        raise InvalidRequest("Cannot set both `add_generation_prompt` and `continue_final_message` to True.",
+                             param="continue_final_message")  # fmt: skip
+    messages: list[dict[str, Any]] = copy.deepcopy(req.messages)
+    last = messages[-1].get("role")
+    if req.add_generation_prompt and last == "assistant":
+        raise InvalidRequest(
+            "Cannot set `add_generation_prompt` to True when the last message is from the assistant. Consider using "
+            "`continue_final_message` instead.",
+            param="messages",
+        )
+    if req.continue_final_message and last != "assistant":
+        raise InvalidRequest("Cannot set `continue_final_message` to True when the last message is not from the "
+                             "assistant.", param="messages")  # fmt: skip
+    for m in messages:
+        reasoning = m.pop("reasoning_content", None)
+        if reasoning is not None and m.get("reasoning") is None:
+            m["reasoning"] = reasoning
+        if m.get("role") == "assistant":
+            m["tool_calls"] = [_call(c) for c in m.get("tool_calls") or []]
+        elif m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
+            m["tool_call_id"] = m["tool_call_id"][-9:]
+        content = m.get("content")
+        if isinstance(content, list):
+            m["content"] = [_part(p) for p in content if not isinstance(p, dict) or p.get("type")]
+    return messages
+
+
+def _call(call: Any) -> Any:
+    if not isinstance(call, dict):
+        return call
+    call = dict(call)
+    if isinstance(call.get("id"), str):
+        call["id"] = call["id"][-9:]
+    function = call.get("function")
+    if call.get("type", "function") != "function" or not isinstance(function, dict):
+        raise InvalidRequest("chat completions only support assistant tool_calls of type 'function'.")
+    call["function"] = {**function, "arguments": _arguments(function.get("arguments"))}
+    return call
+
+
+def _arguments(arguments: Any) -> dict[str, Any]:
+    # vLLM parses the arguments in place while building its own conversation: a JSON object string becomes the
+    # object, anything else {}; mistral_common then dumps it again (a compact string gains spaces).
+    if isinstance(arguments, dict):
+        return arguments
+    if not arguments or not isinstance(arguments, str):
+        return {}
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _part(part: Any) -> Any:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in MEDIA_PART_TYPES:
+        raise CountedUpstreamOnly(f"a {kind} part: its tokens depend on the model's processor", param="messages")
+    if isinstance(part, dict) and kind not in MISTRAL_TEXT_PARTS:
+        raise InvalidRequest(f"content part type {kind!r} is not supported", param="messages")
+    return part
