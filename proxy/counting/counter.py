@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cachetools import LRUCache
-
 from proxy.counting.components import added_special_tokens
+from proxy.counting.memo import Memo
 from proxy.counting.segments import Segmenter, segmenter_for
 from proxy.counting.selfcheck import segments_agree, splits_agree, words_agree
 from proxy.counting.splitting import splitter_for, words
@@ -27,7 +25,6 @@ from proxy.settings import CountingSettings
 log = logging.getLogger("token_guard.counter")
 
 INLINE_MAX_CHARS = 8192  # about 2K tokens: ~2 ms of encoding, less than a thread hop adds to a small request
-ENTRY_OVERHEAD = 256  # bytes an LRU entry costs beyond its key string (dict slots, LRU links, the value tuple)
 
 
 @dataclass(frozen=True)
@@ -45,8 +42,8 @@ class TokenCounter:
         self.segmenter = segmenter_for(backend)
         self.splitter = splitter_for(backend, cores or available_cores(), settings.split_min_chars)
         self.specials = added_special_tokens(backend)  # None: the post-processor adds a varying number
-        self._cache: LRUCache[str, tuple[int, int]] = LRUCache(int(settings.cache_mb * 2**20), getsizeof=_size)
-        self._words: LRUCache[str, tuple[int, int]] = LRUCache(int(settings.word_cache_mb * 2**20), getsizeof=_size)
+        self._cache = Memo(int(settings.cache_mb * 2**20))
+        self._words = Memo(int(settings.word_cache_mb * 2**20))
         self._word_limit = settings.split_min_chars  # longer segments are split per core instead
         self.by_words = False
         self.hits = self.misses = 0
@@ -79,17 +76,18 @@ class TokenCounter:
 
     def stats(self) -> CounterStats:
         cache = self._cache
-        return CounterStats(self.hits, self.misses, len(cache), int(cache.currsize), int(cache.maxsize))
+        return CounterStats(self.hits, self.misses, len(cache), cache.bytes, cache.max_bytes)
 
     def _look_up(self, segments: Iterable[str]) -> tuple[dict[str, int], list[str]]:
         known: dict[str, int] = {}
         missing: list[str] = []
+        get = self._cache.get
         for segment in dict.fromkeys(segments):
-            entry = self._cache.get(segment)
-            if entry is None:
+            count = get(segment)
+            if count is None:
                 missing.append(segment)
             else:
-                known[segment] = entry[0]
+                known[segment] = count
         self.hits += len(known)
         self.misses += len(missing)
         return known, missing
@@ -123,21 +121,21 @@ class TokenCounter:
 
     def _known_words(self, pieces: Iterable[str]) -> tuple[dict[str, int], list[str]]:
         known: dict[str, int] = {}
-        unknown: list[str] = []
-        for piece in dict.fromkeys(pieces):
-            entry = self._words.get(piece)
-            if entry is None:
-                unknown.append(piece)
-            else:
-                known[piece] = entry[0]
-        return known, unknown
+        unknown: dict[str, None] = {}
+        get = self._words.get
+        for piece in pieces:
+            if piece not in known:
+                count = get(piece)
+                if count is None:
+                    unknown[piece] = None
+                else:
+                    known[piece] = count
+        return known, list(unknown)
 
     @staticmethod
-    def _remember(cache: LRUCache[str, tuple[int, int]], counts: dict[str, int]) -> None:
+    def _remember(cache: Memo, counts: dict[str, int]) -> None:
         for text, count in counts.items():
-            entry = (count, sys.getsizeof(text) + ENTRY_OVERHEAD)
-            if entry[1] <= cache.maxsize:  # cachetools refuses an entry larger than the whole cache
-                cache[text] = entry
+            cache.put(text, count)
 
     async def _encode_lengths(self, texts: list[str], add_special_tokens: bool) -> list[int]:
         # encode_batch_fast releases the GIL (plain `encode` does not), so the loop keeps running while it works.
@@ -156,7 +154,3 @@ def available_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-def _size(entry: tuple[int, int]) -> int:
-    return entry[1]

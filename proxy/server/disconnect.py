@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from types import TracebackType
 
-from proxy.server.asgi import ClientGone, Receive
+from proxy.server.asgi import ClientGone, Message, Receive
 
 
 class ClientWatch:
@@ -21,26 +21,34 @@ class ClientWatch:
         self._receive = receive
         self._answered = answered  # the server reports a disconnect after the last byte too: that one is no news
         self._task: asyncio.Task[object] | None = None
-        self._watcher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Future[Message] | None = None
         self.gone = False
 
     async def __aenter__(self) -> ClientWatch:
         self._task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        self._watcher = loop.create_task(self._watch())  # bound to this block: cancelled in __aexit__
+        self._listen()
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
-        assert self._watcher is not None and self._task is not None
-        self._watcher.cancel()
-        if self.gone and kind is asyncio.CancelledError and self._task.uncancel() == 0:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+        if self.gone and kind is asyncio.CancelledError and self._task is not None and self._task.uncancel() == 0:
             raise ClientGone() from None
 
-    async def _watch(self) -> None:
-        while (await self._receive())["type"] != "http.disconnect":
-            pass
-        if not self._answered() and self._task is not None:
+    def _listen(self) -> None:
+        # The server's own receive() coroutine runs as the task: no wrapper coroutine, and a callback (not a second
+        # awaiting task) decides what its message means.
+        self._watcher = asyncio.ensure_future(self._receive())  # bound to this block: cancelled in __aexit__
+        self._watcher.add_done_callback(self._heard)
+
+    def _heard(self, watcher: asyncio.Future[Message]) -> None:
+        if watcher is not self._watcher or watcher.cancelled():
+            return
+        if watcher.result()["type"] != "http.disconnect":
+            self._listen()  # the rest of a body nobody read: keep listening
+        elif not self._answered() and self._task is not None:
             self.gone = True
             self._task.cancel()

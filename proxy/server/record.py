@@ -3,8 +3,8 @@ logged as one line and fed to the metrics."""
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from proxy.policy.outcome import Findings
@@ -12,7 +12,7 @@ from proxy.policy.outcome import Findings
 REQUEST_ID = b"x-request-id"
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     request_id: str
     method: str
@@ -37,7 +37,7 @@ def request_id(given: str | None) -> str:
     """The client's X-Request-Id when it sent a usable one (vLLM puts it in the response id), else a new one."""
     if given and len(given) <= 256 and given.isprintable():
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # 32 hex digits, as a uuid4().hex (and a third of its cost)
 
 
 def log_fields(record: RequestRecord) -> dict[str, object]:

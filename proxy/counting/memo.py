@@ -1,0 +1,56 @@
+"""A bounded map from a text to its token count, at the speed of a plain dict.
+
+Two generations of dicts stand in for an LRU list: new entries and hits go to the young one; when the young one fills
+its half of the byte budget, it becomes the old one and the old one is dropped. A lookup is one or two dict gets, with
+no list to reorder on every hit (cachetools' LRUCache spent more time in its bookkeeping than the counting saved on a
+small prompt). What is used keeps being promoted; what is not ages out within two generations.
+"""
+
+from __future__ import annotations
+
+import sys
+
+ENTRY_OVERHEAD = 120  # bytes a dict slot and the int cost beyond the key string
+
+
+def entry_size(text: str) -> int:
+    return sys.getsizeof(text) + ENTRY_OVERHEAD
+
+
+class Memo:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._half = max_bytes // 2
+        self._young: dict[str, int] = {}
+        self._old: dict[str, int] = {}
+        self._young_bytes = self._old_bytes = 0
+
+    def get(self, text: str) -> int | None:
+        count = self._young.get(text)
+        if count is None:
+            count = self._old.pop(text, None)
+            if count is not None:
+                self._old_bytes -= entry_size(text)
+                self._add(text, count)
+        return count
+
+    def put(self, text: str, count: int) -> None:
+        if text not in self._young:
+            self._add(text, count)
+
+    def _add(self, text: str, count: int) -> None:
+        size = entry_size(text)
+        if size > self._half:
+            return  # larger than a generation: not worth keeping
+        if self._young_bytes + size > self._half:
+            self._old, self._old_bytes = self._young, self._young_bytes
+            self._young, self._young_bytes = {}, 0
+        self._young[text] = count
+        self._young_bytes += size
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._old)
+
+    @property
+    def bytes(self) -> int:
+        return self._young_bytes + self._old_bytes
