@@ -106,12 +106,6 @@ def test_langchain_raises_a_bad_request_error_carrying_the_code(servers: tuple[s
     assert info.value.code == "context_length_exceeded"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=openai.BadRequestError,  # LangChain's generic OpenAIInvalidRequestError, a subclass
-    reason="langchain-openai's _handle_openai_bad_request looks for 'context_length_exceeded' in str(error), which "
-    "current openai releases build from the error message alone; the guard's message does not contain it yet",
-)
 def test_langchain_classifies_the_guards_400_as_context_overflow(servers: tuple[str, str]) -> None:
     guarded, _ = servers
     with pytest.raises(ContextOverflowError):

@@ -87,12 +87,14 @@ def _limited(prompt_tokens: int, limit: int, changes: dict[str, int], min_tokens
 
 
 def _too_long(prompt_tokens: int, room: int, limits: Limits, param: str) -> ContextLengthExceeded:
+    # "prompt is too long" is one of the phrases LangChain recognizes a context overflow by (it reads the message only,
+    # not the code); "maximum context length is" is the one LiteLLM and vLLM's clients look for.
     what = "messages" if param == "messages" else "prompt"
     plural = "" if limits.min_output_tokens == 1 else "s"
     needed = f"at least {limits.min_output_tokens} output token{plural}"
     message = (
         f"This model's maximum context length is {limits.max_model_len} tokens. However, your request has "
         f"{prompt_tokens} input tokens, which leaves {max(room, 0)} for the output ({needed} required). "
-        f"Please reduce the length of the {what}."
+        f"The prompt is too long: please reduce the length of the {what}."
     )
     return ContextLengthExceeded(message, param=param)

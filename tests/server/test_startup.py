@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -69,7 +70,19 @@ def test_configured_window_wins_over_the_discovered_one_with_a_warning(
             assert response.json()["usage"]["total_tokens"] == 1024
 
 
-def test_bad_settings_stop_the_program_with_a_message_naming_the_key(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    """`serve` sets up the root logger for its process; in a test, put back what was there (pytest's capture)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_bad_settings_stop_the_program_with_a_message_naming_the_key(
+    capsys: pytest.CaptureFixture[str], restored_logging: None
+) -> None:
     assert main(["serve", "--port", "eighty"]) == 2
     assert "server.port: expected an integer from 1 to 65535, got 'eighty' (from --port)" in capsys.readouterr().err
     assert main(["serve", "--model", "m", "--tokenizer", "/no/such/dir"]) == 2
