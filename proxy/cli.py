@@ -30,6 +30,9 @@ FLAGS = {  # flag destination -> settings key
     "tokenizer": "model.tokenizer",
     "chat_template": "model.chat_template",
     "max_model_len": "model.max_model_len",
+    "tokenizer_mode": "model.tokenizer_mode",
+    "default_chat_template_kwargs": "model.default_chat_template_kwargs",
+    "count_source": "counting.source",
 }
 
 
@@ -65,6 +68,11 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--tokenizer", help="tokenizer directory, tokenizer.json, or cached Hugging Face id")
     parser.add_argument("--chat-template", help="chat template file overriding the tokenizer's")
     parser.add_argument("--max-model-len", help="context window in tokens (default: asked from the upstream)")
+    parser.add_argument("--tokenizer-mode", help="as vLLM's: auto (decide as vLLM does), hf or mistral")
+    parser.add_argument(
+        "--default-chat-template-kwargs", help="as vLLM's: a JSON object, e.g. '{\"enable_thinking\": false}'"
+    )
+    parser.add_argument("--count-source", help="who counts prompts: auto (default), local or upstream")
     parser.add_argument("--log-level", help="critical, error, warning, info or debug")
     return parser
 

@@ -11,21 +11,12 @@ from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
 from proxy.check.compare import Count, Refusal, Row, compare
 from proxy.check.samples import Sample
-from proxy.counting.conversation import template_inputs
 from proxy.counting.count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.upstream.client import Upstream
+from proxy.upstream.counting import chat_tokenize_body
 
-# Fields of a chat request that /tokenize accepts and that change the rendered prompt (wire contract, section 5).
-CHAT_TOKENIZE_FIELDS = (
-    "messages",
-    "tools",
-    "add_generation_prompt",
-    "continue_final_message",
-    "add_special_tokens",
-    "chat_template",
-)
 JSON_HEADERS = {"content-type": "application/json"}
 
 
@@ -48,9 +39,30 @@ def tokenize_body(model: str, sample: Sample) -> dict[str, Any]:
     if sample.kind == "completion":
         extra = {"add_special_tokens": body["add_special_tokens"]} if "add_special_tokens" in body else {}
         return {"model": model, "prompt": body["prompt"], **extra}
-    fields = {key: body[key] for key in CHAT_TOKENIZE_FIELDS if body.get(key) is not None}
-    kwargs = template_inputs(body, body.get("chat_template_kwargs") or {})
-    return {"model": model, **fields, **({"chat_template_kwargs": kwargs} if kwargs else {})}
+    return chat_tokenize_body(model, body)
+
+
+def charge_body(model: str, sample: Sample) -> dict[str, Any]:
+    """The sample as a real request for one greedy token, whose usage says what vLLM counted. Tools go with
+    tool_choice "none" when the sample names no choice: vLLM refuses tools with "auto" unless started with
+    --enable-auto-tool-choice, and the choice does not change the prompt."""
+    body = {k: v for k, v in sample.body.items() if k not in ("stream", "stream_options", "n", "max_completion_tokens")}
+    body.update(model=model, max_tokens=1, temperature=0)
+    if sample.kind == "chat" and body.get("tools") and "tool_choice" not in body:
+        body["tool_choice"] = "none"
+    return body
+
+
+def charged_result(status: int, raw: bytes) -> Count:
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        payload = None
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if status == 200 and isinstance(tokens, int):
+        return tokens
+    return Refusal(f"{status} {_error_message(payload, raw)}")
 
 
 def tokenize_result(status: int, raw: bytes) -> Count:
@@ -77,20 +89,40 @@ def _error_message(payload: Any, raw: bytes) -> str:
     return raw.decode(errors="replace")[:200]
 
 
-async def upstream_count(upstream: Upstream, model: str, sample: Sample) -> Count:
-    """The upstream's count; raises GuardError when it cannot be asked at all (unreachable, no /tokenize)."""
-    body = json.dumps(tokenize_body(model, sample)).encode()
-    response = (await upstream.open("POST", "/tokenize", JSON_HEADERS, body)).response
+async def _post(upstream: Upstream, path: str, payload: dict[str, Any]) -> tuple[int, bytes]:
+    response = (await upstream.open("POST", path, JSON_HEADERS, json.dumps(payload).encode())).response
     try:
-        raw = await response.read()
+        return response.status, await response.read()
     finally:
         response.close()
-    if response.status == 404 and raw.strip() == b'{"detail":"Not Found"}':
+
+
+async def upstream_count(upstream: Upstream, model: str, sample: Sample) -> Count:
+    """The upstream's count; raises GuardError when it cannot be asked at all (unreachable, no /tokenize)."""
+    status, raw = await _post(upstream, "/tokenize", tokenize_body(model, sample))
+    if status == 404 and raw.strip() == b'{"detail":"Not Found"}':
         raise UpstreamUnavailable(f"The upstream at {upstream.url} has no POST /tokenize to compare counts with.")
-    return tokenize_result(response.status, raw)
+    return tokenize_result(status, raw)
 
 
-async def count_both(model: GuardedModel, samples: Sequence[Sample], upstream: Upstream) -> list[Row]:
+async def charged_count(upstream: Upstream, model: str, sample: Sample) -> Count:
+    """What vLLM charges for the sample: usage.prompt_tokens of a 1-token generation."""
+    path = "/v1/chat/completions" if sample.kind == "chat" else "/v1/completions"
+    return charged_result(*await _post(upstream, path, charge_body(model, sample)))
+
+
+async def count_both(
+    model: GuardedModel, samples: Sequence[Sample], upstream: Upstream, charge: bool = True
+) -> list[Row]:
+    """Every sample counted by the guard, by /tokenize and (with `charge`) by what a generation is charged."""
     guard = [await guard_count(model, s) for s in samples]
     theirs = [await upstream_count(upstream, model.name, s) for s in samples]
-    return compare(model.name, [s.name for s in samples], guard, theirs)
+    charged = [await charged_count(upstream, model.name, s) for s in samples] if charge else None
+    return compare(model.name, [s.name for s in samples], guard, theirs, charged)
+
+
+def needs_charging(model: GuardedModel) -> bool:
+    """/tokenize renders a template-rendered model's chat exactly as generation does (the same conversation,
+    template, kwargs and server defaults), so the start-up check spares the upstream its 1-token generations there;
+    for harmony and mistral_common it is no reference."""
+    return model.tokenizer.rendering.mode != "hf"

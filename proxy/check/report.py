@@ -3,10 +3,31 @@ status."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from proxy.check.compare import MISMATCH, Count, Refusal, Row, Window, cell
+from proxy.counting.registry import GuardedModel
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """How the guard counts a model's prompts: the rendering path and the count source, each with its reason."""
+
+    model: str
+    rendering: str
+    rendering_reason: str
+    count_source: str
+    source_reason: str
+
+    @classmethod
+    def of(cls, model: GuardedModel) -> ModelInfo:
+        rendering = model.tokenizer.rendering
+        return cls(model.name, rendering.mode, rendering.reason, model.count_source, model.source_reason)
+
+    def lines(self) -> list[str]:
+        return [f"  {self.model}: chat rendered by {self.rendering}: {self.rendering_reason}",
+                f"  {self.model}: counted by {self.count_source}: {self.source_reason}"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -16,6 +37,7 @@ class Report:
     version_error: str | None
     rows: list[Row]
     windows: list[Window]
+    models: list[ModelInfo] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -24,8 +46,10 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         return {
             "upstream": {"url": self.upstream_url, "version": self.version, "version_error": self.version_error},
+            "models": [asdict(m) for m in self.models],
             "samples": [
                 {"model": r.model, "sample": r.sample, **_side("guard", r.guard), **_side("upstream", r.upstream)}
+                | _side("charged", r.charged)
                 | {"verdict": r.verdict}
                 for r in self.rows
             ],
@@ -38,12 +62,14 @@ class Report:
 
     def table(self) -> str:
         out = [f"upstream {self.upstream_url}, vLLM version {self.version or f'unknown ({self.version_error})'}", ""]
-        samples = [[r.model, r.sample, cell(r.guard), cell(r.upstream), r.verdict] for r in self.rows]
-        out += _columns(["model", "sample", "guard", "upstream", "verdict"], samples)
+        if self.models:
+            out += ["how each model is counted:", *[line for m in self.models for line in m.lines()], ""]
+        samples = [[r.model, r.sample, cell(r.guard), cell(r.upstream), cell(r.charged), r.verdict] for r in self.rows]
+        out += _columns(["model", "sample", "guard", "upstream", "charged", "verdict"], samples)
+        out.append("  (upstream: POST /tokenize; charged: usage.prompt_tokens of a 1-token generation, the reference)")
         for r in self.rows:
-            refusals = [
-                (side, c) for side, c in (("guard", r.guard), ("upstream", r.upstream)) if isinstance(c, Refusal)
-            ]
+            sides = (("guard", r.guard), ("upstream", r.upstream), ("charged", r.charged))
+            refusals = [(side, c) for side, c in sides if isinstance(c, Refusal)]
             out += [f"  {r.model} / {r.sample}: {side} refused: {_short(c.reason)}" for side, c in refusals]
         windows = [[w.model, f"{_opt(w.guard)} ({w.source})", _opt(w.upstream), w.verdict] for w in self.windows]
         out += ["", "max_model_len each side believes:", *_columns(["model", "guard", "upstream", "verdict"], windows)]
@@ -70,7 +96,9 @@ def _short(text: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _side(name: str, count: Count) -> dict[str, Any]:
+def _side(name: str, count: Count | None) -> dict[str, Any]:
+    if count is None:
+        return {name: None, f"{name}_error": None}
     if isinstance(count, int):
         return {name: count, f"{name}_error": None}
     return {name: None, f"{name}_error": count.reason}
@@ -78,7 +106,7 @@ def _side(name: str, count: Count) -> dict[str, Any]:
 
 def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    numeric = {i for i, h in enumerate(header) if h in ("guard", "upstream")}
+    numeric = {i for i, h in enumerate(header) if h in ("guard", "upstream", "charged")}
     return [
         "  ".join(
             c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))

@@ -1,6 +1,7 @@
-"""`token-guard check`, a doctor for drift: count sample requests with the guard's own tokenizer and chat template and
-with the upstream's `POST /tokenize`, and report every disagreement, the context window each side believes and the
-upstream's version. `drift_warnings()` runs the same comparison once at `serve` start-up.
+"""`token-guard check`, a doctor for drift: count sample requests with the guard's own renderer and tokenizer, with
+the upstream's `POST /tokenize` and by what the upstream charges for them, and report every disagreement, each model's
+rendering path and count source and why, the context window each side believes and the upstream's version.
+`drift_warnings()` runs the same comparison once at `serve` start-up, and there decides counting.source auto.
 
 A tokenizer or template that drifted (a vLLM upgrade, a model re-uploaded with a fixed template) makes every clamp
 and overflow decision wrong by the size of the difference, silently; this is how it becomes visible.
@@ -17,13 +18,15 @@ from pathlib import Path
 
 from proxy.api.models import ModelCard
 from proxy.check.compare import Window, drift_lines
-from proxy.check.counts import count_both
-from proxy.check.report import Report
+from proxy.check.counts import count_both, needs_charging
+from proxy.check.report import ModelInfo, Report
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
+from proxy.check.source import apply
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.errors import GuardError
 from proxy.settings import Settings
 from proxy.upstream.client import Upstream
+from proxy.upstream.counting import UpstreamCounter
 from proxy.upstream.discovery import discover
 
 
@@ -32,12 +35,15 @@ class CheckError(Exception):
 
 
 async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: Upstream) -> list[str]:
-    """The built-in samples for every guarded model, as warning lines (none when all agree). Never raises: start-up
-    goes on whatever happens, and a check that could not run is itself a warning line."""
+    """The built-in samples for every guarded model, as warning lines (none when all agree); in counting.source
+    auto, a model that disagrees is counted by the upstream from then on. Never raises: start-up goes on whatever
+    happens, and a check that could not run is itself a warning line."""
     try:
         rows = []
         for name in registry.names:
-            rows += await count_both(registry.resolve(name), BUILTIN_SAMPLES, upstream)
+            model = registry.resolve(name)
+            rows += await count_both(model, BUILTIN_SAMPLES, upstream, charge=needs_charging(model))
+        await apply(registry, rows, UpstreamCounter(upstream))
     except GuardError as exc:
         return [f"drift check against {upstream.url} could not run: {exc.message}"]
     except Exception as exc:  # a warning must never stop the proxy from serving
@@ -58,13 +64,15 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
             )
         models = [registry.resolve(name) for name in registry.names]
         rows = [row for model in models for row in await count_both(model, samples, upstream)]
+        await apply(registry, rows, UpstreamCounter(upstream))
         windows = [_window(model, cards) for model in models]
+        infos = [ModelInfo.of(registry.resolve(name)) for name in registry.names]
         version, version_error = await _version(upstream)
     except GuardError as exc:
         raise CheckError(exc.message) from None
     finally:
         await upstream.aclose()
-    return Report(upstream.url, version, version_error, rows, windows)
+    return Report(upstream.url, version, version_error, rows, windows, infos)
 
 
 async def _discover(upstream: Upstream, wait_s: float, connect_timeout_s: float) -> list[ModelCard]:

@@ -27,6 +27,8 @@ class GuardedModel:
     max_model_len: int | None
     length_source: str
     counter: TokenCounter  # one per tokenizer: its segment cache outlives requests
+    count_source: str = "auto"  # "local", "upstream", or "auto": local until the start-up check says otherwise
+    source_reason: str = "counting.source auto: local until the start-up check compares with vLLM"
 
 
 class ModelRegistry:
@@ -44,13 +46,17 @@ class ModelRegistry:
         models = []
         for i, spec in enumerate(configured):
             try:
-                tok = load_tokenizer(spec.tokenizer, spec.chat_template)
+                tok = load_tokenizer(spec.tokenizer, spec.chat_template, spec.tokenizer_mode,
+                                     spec.default_chat_template_kwargs)  # fmt: skip
             except TokenizerLoadError as exc:
                 raise TokenizerLoadError(f"models[{i}] ({spec.name}): {exc}") from exc
             source = "config" if spec.max_model_len is not None else "pending discovery"
             counter = TokenCounter(tok.backend, counting, name=spec.name)
-            models.append(GuardedModel(spec.name, tok, spec.max_model_len, source, counter))
-            log.info("model %s: tokenizer from %s", spec.name, spec.tokenizer)
+            counts = _count_source(spec.count_source or counting.source, "models[].count_source" if spec.count_source
+                                   else "counting.source")  # fmt: skip
+            models.append(GuardedModel(spec.name, tok, spec.max_model_len, source, counter, *counts))
+            log.info("model %s: tokenizer from %s; chat rendered by %s (%s); counted by %s",
+                     spec.name, spec.tokenizer, tok.rendering.mode, tok.rendering.reason, counts[0])  # fmt: skip
         # Readiness waits for discovery only when a window is unknown; discovery itself always runs, to warn when the
         # configured window disagrees with the upstream's.
         return cls(models, discovering=not models or any(m.max_model_len is None for m in models), counting=counting)
@@ -58,6 +64,14 @@ class ModelRegistry:
     @property
     def names(self) -> list[str]:
         return list(self._order)
+
+    def set_count_source(self, name: str, source: str, reason: str) -> None:
+        """Who counts this model's prompts from now on (the start-up check's verdict in counting.source auto)."""
+        model = self._models[name]
+        if (model.count_source, model.source_reason) != (source, reason):
+            self._models[name] = replace(model, count_source=source, source_reason=reason)
+            level = logging.WARNING if source == "upstream" else logging.INFO
+            log.log(level, "model %s: count source %s: %s", name, source, reason)
 
     def resolve(self, name: str | None) -> GuardedModel:
         if name is None and self._order:  # vLLM serves its first model when `model` is omitted
@@ -94,13 +108,21 @@ class ModelRegistry:
                 log.warning("model %s: not guarded: %s", card.id, exc)
                 continue
             loaded[root] = tok, counter
-            self._models[card.id] = GuardedModel(card.id, tok, length, "discovered", counter)
+            counts = _count_source(self._counting.source, "counting.source")
+            self._models[card.id] = GuardedModel(card.id, tok, length, "discovered", counter, *counts)
             self._order.append(card.id)
-            log.info("model %s: tokenizer from %s, max_model_len %d (discovered)", card.id, root, length)
+            log.info("model %s: tokenizer from %s, max_model_len %d (discovered); chat rendered by %s (%s)",
+                     card.id, root, length, tok.rendering.mode, tok.rendering.reason)  # fmt: skip
 
     def _load(self, root: str, name: str) -> tuple[ModelTokenizer, TokenCounter]:
         tok = load_tokenizer(root)
         return tok, TokenCounter(tok.backend, self._counting, name=name)
+
+
+def _count_source(setting: str, key: str) -> tuple[str, str]:
+    if setting == "auto":
+        return "auto", f"{key} auto: local, until the start-up check finds the guard disagreeing with vLLM"
+    return setting, f"{key} {setting} (configured)"
 
 
 def by_name(cards: list[ModelCard]) -> dict[str, ModelCard]:

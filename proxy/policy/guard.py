@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.api.body import with_changes
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
-from proxy.counting.count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel, ModelRegistry
+from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
 from proxy.policy.choice import choose_policy
 from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion, limits_for
 from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse
@@ -25,6 +25,7 @@ from proxy.settings import PolicySettings, Settings
 class Guard:
     settings: Settings
     registry: ModelRegistry
+    remote: RemoteCount | None = None  # counts through the upstream (counting.source); None: always local
 
     def __post_init__(self) -> None:
         self._policies = {m.name: m.policy for m in self.settings.models if m.policy is not None}
@@ -34,6 +35,8 @@ class Guard:
             outcome = await self._chat(raw, headers, findings)
         else:
             outcome = await self._completion(raw, headers, findings)
+        if findings.count_source is not None:
+            outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
         findings.decision = outcome.decision
         return outcome
 
@@ -43,10 +46,11 @@ class Guard:
         findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
         model, policy, choice, limits = self._target(req.model, headers, findings)
         started = time.perf_counter()
-        prompt_tokens = await count_chat(model.tokenizer, req, model.counter)
+        prompt_tokens, findings.count_source = await chat_tokens(model, req, self.remote)
         findings.count_s = time.perf_counter() - started
         plan = decide_chat(req, prompt_tokens, limits)
-        if plan.action == "reject" and choice != "reject":
+        # Truncate and chunk re-count their cuts here; only a locally counted prompt can be cut exactly.
+        if plan.action == "reject" and choice != "reject" and findings.count_source == LOCAL:
             return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
         return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n))
 
@@ -55,10 +59,10 @@ class Guard:
         findings.max_tokens_before = req.requested_output[1]
         model, policy, choice, limits = self._target(req.model, headers, findings)
         started = time.perf_counter()
-        counts = await count_completion(model.tokenizer, req, model.counter)
+        counts, findings.count_source = await completion_tokens(model, req, self.remote)
         findings.count_s = time.perf_counter() - started
         plan = decide_completion(req, counts, limits)
-        if plan.action == "reject" and choice != "reject":
+        if plan.action == "reject" and choice != "reject" and findings.count_source == LOCAL:
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
         return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)))
 

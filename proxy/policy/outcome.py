@@ -21,6 +21,7 @@ class Decision:
     chunk_tokens: tuple[int, ...] = ()  # chunk: each part's prompt tokens
     dropped_messages: int | None = None  # truncate
     truncated_tokens: int | None = None  # truncate
+    count_source: str | None = None  # who counted the prompt: "local" or "upstream"
 
     @classmethod
     def of(cls, plan: Plan) -> Decision:
@@ -41,6 +42,8 @@ class Decision:
             headers["x-token-guard-dropped-messages"] = str(self.dropped_messages)
         if self.truncated_tokens is not None:
             headers["x-token-guard-truncated-tokens"] = str(self.truncated_tokens)
+        if self.count_source is not None:
+            headers["x-token-guard-count-source"] = self.count_source
         return headers
 
 
@@ -81,4 +84,5 @@ class Findings:
     model: str | None = None
     max_tokens_before: int | None = None
     count_s: float | None = None
+    count_source: str | None = None  # "local" or "upstream"
     decision: Decision | None = None

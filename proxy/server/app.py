@@ -22,6 +22,7 @@ from proxy.server.record import REQUEST_ID, request_id
 from proxy.server.responses import send_error
 from proxy.settings import Settings
 from proxy.upstream.client import Upstream
+from proxy.upstream.counting import UpstreamCounter
 from proxy.upstream.discovery import discover
 
 log = logging.getLogger("token_guard.app")
@@ -39,8 +40,8 @@ class GuardApp:
             lambda: {name: registry.resolve(name).counter.stats() for name in registry.names},
             lambda: (self.upstream.admission.queued, {r.url: r.budget.tokens for r in self.upstream.replicas}),
         )
-        handlers = Handlers(Guard(settings, registry), registry, self.upstream, self.metrics,
-                            settings.server.max_body_bytes)  # fmt: skip
+        guard = Guard(settings, registry, UpstreamCounter(self.upstream))
+        handlers = Handlers(guard, registry, self.upstream, self.metrics, settings.server.max_body_bytes)
         self._routes: dict[str, tuple[frozenset[str], Handler]] = {
             "/health": (GET, handlers.health),
             "/metrics": (GET, handlers.metrics_text),

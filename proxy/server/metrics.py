@@ -55,6 +55,9 @@ DEFINITIONS = {
     "count_time": Definition(
         "token_guard_tokenize_seconds", "Time to count a request's prompt tokens", ("model",), COUNT_BUCKETS
     ),
+    "count_source": Definition(
+        "token_guard_count_source", "Guarded requests by who counted the prompt (local or upstream)", (*ME, "source")
+    ),
     "disconnects": Definition(
         "token_guard_client_disconnects", "Clients that went away before their answer ended", ("endpoint",)
     ),
@@ -125,6 +128,8 @@ class Metrics:
             self.add("requests", (*labels, decision.action if decision else "error", str(record.status)))
             if found.count_s is not None:
                 self.observe_value("count_time", (found.model or "",), found.count_s)
+            if found.count_source is not None:
+                self.add("count_source", (*labels, found.count_source))
             if found.max_tokens_before is not None:
                 self.add("output_asked", labels, found.max_tokens_before)
             if decision is not None:

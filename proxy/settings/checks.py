@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -146,3 +147,15 @@ def budget(value: Any) -> int | str:
 
 def path_value(value: Any) -> Path:
     return Path(nonempty_text(value)).expanduser()
+
+
+def json_object(value: Any) -> dict[str, Any]:
+    """A table in TOML, or a JSON object in an environment variable or a flag (as vLLM's flag takes it)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError("a JSON object") from None
+    if not isinstance(value, dict):
+        raise ValueError("a table (TOML) or a JSON object")
+    return dict(value)

@@ -15,7 +15,9 @@ from typing import Any
 
 from proxy.settings import checks as v
 from proxy.settings.sections import (
+    COUNT_SOURCES,
     OVERFLOW_POLICIES,
+    TOKENIZER_MODES,
     AdmissionSettings,
     CountingSettings,
     ModelSettings,
@@ -84,6 +86,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "cache_mb": v.non_negative_float,
         "word_cache_mb": v.non_negative_float,
         "split_min_chars": v.integer(256),
+        "source": v.choice(*COUNT_SOURCES),
     },
 }
 MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
@@ -92,7 +95,12 @@ MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
     "chat_template": v.path_value,
     "max_model_len": v.integer(1),
     "policy": lambda value: value,  # checked key by key against the policy schema in _model()
+    "tokenizer_mode": v.choice(*TOKENIZER_MODES),
+    "default_chat_template_kwargs": v.json_object,
+    "count_source": v.choice(*COUNT_SOURCES),
 }
+SINGLE_MODEL_ENV = ("model", "tokenizer", "chat_template", "max_model_len", "tokenizer_mode",
+                    "default_chat_template_kwargs", "count_source")  # fmt: skip
 SECTIONS = {
     "server": ServerSettings,
     "upstream": UpstreamSettings,
@@ -166,7 +174,7 @@ def _env_layer(environ: Mapping[str, str]) -> _Layer:
         section, _, key = rest.partition("_")
         if section in SCHEMA and key:
             layer.put(section, key, value, name)
-        elif rest in ("model", "tokenizer", "chat_template", "max_model_len"):
+        elif rest in SINGLE_MODEL_ENV:
             single["name" if rest == "model" else rest] = value
         else:
             raise SettingsError(f"{name}: unknown setting; expected TOKEN_GUARD_<SECTION>_<KEY> for {_section_names()}")

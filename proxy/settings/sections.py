@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,18 @@ class PolicySettings:
     )
 
 
+COUNT_SOURCES = ("auto", "local", "upstream")
+TOKENIZER_MODES = ("auto", "hf", "mistral")
+
+
 @dataclass(frozen=True)
 class CountingSettings:
     cache_mb: float = 64.0
     word_cache_mb: float = 16.0
     split_min_chars: int = 16384
+    # Who counts a prompt: "local" (the guard), "upstream" (vLLM renders and counts it), or "auto": local where the
+    # start-up check agreed with what vLLM charges, the upstream for other models and for images or audio.
+    source: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,9 @@ class ModelSettings:
     chat_template: Path | None = None
     max_model_len: int | None = None
     policy: PolicySettings | None = None  # the global policy with this model's [models.policy] overrides
+    tokenizer_mode: str = "auto"  # as vLLM's --tokenizer-mode: "auto" (decide as vLLM does), "hf" or "mistral"
+    default_chat_template_kwargs: dict[str, Any] | None = None  # as vLLM's --default-chat-template-kwargs
+    count_source: str | None = None  # this model's counting.source
 
 
 @dataclass(frozen=True)

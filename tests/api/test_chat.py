@@ -12,6 +12,9 @@ from proxy.errors import InvalidRequest
 OK_MESSAGES = [{"role": "user", "content": "hi"}]
 
 
+BOTH_FLAGS = {"continue_final_message": True, "add_generation_prompt": True}  # both sent: vLLM's validator refuses
+
+
 @pytest.mark.parametrize(
     "raw,param,fragment",
     [
@@ -31,7 +34,7 @@ OK_MESSAGES = [{"role": "user", "content": "hi"}]
         (json.dumps({"messages": OK_MESSAGES, "model": 5}).encode(), "model", "must be a string"),
         (json.dumps({"messages": OK_MESSAGES, "tools": {}}).encode(), "tools", "must be an array"),
         (
-            json.dumps({"messages": OK_MESSAGES, "continue_final_message": True, "add_generation_prompt": True}).encode(),
+            json.dumps({"messages": OK_MESSAGES, **BOTH_FLAGS}).encode(),
             "continue_final_message",
             "",
         ),

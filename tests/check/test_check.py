@@ -27,7 +27,7 @@ from proxy.check.compare import (
     verdict,
     window_verdict,
 )
-from proxy.check.counts import tokenize_body, tokenize_result
+from proxy.check.counts import charge_body, charged_result, tokenize_body, tokenize_result
 from proxy.check.run import drift_warnings
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
 from proxy.cli import main
@@ -101,6 +101,15 @@ def test_tokenize_body_sends_only_what_tokenize_accepts() -> None:
     }
     completion = Sample("p", "completion", {"prompt": "hi", "max_tokens": 3, "add_special_tokens": False})
     assert tokenize_body("m", completion) == {"model": "m", "prompt": "hi", "add_special_tokens": False}
+
+
+def test_charge_body_asks_for_one_greedy_token_and_keeps_what_renders() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    chat = Sample("c", "chat", {"messages": [], "tools": tools, "max_completion_tokens": 900, "stream": True, "n": 3})
+    assert charge_body("m", chat) == {"messages": [], "tools": tools, "model": "m", "max_tokens": 1, "temperature": 0,
+                                      "tool_choice": "none"}  # fmt: skip
+    assert charged_result(200, b'{"usage": {"prompt_tokens": 12, "completion_tokens": 1}}') == 12
+    assert charged_result(400, b'{"error": {"message": "no"}}') == Refusal("400 no")
 
 
 # --- the samples file ---
@@ -200,6 +209,8 @@ def test_same_template_all_ok(capsys: pytest.CaptureFixture[str], same_upstream:
     assert verdicts(out) == {s.name: OK for s in BUILTIN_SAMPLES}
     assert "vLLM version 0.32.0" in out
     assert "OK: all 9 samples agree" in out
+    assert f"  {MODEL}: chat rendered by hf: tokenizer_mode hf (auto:" in out
+    assert f"  {MODEL}: counted by auto: auto: the guard agreed with what vLLM charges on all 9 samples" in out
 
 
 def test_zero_config_check_as_a_subprocess(same_upstream: str) -> None:
@@ -219,7 +230,10 @@ def test_zero_config_check_as_a_subprocess(same_upstream: str) -> None:
     assert {(r["model"], r["sample"], r["verdict"]) for r in report["samples"]} == {
         (MODEL, s.name, OK) for s in BUILTIN_SAMPLES
     }
-    assert all(r["guard"] == r["upstream"] and r["guard"] > 0 for r in report["samples"])
+    assert all(r["guard"] == r["upstream"] == r["charged"] and r["guard"] > 0 for r in report["samples"])
+    (info,) = report["models"]
+    assert (info["model"], info["rendering"], info["count_source"]) == (MODEL, "hf", "auto")
+    assert "Hugging Face tokenizer and chat template" in info["rendering_reason"]
     assert report["max_model_len"] == [
         {"model": MODEL, "guard": 2048, "source": "discovered", "upstream": 2048, "verdict": OK}
     ]
@@ -319,9 +333,10 @@ def test_max_model_len_disagreement_is_shown(
 # --- the start-up drift check ---
 
 
-def drift(upstream_url: str, tokenizer: Path) -> list[str]:
-    settings = load_settings({"upstream.url": upstream_url, "model.name": MODEL, "model.tokenizer": str(tokenizer)},
-                             environ={})  # fmt: skip
+def drift(upstream_url: str, tokenizer: Path, source: str = "auto") -> tuple[list[str], ModelRegistry]:
+    flags = {"upstream.url": upstream_url, "model.name": MODEL, "model.tokenizer": str(tokenizer),
+             "counting.source": source}  # fmt: skip
+    settings = load_settings(flags, environ={})
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
 
     async def go() -> list[str]:
@@ -331,22 +346,40 @@ def drift(upstream_url: str, tokenizer: Path) -> list[str]:
         finally:
             await upstream.aclose()
 
-    return asyncio.run(go())
+    return asyncio.run(go()), registry
 
 
 def test_drift_warnings_empty_when_both_sides_agree(same_upstream: str, deepseek_dir: Path) -> None:
-    assert drift(same_upstream, deepseek_dir) == []
+    lines, registry = drift(same_upstream, deepseek_dir)
+    assert lines == []
+    model = registry.resolve(MODEL)
+    assert model.count_source == "auto"  # local, with images and audio left to the upstream
+    assert model.source_reason.startswith(
+        f"auto: the guard agreed with what vLLM charges on all {len(BUILTIN_SAMPLES)}"
+    )
 
 
 def test_drift_warnings_for_a_different_template(drifted_upstream: str, deepseek_dir: Path) -> None:
-    (line,) = drift(drifted_upstream, deepseek_dir)
-    assert line.startswith(f"model {MODEL}: the guard's token counts differ from the upstream's POST /tokenize")
+    lines, registry = drift(drifted_upstream, deepseek_dir)
+    (line,) = lines
+    assert line.startswith(f"model {MODEL}: the guard's token counts differ from what the upstream counts")
     assert f"on {len(CHAT_SAMPLES)} of {len(BUILTIN_SAMPLES)} built-in samples" in line
     assert "plain: guard" in line and "token-guard check" in line
+    # counting.source auto: from now on the upstream counts this model's prompts (the simulator has no render
+    # endpoints, so through POST /tokenize, which is exact for a template-rendered model)
+    model = registry.resolve(MODEL)
+    assert model.count_source == "upstream"
+    assert "vLLM counts this model's prompts (POST /tokenize)" in model.source_reason
+
+
+def test_a_configured_local_source_is_kept_whatever_the_check_finds(drifted_upstream: str, deepseek_dir: Path) -> None:
+    lines, registry = drift(drifted_upstream, deepseek_dir, source="local")
+    assert len(lines) == 1
+    assert registry.resolve(MODEL).count_source == "local"
 
 
 def test_drift_warnings_never_raise(deepseek_dir: Path) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
-        (line,) = drift(f"http://127.0.0.1:{closed.getsockname()[1]}", deepseek_dir)
+        (line,), _ = drift(f"http://127.0.0.1:{closed.getsockname()[1]}", deepseek_dir)
     assert "drift check against" in line and "could not run" in line and "connection refused" in line

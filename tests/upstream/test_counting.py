@@ -1,0 +1,196 @@
+"""Counting through the upstream (counting.source): the render endpoints when offered, else POST /tokenize; the
+guard's choice per model and per request, and the header, metric and clamp that follow from it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from proxy.api.chat import parse_chat
+from proxy.counting.count import count_chat
+from proxy.counting.registry import GuardedModel
+from proxy.counting.source import chat_tokens
+from proxy.counting.tokenizer import load_tokenizer
+from proxy.errors import CountedUpstreamOnly, InvalidRequest
+from proxy.server.running import ServerThread
+from proxy.settings import UpstreamSettings
+from proxy.upstream.client import Upstream
+from proxy.upstream.counting import UpstreamCounter, chat_tokenize_body
+from tests.support.servers import MODEL, guard, simulator
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+IMAGE_TOKENS = 256  # what the fake upstream's processor makes of an image
+
+
+def fake_count(body: dict[str, Any]) -> int:
+    """The fake upstream's own count: 10 per message, and IMAGE_TOKENS per image part."""
+    images: int = sum(isinstance(p, dict) and p.get("type") == "image_url" for m in body["messages"]
+                 for p in (m["content"] if isinstance(m["content"], list) else []))  # fmt: skip
+    return 10 * len(body["messages"]) + IMAGE_TOKENS * images
+
+
+def fake_vllm(renders: bool) -> Starlette:
+    """An upstream that counts images, with or without vLLM's render endpoints (--enable-scale-out)."""
+    seen: list[str] = []
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"data": [{"id": MODEL, "max_model_len": 2048, "root": None}]})
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({})
+
+    async def render(request: Request) -> JSONResponse:
+        seen.append("render")
+        if not renders:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return JSONResponse({"token_ids": [7] * fake_count(await request.json())})
+
+    async def tokenize(request: Request) -> JSONResponse:
+        seen.append("tokenize")
+        body = await request.json()
+        if body.get("messages") == [{"role": "user", "content": "refuse me"}]:
+            return JSONResponse({"error": {"message": "System role not supported", "code": 400}}, status_code=400)
+        return JSONResponse({"count": fake_count(body), "max_model_len": 2048, "tokens": []})
+
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        return JSONResponse({"object": "chat.completion", "echo_max_tokens": body.get("max_tokens")})
+
+    app = Starlette(routes=[
+        Route("/v1/models", models), Route("/health", health), Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/v1/chat/completions/render", render, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+    ])  # fmt: skip
+    app.state.seen = seen
+    return app
+
+
+@pytest.fixture(params=[True, False], ids=["render-endpoints", "tokenize-only"])
+def upstream(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[str], bool]]:
+    app = fake_vllm(request.param)
+    with ServerThread(app) as server:
+        yield server.url, app.state.seen, request.param
+
+
+def counted(url: str, body: dict[str, Any]) -> tuple[int, bool | None]:
+    async def go() -> tuple[int, bool | None]:
+        client = Upstream(UpstreamSettings(url=url))
+        try:
+            counter = UpstreamCounter(client)
+            return await counter.chat(MODEL, body), counter.renders
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def test_the_upstream_counts_through_its_render_endpoint_else_tokenize(upstream: tuple[str, list[str], bool]) -> None:
+    url, seen, renders = upstream
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, IMAGE]}]}
+    assert counted(url, body) == (10 + IMAGE_TOKENS, renders)
+    assert seen == (["render"] if renders else ["render", "tokenize"])
+
+
+def test_a_refusal_of_the_upstream_is_the_clients_400() -> None:
+    with ServerThread(fake_vllm(renders=False)) as server, pytest.raises(InvalidRequest, match="System role not"):
+        counted(server.url, {"messages": [{"role": "user", "content": "refuse me"}]})
+
+
+def test_tokenize_body_renders_what_chat_would() -> None:
+    body = {"messages": [{"role": "assistant", "content": "x", "reasoning_content": "why"}], "documents": [{"t": 1}],
+            "reasoning_effort": "none", "max_tokens": 9, "stream": True}  # fmt: skip
+    assert chat_tokenize_body("m", body) == {
+        "model": "m",
+        "messages": [{"role": "assistant", "content": "x", "reasoning": "why"}],  # chat's rename, which /tokenize lacks
+        "chat_template_kwargs": {"documents": [{"t": 1}], "reasoning_effort": "none", "enable_thinking": False},
+    }
+
+
+def test_a_simulator_without_render_endpoints_counts_like_its_generation(deepseek_dir: Path) -> None:
+    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "東京はどこ？"}]}
+    with simulator(deepseek_dir) as (server, _, _):
+        count, renders = counted(server.url, body)
+        charged = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "max_tokens": 1}).json()
+    assert renders is False
+    assert count == charged["usage"]["prompt_tokens"]
+
+
+# --- who counts: per model and per request ---
+
+
+class Remote:
+    def __init__(self) -> None:
+        self.asked: list[dict[str, Any]] = []
+
+    async def chat(self, model: str, body: dict[str, Any]) -> int:
+        self.asked.append(body)
+        return 999
+
+    async def completion(self, model: str, body: dict[str, Any]) -> list[int]:
+        return [999]
+
+
+def model_with(deepseek_dir: Path, source: str) -> GuardedModel:
+    from proxy.counting.counter import TokenCounter
+    from proxy.settings import CountingSettings
+
+    tok = load_tokenizer(str(deepseek_dir))
+    return GuardedModel(MODEL, tok, 2048, "config", TokenCounter(tok.backend, CountingSettings()), source, "test")
+
+
+@pytest.mark.parametrize(
+    ("source", "content", "expected"),
+    [
+        ("auto", "hello", "local"),
+        ("auto", [IMAGE], "upstream"),  # per request: only the upstream can count an image
+        ("upstream", "hello", "upstream"),  # per model: the start-up check (or the operator) said so
+        ("local", "hello", "local"),
+    ],
+)
+def test_who_counts(deepseek_dir: Path, source: str, content: Any, expected: str) -> None:
+    model, remote = model_with(deepseek_dir, source), Remote()
+    req = parse_chat(json.dumps({"messages": [{"role": "user", "content": content}]}).encode())
+    tokens, who = asyncio.run(chat_tokens(model, req, remote))
+    assert who == expected
+    if expected == "local":
+        assert tokens == asyncio.run(count_chat(model.tokenizer, req)) and not remote.asked
+    else:
+        assert tokens == 999 and remote.asked == [req.body]
+
+
+def test_a_local_source_refuses_what_it_cannot_count(deepseek_dir: Path) -> None:
+    req = parse_chat(json.dumps({"messages": [{"role": "user", "content": [IMAGE]}]}).encode())
+    with pytest.raises(CountedUpstreamOnly, match="image_url part"):
+        asyncio.run(chat_tokens(model_with(deepseek_dir, "local"), req, Remote()))
+
+
+def test_an_image_request_is_counted_upstream_and_clamped_exactly(
+    deepseek_dir: Path, upstream: tuple[str, list[str], bool]
+) -> None:
+    url, _, _ = upstream
+    body = {"model": MODEL, "max_tokens": 5000, "messages": [{"role": "user", "content": [IMAGE, IMAGE]}]}
+    with guard(url, deepseek_dir) as proxy:
+        response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body)
+        text = httpx.post(
+            f"{proxy.url}/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "hi"}]}
+        )
+        metrics = httpx.get(f"{proxy.url}/metrics").text
+    prompt = 10 + 2 * IMAGE_TOKENS
+    assert response.headers["x-token-guard-count-source"] == "upstream"
+    assert response.headers["x-token-guard-prompt-tokens"] == str(prompt)
+    assert response.json()["echo_max_tokens"] == 2048 - prompt
+    assert text.headers["x-token-guard-count-source"] == "local"
+    assert (
+        f'token_guard_count_source_total{{endpoint="/v1/chat/completions",model="{MODEL}",source="upstream"}} 1.0'
+        in (metrics)
+    )
