@@ -117,9 +117,20 @@ def _copy_tool_calls(index: int, calls: Any) -> list[Any]:
     copied = []
     for call in calls:
         if isinstance(call, dict) and isinstance(call.get("function"), dict):
-            call = {**call, "function": dict(call["function"])}
+            # vLLM's request model validates each call into OpenAI's typed dicts, whose field order it keeps:
+            # id, function (arguments before name), type. Templates that dump a call with tojson show that order.
+            call = {**_in_order(call, CALL_ORDER), "function": _in_order(call["function"], FUNCTION_ORDER)}
+            call = _in_order(call, CALL_ORDER)
         copied.append(call)
     return copied
+
+
+CALL_ORDER = ("id", "function", "type")
+FUNCTION_ORDER = ("arguments", "name")
+
+
+def _in_order(fields: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
+    return {**{k: fields[k] for k in order if k in fields}, **{k: v for k, v in fields.items() if k not in order}}
 
 
 def _parse_tool_call_arguments(conversation: list[dict[str, Any]]) -> None:
