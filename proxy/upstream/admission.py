@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from proxy.errors import TooBusy
 
+RATE_WINDOW_S = 60.0
+
 
 @dataclass
 class Budget:
@@ -59,23 +61,30 @@ class Admission:
         self.max_queue = max_queue
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._freed: collections.deque[tuple[float, int]] = collections.deque()  # (when, tokens) released lately
+        self._freed_tokens = 0  # their sum
         self._turn = 0
 
     @property
     def queued(self) -> int:
         return len(self._queue)
 
+    def try_acquire(self, cost: int, exclude: frozenset[int] = frozenset()) -> Ticket | None:
+        """A ticket at once when the request fits and nobody waits (no coroutine, no await: the common case)."""
+        replica = self._pick(cost, exclude) if not self._queue else None
+        if replica is None:
+            return None
+        self._reserve(replica, cost)
+        return Ticket(replica, cost, 0.0)
+
     async def acquire(self, cost: int, exclude: frozenset[int] = frozenset()) -> Ticket:
         started = time.monotonic()
-        replica = self._pick(cost, exclude) if not self._queue else None
-        if replica is not None:
-            self._reserve(replica, cost)
-            return Ticket(replica, cost, 0.0)
-        else:
-            if len(self._queue) >= self.max_queue:
-                message = f"token-guard's queue is full ({self.max_queue} requests waiting)."
-                raise TooBusy(message, self.retry_after(cost))
-            replica = await self._wait(_Waiter(cost, exclude))  # reserved by wake() when its turn came
+        ticket = self.try_acquire(cost, exclude)
+        if ticket is not None:
+            return ticket
+        if len(self._queue) >= self.max_queue:
+            message = f"token-guard's queue is full ({self.max_queue} requests waiting)."
+            raise TooBusy(message, self.retry_after(cost))
+        replica = await self._wait(_Waiter(cost, exclude))  # reserved by wake() when its turn came
         return Ticket(replica, cost, time.monotonic() - started)
 
     def release(self, ticket: Ticket) -> None:
@@ -85,8 +94,12 @@ class Admission:
         budget = self.budgets[ticket.replica]
         budget.tokens -= ticket.cost
         budget.requests -= 1
-        self._freed.append((time.monotonic(), ticket.cost))
-        self.wake()
+        now = time.monotonic()
+        self._freed.append((now, ticket.cost))
+        self._freed_tokens += ticket.cost
+        self._forget(now)
+        if self._queue:
+            self.wake()
 
     def wake(self) -> None:
         """Admit waiters in order while the head of the queue fits somewhere (FIFO: no overtaking)."""
@@ -141,15 +154,20 @@ class Admission:
             self._queue.remove(waiter)
         self.wake()  # a blocked head may have left: the next ones may fit
 
+    def _forget(self, now: float) -> None:
+        """Only the last minute says how fast budget frees up."""
+        freed = self._freed
+        while freed and now - freed[0][0] > RATE_WINDOW_S:
+            self._freed_tokens -= freed.popleft()[1]
+
     def retry_after(self, cost: int) -> int:
         """Seconds until `cost` tokens are likely free, from the rate budget was released at over the last minute."""
         now = time.monotonic()
-        while self._freed and now - self._freed[0][0] > 60:
-            self._freed.popleft()
+        self._forget(now)
         if not self._freed:
             return 1
         span = max(now - self._freed[0][0], 1.0)
-        rate = sum(tokens for _, tokens in self._freed) / span
+        rate = self._freed_tokens / span
         waiting = sum(w.cost for w in self._queue) + cost
         return max(1, min(60, math.ceil(waiting / rate)))
 

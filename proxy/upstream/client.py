@@ -113,7 +113,7 @@ class Upstream:
             self.replicas[next(iter(up))].budget.available = True
         exclude = frozenset(set(range(len(self.replicas))) - up)
         if cost is not None:  # guarded requests always pass the gate: without budgets it only counts, and routes
-            ticket = await self.admission.acquire(cost, exclude)
+            ticket = self.admission.try_acquire(cost, exclude) or await self.admission.acquire(cost, exclude)
             return ticket, ticket.replica
         return None, min(up, key=lambda i: (self.replicas[i].budget.tokens, self.replicas[i].budget.requests))
 

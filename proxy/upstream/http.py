@@ -89,6 +89,7 @@ class HttpClient:
             total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
         )
         self.first_byte_timeout_s = settings.first_byte_timeout_s
+        self._header_deadline = settings.first_byte_timeout_s < settings.read_timeout_s
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -110,9 +111,13 @@ class HttpClient:
         """Send a request to the replica at `base` (`target` is the path and query, as received); return once the
         status and headers have arrived, within first_byte_timeout_s."""
         url = URL(base + target, encoded=True)
+        sending = self._client().request(method, url, data=body, headers=headers, allow_redirects=False)
         try:
-            async with asyncio.timeout(self.first_byte_timeout_s):
-                response = await self._client().request(method, url, data=body, headers=headers, allow_redirects=False)
+            if self._header_deadline:
+                async with asyncio.timeout(self.first_byte_timeout_s):
+                    response = await sending
+            else:  # the read timeout, which covers the wait for the headers too, comes first anyway
+                response = await sending
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc, base) from None
         return UpstreamResponse(response, base)
