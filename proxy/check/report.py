@@ -19,15 +19,18 @@ class ModelInfo:
     rendering_reason: str
     count_source: str
     source_reason: str
+    default_chat_template_kwargs: dict[str, Any]
 
     @classmethod
     def of(cls, model: GuardedModel) -> ModelInfo:
-        rendering = model.tokenizer.rendering
-        return cls(model.name, rendering.mode, rendering.reason, model.count_source, model.source_reason)
+        rendering, kwargs = model.tokenizer.rendering, dict(model.tokenizer.default_kwargs)
+        return cls(model.name, rendering.mode, rendering.reason, model.count_source, model.source_reason, kwargs)
 
     def lines(self) -> list[str]:
-        return [f"  {self.model}: chat rendered by {self.rendering}: {self.rendering_reason}",
-                f"  {self.model}: counted by {self.count_source}: {self.source_reason}"]  # fmt: skip
+        lines = [f"  {self.model}: chat rendered by {self.rendering}: {self.rendering_reason}"]
+        if self.default_chat_template_kwargs:
+            lines.append(f"  {self.model}: default_chat_template_kwargs {self.default_chat_template_kwargs}")
+        return [*lines, f"  {self.model}: counted by {self.count_source}: {self.source_reason}"]
 
 
 @dataclass(frozen=True)

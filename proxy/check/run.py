@@ -19,6 +19,7 @@ from pathlib import Path
 from proxy.api.models import ModelCard
 from proxy.check.compare import Window, drift_lines
 from proxy.check.counts import count_both, needs_charging
+from proxy.check.defaults import learn
 from proxy.check.report import ModelInfo, Report
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
 from proxy.check.source import apply
@@ -39,6 +40,7 @@ async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: 
     auto, a model that disagrees is counted by the upstream from then on. Never raises: start-up goes on whatever
     happens, and a check that could not run is itself a warning line."""
     try:
+        await learn(registry, upstream)
         rows = []
         for name in registry.names:
             model = registry.resolve(name)
@@ -62,6 +64,7 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
                 "no model to check: configure one (--model and --tokenizer), or share the model volume so the roots "
                 f"the upstream reports ({_roots(cards)}) are readable here"
             )
+        await learn(registry, upstream)
         models = [registry.resolve(name) for name in registry.names]
         rows = [row for model in models for row in await count_both(model, samples, upstream)]
         await apply(registry, rows, UpstreamCounter(upstream))

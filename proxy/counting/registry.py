@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from proxy.api.models import ModelCard
 from proxy.counting.counter import TokenCounter
@@ -64,6 +65,11 @@ class ModelRegistry:
     @property
     def names(self) -> list[str]:
         return list(self._order)
+
+    def set_default_kwargs(self, name: str, kwargs: dict[str, Any]) -> None:
+        """The server's default_chat_template_kwargs for this model, learned from the upstream."""
+        model = self._models[name]
+        self._models[name] = replace(model, tokenizer=replace(model.tokenizer, default_kwargs=kwargs))
 
     def set_count_source(self, name: str, source: str, reason: str) -> None:
         """Who counts this model's prompts from now on (the start-up check's verdict in counting.source auto)."""

@@ -20,6 +20,9 @@ from proxy.upstream.client import Upstream
 log = logging.getLogger("token_guard.upstream_count")
 
 JSON_HEADERS = {"content-type": "application/json"}
+# How a server without the render endpoints answers them: vLLM 0.31 has no route (404); 0.32 has the routes and
+# answers 403 unless started with --enable-scale-out.
+NOT_OFFERED = (403, 404, 405, 501)
 # The chat fields that change what vLLM renders; generation fields stay behind (their validation is not ours).
 RENDER_FIELDS = ("messages", "tools", "tool_choice", "add_generation_prompt", "continue_final_message",
                  "add_special_tokens", "chat_template", "chat_template_kwargs", "documents", "reasoning_effort",
@@ -97,7 +100,7 @@ class UpstreamCounter:
             raw = await response.read()
         finally:
             response.close()
-        if render and response.status in (404, 405, 501):
+        if render and response.status in NOT_OFFERED:
             if self.renders is None:
                 log.info("upstream %s offers no %s (vLLM's --enable-scale-out); counting through POST /tokenize",
                          self.upstream.url, path)  # fmt: skip

@@ -51,8 +51,8 @@ def fake_vllm(renders: bool) -> Starlette:
 
     async def render(request: Request) -> JSONResponse:
         seen.append("render")
-        if not renders:
-            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        if not renders:  # as vLLM 0.32 answers without --enable-scale-out (0.31: 404)
+            return JSONResponse({"detail": "Forbidden"}, status_code=403)
         return JSONResponse({"token_ids": [7] * fake_count(await request.json())})
 
     async def tokenize(request: Request) -> JSONResponse:
