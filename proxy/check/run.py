@@ -40,6 +40,9 @@ async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: 
     auto, a model that disagrees is counted by the upstream from then on. Never raises: start-up goes on whatever
     happens, and a check that could not run is itself a warning line."""
     try:
+        version, _ = await _version(upstream)
+        if version is not None:
+            registry.set_upstream_version(version)
         await learn(registry, upstream)
         rows = []
         for name in registry.names:
@@ -64,13 +67,15 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
                 "no model to check: configure one (--model and --tokenizer), or share the model volume so the roots "
                 f"the upstream reports ({_roots(cards)}) are readable here"
             )
+        version, version_error = await _version(upstream)
+        if version is not None:
+            registry.set_upstream_version(version)
         await learn(registry, upstream)
         models = [registry.resolve(name) for name in registry.names]
         rows = [row for model in models for row in await count_both(model, samples, upstream)]
         await apply(registry, rows, UpstreamCounter(upstream))
         windows = [_window(model, cards) for model in models]
         infos = [ModelInfo.of(registry.resolve(name)) for name in registry.names]
-        version, version_error = await _version(upstream)
     except GuardError as exc:
         raise CheckError(exc.message) from None
     finally:

@@ -38,19 +38,26 @@ class MediaPart(ConversationError):
     """A content part (image, audio, video, file) whose prompt tokens only the upstream's processor can count."""
 
 
-def to_conversation(messages: list[Any], content_format: ContentFormat) -> list[dict[str, Any]]:
-    conversation = [_convert_message(i, m, content_format) for i, m in enumerate(messages)]
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def to_conversation(
+    messages: list[Any], content_format: ContentFormat, strip_billing_header: bool = False
+) -> list[dict[str, Any]]:
+    """`strip_billing_header`: vLLM 0.32+ drops a first line starting with "x-anthropic-billing-header" from system
+    text parts (Claude Code's per-request attribution, which would defeat the prefix cache)."""
+    conversation = [_convert_message(i, m, content_format, strip_billing_header) for i, m in enumerate(messages)]
     _parse_tool_call_arguments(conversation)
     return conversation
 
 
-def _convert_message(index: int, message: Any, content_format: ContentFormat) -> dict[str, Any]:
+def _convert_message(index: int, message: Any, content_format: ContentFormat, strip: bool) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ConversationError(f"messages[{index}] must be an object")
     role = message.get("role")
     if not isinstance(role, str):
         raise ConversationError(f"messages[{index}].role must be a string")
-    parts = _content_parts(index, message.get("content"))
+    parts = _content_parts(index, message.get("content"), strip and role == "system")
     content: Any
     if content_format == "openai" and role != "tool":  # vLLM joins tool results whatever the format
         content = [{**extra, "type": "text", "text": text} for text, extra in parts]
@@ -80,14 +87,16 @@ def _convert_message(index: int, message: Any, content_format: ContentFormat) ->
 _NO_EXTRA: dict[str, Any] = {}
 
 
-def _content_parts(index: int, content: Any) -> list[tuple[str, dict[str, Any]]]:
+def _content_parts(index: int, content: Any, strip: bool = False) -> list[tuple[str, dict[str, Any]]]:
     """Each text part's text, with the part's other keys (vLLM keeps them on "openai"-format parts)."""
     if content is None:
         return []
     if isinstance(content, str):
-        return [(content, _NO_EXTRA)]
+        content = [{"type": "text", "text": content}] if strip else [content]
     if not isinstance(content, list):
         raise ConversationError(f"messages[{index}].content must be a string, a list of parts or null")
+    if strip:
+        content = _without_billing_header(content)
     parts = []
     for j, part in enumerate(content):
         if isinstance(part, str):
@@ -109,6 +118,18 @@ def _content_parts(index: int, content: Any) -> list[tuple[str, dict[str, Any]]]
         extra = {k: v for k, v in part.items() if k not in ("type", "text", "refusal", "thinking", "uuid")}
         parts.append((text, extra or _NO_EXTRA))
     return parts
+
+
+def _without_billing_header(parts: list[Any]) -> list[Any]:
+    out = []
+    for part in parts:
+        text = part if isinstance(part, str) else part.get("text") if isinstance(part, dict) and part.get(
+            "type") == "text" else None  # fmt: skip
+        if not (isinstance(text, str) and text.startswith(BILLING_HEADER)):
+            out.append(part)
+        elif rest := text.partition("\n")[2]:
+            out.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return out
 
 
 def _copy_tool_calls(index: int, calls: Any) -> list[Any]:

@@ -71,6 +71,14 @@ class ModelRegistry:
         model = self._models[name]
         self._models[name] = replace(model, tokenizer=replace(model.tokenizer, default_kwargs=kwargs))
 
+    def set_upstream_version(self, version: str) -> None:
+        """What the upstream's vLLM version changes in counting: 0.32 strips a billing-header line (see
+        conversation.py)."""
+        strip = _release(version) >= (0, 32)
+        for name, model in self._models.items():
+            if model.tokenizer.strip_billing_header != strip:
+                self._models[name] = replace(model, tokenizer=replace(model.tokenizer, strip_billing_header=strip))
+
     def set_count_source(self, name: str, source: str, reason: str) -> None:
         """Who counts this model's prompts from now on (the start-up check's verdict in counting.source auto)."""
         model = self._models[name]
@@ -123,6 +131,15 @@ class ModelRegistry:
     def _load(self, root: str, name: str) -> tuple[ModelTokenizer, TokenCounter]:
         tok = load_tokenizer(root)
         return tok, TokenCounter(tok.backend, self._counting, name=name)
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(0, 32) from "0.32.0+cpu"; (0, 0) when unreadable (the older behaviour: the safe side)."""
+    try:
+        major, minor = version.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return 0, 0
 
 
 def _count_source(setting: str, key: str) -> tuple[str, str]:

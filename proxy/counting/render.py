@@ -29,7 +29,7 @@ def render_chat(tok: ModelTokenizer, req: ChatRequest) -> str:
     if template is None:
         raise InvalidRequest(NO_TEMPLATE, param="messages")
     try:
-        conversation = to_conversation(req.messages, tok.content_format(template))
+        conversation = to_conversation(req.messages, tok.content_format(template), tok.strip_billing_header)
         if has_developer(conversation) and not mentions_developer(template):
             conversation = developer_as_system(conversation)
         variables = {**tok.special_tokens, **template_inputs(req.body, req.chat_template_kwargs, tok.default_kwargs)}

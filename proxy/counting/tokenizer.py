@@ -48,6 +48,9 @@ class ModelTokenizer:
     rendering: Rendering = HF
     native: NativeChat | None = None  # set for the mistral and harmony renderings
     default_kwargs: Mapping[str, Any] = field(default_factory=dict)  # the server's default_chat_template_kwargs
+    # vLLM 0.32+ drops Claude Code's billing-header line from system messages; until the upstream's version is known,
+    # the guard keeps it, which counts a few tokens more: the safe side
+    strip_billing_header: bool = False
 
     def template_for(self, tools: list[Any] | None, override: str | None = None) -> str | None:
         """The template vLLM would use: the request's, else the configured or tokenizer's (tool variant if any)."""
