@@ -11,6 +11,7 @@ COMMANDS = {  # name -> (module, help)
     "report": ("bench.report", "run the comparison (direct, nginx, token-guard, LiteLLM) and write the report"),
     "counting": ("bench.counting", "time exact counting against the raw tokenizer floor (no server needed)"),
     "overhead": ("bench.overhead", "what counting adds end to end through the proxy, as a ratio to the encode floor"),
+    "count-source": ("bench.count_source", "what counting through the upstream adds, against counting locally"),
     "chunking": ("bench.chunking", "an N-part chunked request against one part alone (fan-out at work)"),
     "admission": ("bench.admission", "a burst of long requests against a small KV cache, admission off vs on"),
     "ceiling": ("bench.ceiling", "the proxies as the bottleneck, in front of an upstream that answers at once"),

@@ -226,12 +226,14 @@ def start_vllm(venv: Path, model_dir: Path, workdir: Path, extra_args: Sequence[
     return spawn(f"vLLM {venv.name}", argv, workdir / "vllm.log", f"http://127.0.0.1:{port}", quiet_env(workdir))
 
 
-def start_proxy(upstream: str, model_dir: Path, workdir: Path, python: str = sys.executable) -> Process:
+def start_proxy(
+    upstream: str, model_dir: Path, workdir: Path, python: str = sys.executable, extra_args: Sequence[str] = ()
+) -> Process:
     port = free_port()
     argv: list[str | Path] = [
         python, "-m", "proxy", "serve", "--upstream", upstream,
         "--model", SERVED_NAME, "--tokenizer", model_dir, "--max-model-len", str(MAX_MODEL_LEN),
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", "127.0.0.1", "--port", str(port), *extra_args,
     ]  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
     # The guard reads every TOKEN_GUARD_* variable as a setting and refuses unknown ones, ours included.

@@ -1,0 +1,96 @@
+"""The model families of `make e2e`: a tiny random-weight model around each family's real tokenizer and template
+(tests/support/zoo.py), served by real vLLM with the flags people serve it with, token-guard in front configured to
+match. One family at a time: start its vLLMs and guards, let the tests run, stop them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import httpx
+
+from tests.e2e import runtime
+from tests.e2e.stack import PROXY_READY_TIMEOUT, VLLM_READY_TIMEOUT
+from tests.support import zoo
+from tests.support.polling import eventually
+
+WINDOW = 512  # small, so that a clamped answer of random weights (which never stop early) stays short
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    zoo_family: str
+    vllm_args: tuple[str, ...] = ()
+    guard_args: tuple[str, ...] = ()
+    tokenize_is_reference: bool = True  # POST /tokenize renders chat as generation does (not for harmony, mistral)
+
+
+THINKING_OFF = '{"enable_thinking": false}'
+FAMILIES = (
+    Family("llama3.1", "llama3.1"),
+    # Qwen3 served with thinking off by default: state the guard cannot see unless configured the same way
+    Family("qwen3-nothink", "qwen3", ("--default-chat-template-kwargs", THINKING_OFF),
+           ("--default-chat-template-kwargs", THINKING_OFF)),
+    Family("mistral-nemo-mistral", "mistral-nemo", ("--tokenizer-mode", "mistral"), ("--tokenizer-mode", "mistral"),
+           tokenize_is_reference=False),
+    Family("gpt-oss", "gpt-oss", tokenize_is_reference=False),  # harmony, chosen from config.json on both sides
+    Family("gemma", "gemma"),
+)  # fmt: skip
+
+
+@dataclass
+class Served:
+    family: Family
+    version: str
+    vllm_url: str
+    guard_url: str
+    http: httpx.Client
+
+
+BILLED = {"model": runtime.SERVED_NAME, "max_tokens": 1, "temperature": 0, "messages": [
+    {"role": "system", "content": "x-anthropic-billing-header: cc_version=1; cch=0\nBe brief."},
+    {"role": "user", "content": "Hi"},
+]}  # fmt: skip
+
+
+def _checked(http: httpx.Client, guard: str) -> bool:
+    answer = http.post(guard + "/v1/chat/completions", json=BILLED)
+    return answer.status_code == 200 and answer.headers.get("x-token-guard-prompt-tokens") == str(
+        answer.json()["usage"]["prompt_tokens"]
+    )
+
+
+@contextlib.contextmanager
+def served(family: Family, versions: Sequence[str], workdir: Path) -> Iterator[dict[str, Served]]:
+    """Every vLLM version serving the family's tiny model (started together: start-up is mostly waiting), each with
+    the guard in front, until the block ends."""
+    model = zoo.model_dir(family.zoo_family)
+    processes: list[runtime.Process] = []
+    try:
+        vllms = {}
+        for version in versions:
+            vllms[version] = runtime.start_vllm(runtime.vllm_venv(version), model, workdir / version / "vllm",
+                                                ["--max-model-len", str(WINDOW), *family.vllm_args])  # fmt: skip
+            processes.append(vllms[version])
+        guards = {}
+        for version, vllm in vllms.items():
+            vllm.wait_ready("/v1/models", VLLM_READY_TIMEOUT)
+            extra = ["--max-model-len", str(WINDOW), *family.guard_args]
+            guards[version] = runtime.start_proxy(vllm.url, model, workdir / version / "guard", extra_args=extra)
+            processes.append(guards[version])
+        for guard in guards.values():
+            guard.wait_ready("/health", PROXY_READY_TIMEOUT)
+        with httpx.Client(timeout=120) as http:
+            for guard in guards.values():
+                # The start-up check runs once /health is ready; it reads the upstream's version, on which 0.32's
+                # billing-header rule depends: wait until the guard counts such a request as vLLM charges it.
+                if not eventually(partial(_checked, http, guard.url), timeout_s=60, interval_s=0.5):
+                    raise TimeoutError(f"the guard's start-up check did not finish:\n{runtime.tail(guard.log)}")
+            yield {v: Served(family, v, vllms[v].url, guards[v].url, http) for v in versions}
+    finally:
+        for process in reversed(processes):
+            process.stop()
