@@ -35,7 +35,7 @@ class Guard:
             outcome = await self._chat(raw, headers, findings)
         else:
             outcome = await self._completion(raw, headers, findings)
-        if findings.count_source is not None:
+        if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
         findings.decision = outcome.decision
         return outcome
@@ -52,7 +52,7 @@ class Guard:
         # Truncate and chunk re-count their cuts here; only a locally counted prompt can be cut exactly.
         if plan.action == "reject" and choice != "reject" and findings.count_source == LOCAL:
             return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
-        return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n))
+        return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n), findings.count_source)
 
     async def _completion(self, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
         req = parse_completion(raw, self.settings.server.max_json_depth)
@@ -64,7 +64,7 @@ class Guard:
         plan = decide_completion(req, counts, limits)
         if plan.action == "reject" and choice != "reject" and findings.count_source == LOCAL:
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
-        return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)))
+        return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)), findings.count_source)
 
     def _target(
         self, name: str | None, headers: Mapping[str, str], findings: Findings
@@ -85,7 +85,8 @@ class Guard:
         return await reduce_request(model, chunked, answers, limits)
 
 
-def _as_outcome(plan: Plan, body: dict[str, Any], raw: bytes, cost: int) -> Outcome:
+def _as_outcome(plan: Plan, body: dict[str, Any], raw: bytes, cost: int, source: str | None) -> Outcome:
+    decision = Decision.of(plan, source)
     if plan.error is not None:
-        return Refuse(plan.error, Decision.of(plan))
-    return Forward(with_changes(body, plan.changes) if plan.changes else raw, Decision.of(plan), cost)
+        return Refuse(plan.error, decision)
+    return Forward(with_changes(body, plan.changes) if plan.changes else raw, decision, cost)

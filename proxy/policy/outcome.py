@@ -24,8 +24,8 @@ class Decision:
     count_source: str | None = None  # who counted the prompt: "local" or "upstream"
 
     @classmethod
-    def of(cls, plan: Plan) -> Decision:
-        return cls(plan.action, plan.prompt_tokens, plan.max_tokens)
+    def of(cls, plan: Plan, count_source: str | None = None) -> Decision:
+        return cls(plan.action, plan.prompt_tokens, plan.max_tokens, count_source=count_source)
 
     @property
     def chunks(self) -> int | None:
