@@ -3,7 +3,7 @@ of "auto") adds to a request, against counting locally: two guards in front of t
 the same chat requests sent direct, through each guard, interleaved.
 
 By default the upstream is the built-in simulator answering at once (max_tokens 1), so the figures are the guard's
-own cost plus one more HTTP round trip and the upstream's rendering; `--upstream URL --tokenizer DIR` measures
+own cost plus one more HTTP round trip and the upstream's (cached) counting; `--upstream URL --tokenizer DIR` measures
 against a running vLLM instead (start it with --enable-scale-out to count through its render endpoint).
 """
 
@@ -24,7 +24,7 @@ from bench.systems import MODEL, Running, free_port, spawn, start_simulator, wai
 from proxy.assets import write_demo_tokenizer_dir
 
 WINDOW = 32_768
-SIZES = {"small chat (about 20 tokens)": 1, "1K-token prompt": 180, "8K-token prompt": 1450}  # words of text
+SIZES = {"small chat": 1, "medium prompt": 180, "long prompt": 540}  # words of text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,10 +74,13 @@ def measure(args: argparse.Namespace, direct: str, guards: dict[str, str]) -> di
     with httpx.Client(timeout=120) as client:
         for label, words in SIZES.items():
             times: dict[str, list[float]] = {name: [] for name in systems}
+            tokens = 0
             for i in range(args.requests + 3):  # three warm-up rounds, not kept
                 text = " ".join(f"word{(i * 7 + j) % 997}" for j in range(words)) + f" (request {i})"
                 body = {"model": args.model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
-                for name, url in systems.items():
+                client.post(direct + "/v1/chat/completions", json=body)  # the upstream has seen it: its caches cancel
+                counted: dict[str, int] = {}
+                for name, url in _rotated(systems, i):
                     started = time.perf_counter()
                     answer = client.post(url + "/v1/chat/completions", json=body)
                     elapsed = time.perf_counter() - started
@@ -86,13 +89,25 @@ def measure(args: argparse.Namespace, direct: str, guards: dict[str, str]) -> di
                         raise RuntimeError(f"{name}: counted by {answer.headers.get('x-token-guard-count-source')}")
                     if i >= 3:
                         times[name].append(elapsed)
+                    counted[name] = answer.json().get("usage", {}).get("prompt_tokens", 0) if name == "direct" else int(
+                        answer.headers["x-token-guard-prompt-tokens"])  # fmt: skip
+                if len(set(counted.values())) != 1:  # both sources must count what the upstream charges
+                    raise RuntimeError(f"counts differ: {counted}")
+                tokens = counted["direct"]
             median = {name: statistics.median(t) * 1000 for name, t in times.items()}
             sizes[label] = {
+                "prompt_tokens": tokens,
                 "direct_ms": median["direct"],
                 "added_local_ms": median["local"] - median["direct"],
                 "added_upstream_ms": median["upstream"] - median["direct"],
             }
     return {"upstream": direct, "requests": args.requests, "sizes": sizes}
+
+
+def _rotated(systems: dict[str, str], i: int) -> list[tuple[str, str]]:
+    """Each round in another order, so that none is always first after the warm-up."""
+    items = list(systems.items())
+    return items[i % len(items) :] + items[: i % len(items)]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -104,6 +119,11 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for label, row in result["sizes"].items():
         extra = row["added_upstream_ms"] - row["added_local_ms"]
-        lines.append(f"| {label} | {row['direct_ms']:.2f} ms | +{row['added_local_ms']:.2f} ms | "
-                     f"+{row['added_upstream_ms']:.2f} ms | +{extra:.2f} ms |")  # fmt: skip
+        added = (row["added_local_ms"], row["added_upstream_ms"], extra)
+        cells = [
+            f"{label} ({row['prompt_tokens']} tokens)",
+            f"{row['direct_ms']:.2f} ms",
+            *(f"+{a:.2f} ms" for a in added),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
