@@ -1,0 +1,243 @@
+"""A Responses request (`POST /v1/responses`) as the chat request vLLM renders for it, so that it is counted by the
+chat path (and every rule of that path applies: developer -> system, the billing header, families, count source).
+
+Mirrors vLLM 0.31/0.32 `entrypoints/openai/responses/`: `protocol.py` (ResponsesRequest's validators,
+build_chat_params, build_tok_params) and `utils.py` (construct_input_messages, _construct_message_from_response_item,
+should_continue_final_message, construct_tool_dicts). Two things differ from chat: the prompt is tokenized with
+`add_special_tokens` true (build_tok_params leaves vLLM's default), and `input` items become chat messages.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from proxy.api.chat import ChatRequest
+from proxy.api.responses import ResponsesRequest
+from proxy.counting.response_tools import check_tool_choice, tool_dicts
+from proxy.errors import InvalidRequest
+
+UNSUPPORTED = "Unsupported input item type: {kind} (parameter=input)"
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
+INPUT_PARTS = frozenset({"input_text", "input_image", "input_file", "input_audio"})
+CONTINUING = ("in_progress", "incomplete")  # an item with this status is continued, not answered
+
+
+def responses_chat(req: ResponsesRequest, newer: bool) -> ChatRequest:
+    """The chat request vLLM renders for `req`; `newer`: the upstream is vLLM 0.32+ (custom tools). Raises
+    InvalidRequest with vLLM's own text where vLLM refuses the request before rendering it."""
+    body = req.body
+    if body.get("prompt") is not None:
+        raise _vllm_refuses("prompt template is not supported", "prompt")
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise InvalidRequest("'chat_template_kwargs' must be an object.", param="chat_template_kwargs")
+    if kwargs and kwargs.get("chat_template") is not None:
+        raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template_kwargs")
+    choice = body.get("tool_choice", "auto")
+    check_tool_choice(req.tools, choice, newer)
+    if not req.tools and choice in ("auto", "none"):
+        choice = "none"
+    items = req.input if isinstance(req.input, str) else [_item(i, item) for i, item in enumerate(req.input)]
+    messages = input_messages(req.instructions, items, newer)
+    return _as_chat(req, messages, tool_dicts(req.tools, newer), _kwargs(body, kwargs or {}, items))
+
+
+def _vllm_refuses(message: str, param: str) -> InvalidRequest:
+    """vLLM's VLLMValidationError text: the parameter is part of the message."""
+    return InvalidRequest(f"{message} (parameter={param})", param=param)
+
+
+# --- input_item_parsing: which items vLLM reads as which SDK model ----------------------------------------------
+
+
+def _item(index: int, item: dict[str, Any]) -> dict[str, Any]:
+    """The item with a `kind`: function_call, reasoning, output_message, message, function_call_output, or one of
+    0.32's custom_tool_call(_output)."""
+    kind = item.get("type")
+    where = f"input[{index}]"
+    if kind == "function_call":
+        for key in ("arguments", "call_id", "name"):
+            if not isinstance(item.get(key), str):
+                raise InvalidRequest(f"{where}: a function_call needs a string '{key}'.", param="input")
+        return {"kind": kind, **item}
+    if kind == "reasoning":
+        if not isinstance(item.get("summary"), list):
+            raise InvalidRequest(f"{where}: a reasoning item needs a 'summary' array.", param="input")
+        if item.get("encrypted_content"):
+            raise _vllm_refuses("Encrypted content is not supported.", "input")
+        return {"kind": kind, **item}
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        if not isinstance(item.get("output"), str | list):
+            raise InvalidRequest(f"{where}: a {kind} needs an 'output'.", param="input")
+        return {"kind": kind, **item}
+    if kind == "custom_tool_call":
+        for key in ("call_id", "name", "input"):
+            if not isinstance(item.get(key), str):
+                raise InvalidRequest(f"{where}: a custom_tool_call needs a string '{key}'.", param="input")
+        return {"kind": kind, **item}
+    if kind in (None, "message") and item.get("role") is not None:
+        return _message_item(where, kind, item)
+    if isinstance(kind, str):
+        raise InvalidRequest(UNSUPPORTED.format(kind=kind), param="input")
+    raise InvalidRequest(f"{where} is not an input item vLLM reads.", param="input")
+
+
+def _message_item(where: str, kind: str | None, item: dict[str, Any]) -> dict[str, Any]:
+    role, content = item.get("role"), item.get("content")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise InvalidRequest(f"{where}: unknown role {role!r}.", param="input")
+    if role == "assistant" and isinstance(content, list) and kind == "message":
+        if all(_is_output_part(p) for p in content):  # -> ResponseOutputMessage
+            return {"kind": "output_message", **item, "status": item.get("status", "completed")}
+    if isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in INPUT_PARTS:
+                raise InvalidRequest(f"{where}: message content parts must be input_text, input_image, input_file "
+                                     "or input_audio.", param="input")  # fmt: skip
+        # _default_input_image_details
+        parts = [{**p, "detail": "auto"} if p["type"] == "input_image" and "detail" not in p else p for p in content]
+        return {"kind": "message", "item": {**item, "content": parts}}
+    if not isinstance(content, str):
+        raise InvalidRequest(f"{where}: message content must be a string or an array of parts.", param="input")
+    return {"kind": "message", "item": item}
+
+
+def _is_output_part(part: Any) -> bool:
+    if not isinstance(part, dict):
+        return False
+    if part.get("type") == "output_text":
+        return isinstance(part.get("text"), str)
+    return part.get("type") == "refusal" and isinstance(part.get("refusal"), str)
+
+
+# --- construct_input_messages -------------------------------------------------------------------------------------
+
+
+def input_messages(instructions: str | None, items: str | list[dict[str, Any]], newer: bool) -> list[dict[str, Any]]:
+    """The chat messages vLLM builds: the instructions as a first system message, then one message per item, where
+    function calls and reasoning join the previous assistant message of this request's input."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    converted: list[dict[str, Any]] = []
+    for item in copy.deepcopy(items):
+        message = _from_item(item, converted[-1] if converted else None, newer)
+        if message is not None:
+            converted.append(message)
+    return messages + converted
+
+
+def _from_item(item: dict[str, Any], prev: dict[str, Any] | None, newer: bool) -> dict[str, Any] | None:
+    """A new message, or None when the item only completed the previous assistant message."""
+    assistant = prev if prev is not None and prev.get("role") == "assistant" else None
+    kind = item["kind"]
+    if kind in ("function_call", "custom_tool_call"):
+        return _with_call(assistant, _call(item, newer))
+    if kind == "reasoning":
+        content, summary = item.get("content") or [], item.get("summary") or []
+        text = content[0].get("text", "") if content else summary[0].get("text", "") if summary else ""
+        if assistant is not None and assistant.get("reasoning") is None:
+            assistant["reasoning"] = text
+            return None
+        return {"role": "assistant", "reasoning": text}
+    if kind == "output_message":
+        parts = item.get("content") or []
+        if not parts or parts[0].get("type") != "output_text":  # vLLM fails on it (500): refuse it here instead
+            raise InvalidRequest("An assistant output message must start with an output_text part.", param="input")
+        return _assistant_text(assistant, parts[0]["text"])  # only the first part is kept
+    if kind == "function_call_output" or (kind == "custom_tool_call_output" and newer):
+        return {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
+    if kind == "custom_tool_call_output":
+        raise InvalidRequest(UNSUPPORTED.format(kind=kind), param="input")
+    message: dict[str, Any] = item["item"]
+    if message.get("role") == "assistant":
+        content = message.get("content")
+        text = content if isinstance(content, str) else content[0].get("text") if content else None
+        if text is not None:
+            return _assistant_text(assistant, text)
+    return message
+
+
+def _call(item: dict[str, Any], newer: bool) -> dict[str, Any]:
+    if item["kind"] == "custom_tool_call":
+        if not newer:
+            raise InvalidRequest(UNSUPPORTED.format(kind="custom_tool_call"), param="input")
+        name, arguments = item["name"], json.dumps({"input": item.get("input") or ""}, ensure_ascii=False)
+    else:
+        name, arguments = item["name"], item["arguments"]
+        if item.get("namespace"):
+            name = f"{item['namespace']}__{name}"
+    return {"id": item["call_id"], "function": {"name": name, "arguments": arguments}, "type": "function"}
+
+
+def _with_call(assistant: dict[str, Any] | None, call: dict[str, Any]) -> dict[str, Any] | None:
+    calls = assistant.get("tool_calls") if assistant is not None else None
+    if assistant is not None and calls is None:
+        assistant["tool_calls"] = [call]
+        return None
+    if isinstance(calls, list):
+        calls.append(call)
+        return None
+    return {"role": "assistant", "tool_calls": [call]}
+
+
+def _assistant_text(assistant: dict[str, Any] | None, text: str) -> dict[str, Any] | None:
+    if assistant is not None and assistant.get("content") is None:
+        assistant["content"] = text
+        return None
+    return {"role": "assistant", "content": text}
+
+
+# --- build_chat_params ----------------------------------------------------------------------------------------------
+
+
+def _kwargs(body: dict[str, Any], client: dict[str, Any], items: str | list[dict[str, Any]]) -> dict[str, Any]:
+    """The template switches vLLM sets, over the client's chat_template_kwargs (build_chat_params)."""
+    cont = _continues(items)
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    kwargs = {k: v for k, v in client.items() if k not in ("add_generation_prompt", "continue_final_message")}
+    return {**kwargs, "add_generation_prompt": not cont, "continue_final_message": cont, "reasoning_effort": effort}
+
+
+def _continues(items: str | list[dict[str, Any]]) -> bool:
+    """should_continue_final_message: the last item is an unfinished message or reasoning item."""
+    if isinstance(items, str) or not items:
+        return False
+    last = items[-1]
+    status = last["item"].get("status") if last["kind"] == "message" else last.get("status")
+    return last["kind"] in ("message", "output_message", "reasoning") and status in CONTINUING
+
+
+def _as_chat(
+    req: ResponsesRequest, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
+) -> ChatRequest:
+    """An equivalent chat request: its body is what the upstream is asked to count when it counts."""
+    effort = kwargs.pop("reasoning_effort")
+    add_generation_prompt = kwargs.pop("add_generation_prompt")
+    continue_final_message = kwargs.pop("continue_final_message")
+    body: dict[str, Any] = {
+        "messages": messages,
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+        "add_special_tokens": True,  # Responses leaves vLLM's tokenizer default: a BOS post-processor adds one
+    }
+    if effort is not None:
+        body["reasoning_effort"] = effort  # chat derives enable_thinking from it, unless the client set it
+    if tools is not None:
+        body["tools"] = tools
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    if req.model is not None:
+        body["model"] = req.model
+    return ChatRequest(
+        body=body, model=req.model, messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message, add_special_tokens=True, chat_template=None,
+        chat_template_kwargs=kwargs, max_tokens=None, max_completion_tokens=None, min_tokens=None, n=1,
+        stream=req.stream,
+    )  # fmt: skip
