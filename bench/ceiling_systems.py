@@ -33,11 +33,13 @@ def start_relay(upstream: Upstream, workdir: Path) -> Running:
 
 
 def start_token_guard_workers(upstream: Upstream, workdir: Path, workers: int) -> Running:
-    """token-guard with `--workers N` (N > 1); a SetupError that says so when `serve` refuses the flag."""
-    name, port = f"token-guard-{workers}w", free_port()
+    """token-guard as a user runs it (default settings: one request line per request in its log) with `--workers N`;
+    a SetupError that says so when `serve` refuses the flag."""
+    name = "token-guard" if workers == 1 else f"token-guard-{workers}w"
+    port = free_port()
     argv = [sys.executable, "-m", "proxy", "serve", "--upstream", upstream.url, "--model", MODEL]
     argv += ["--tokenizer", str(upstream.tokenizer), "--max-model-len", str(upstream.max_model_len)]
-    argv += ["--port", str(port), "--log-level", "warning", "--workers", str(workers)]
+    argv += ["--port", str(port), "--workers", str(workers)]
     process, log = spawn(name, argv, workdir)
     running = Running(name, f"http://127.0.0.1:{port}", process, log)
     try:
@@ -52,7 +54,9 @@ def start_token_guard_workers(upstream: Upstream, workdir: Path, workers: int) -
 def start_system(name: str, upstream: Upstream, workdir: Path) -> Running:
     if name == "relay":
         return start_relay(upstream, workdir)
-    if (match := GUARD_WORKERS.fullmatch(name)) and int(match.group(1)) > 1:
+    if name == "token-guard":
+        return start_token_guard_workers(upstream, workdir, 1)
+    if match := GUARD_WORKERS.fullmatch(name):
         return start_token_guard_workers(upstream, workdir, int(match.group(1)))
     if name in SYSTEMS:
         return start("token-guard" if name == "token-guard-1w" else name, upstream, workdir)

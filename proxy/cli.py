@@ -112,20 +112,11 @@ def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -
     import uvicorn
 
     from proxy.server import worker
+    from proxy.server.running import uvicorn_options
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     server = settings.server
-    options: dict[str, Any] = {
-        "host": server.host,
-        "port": server.port,
-        "loop": "uvloop",
-        "http": "httptools",
-        "log_level": "warning",
-        "access_log": False,
-        "backlog": 4096,
-        # On SIGTERM: stop accepting, let in-flight requests (streams too) finish for up to this long, then close.
-        "timeout_graceful_shutdown": server.drain_timeout_s,
-    }
+    options = {"host": server.host, "port": server.port, "log_level": "warning", **uvicorn_options(server)}
     logging.getLogger("token_guard").info(
         "token-guard listening on http://%s:%d with %d worker(s), upstream %s", server.host, server.port,
         server.workers, settings.upstream.url,

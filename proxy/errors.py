@@ -6,6 +6,8 @@
     │   └── CountedUpstreamOnly     400  parts only the upstream can count (images, audio), with no upstream to ask
     ├── Unauthorized                401  no valid `Authorization: Bearer <key>` (server.api_keys)
     ├── ModelNotFound               404  a model the guard has no tokenizer for
+    ├── MethodNotAllowed            405  a guarded path asked with another method than POST
+    ├── RequestTimeout              408  the client sent its body too slowly (server.read_timeout_s)
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
     ├── TooBusy                     429  admission: the queue is full or the wait timed out (with Retry-After)
     ├── NotReady                    503  still learning the upstream's models, or a window not known yet
@@ -67,6 +69,16 @@ class Unauthorized(GuardError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="invalid_api_key")
+
+
+class MethodNotAllowed(GuardError):
+    status = 405
+    error_type = "MethodNotAllowedError"
+
+
+class RequestTimeout(GuardError):
+    status = 408
+    error_type = "RequestTimeoutError"
 
 
 class PayloadTooLarge(GuardError):

@@ -4,6 +4,7 @@ written back with changed fields. Shared by every endpoint's wire model."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from proxy.errors import InvalidRequest
@@ -22,7 +23,24 @@ def parse_json_object(raw: bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
         raise InvalidRequest("The request body is nested too deeply to be read.") from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, got {kind_of(body)}.")
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_unicode(body)
     return body
+
+
+# Only a \uD800-\uDFFF escape can put a lone surrogate in the parsed text (raw bytes must be valid UTF-8); a pair of
+# them makes one character and is fine. A match only means the whole body is checked, which is exact.
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+
+
+def _check_unicode(body: dict[str, Any]) -> None:
+    try:
+        json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end].encode("unicode_escape").decode()
+        raise InvalidRequest(
+            f"The request body is not valid Unicode text: it holds a lone surrogate ({bad}), which cannot be encoded."
+        ) from None
 
 
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
@@ -59,21 +77,34 @@ def model_name(body: dict[str, Any]) -> str | None:
 
 
 def count_field(body: dict[str, Any], key: str) -> int | None:
+    """A count as vLLM reads it: an integer, or a number with no fractional part (2.0 is 2)."""
     value = body.get(key)
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"'{key}' must be an integer, got {kind_of(value)}.", param=key)
+        fraction = " with a fractional part" if isinstance(value, float) else ""
+        raise InvalidRequest(f"'{key}' must be an integer, got {kind_of(value)}{fraction}.", param=key)
     if value < 0:
         raise InvalidRequest(f"'{key}' must be at least 0, got {value}.", param=key)
     return value
 
 
 def choices(body: dict[str, Any]) -> int:
-    n = count_field(body, "n")
-    if n == 0:
-        raise InvalidRequest("'n' must be at least 1, got 0.", param="n")
-    return 1 if n is None else n
+    n = body.get("n")
+    if isinstance(n, int | float) and not isinstance(n, bool) and n < 1:
+        raise InvalidRequest(f"'n' must be at least 1, got {n}.", param="n")
+    counted = count_field(body, "n")
+    return 1 if counted is None else counted
+
+
+def check_min_tokens(min_tokens: int | None, max_tokens: int | None) -> None:
+    """vLLM refuses a request whose min_tokens exceeds its max_tokens (SamplingParams), with this message."""
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise InvalidRequest(
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.", param="min_tokens"
+        )
 
 
 def flag(body: dict[str, Any], key: str, default: bool) -> bool:

@@ -6,7 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.api.body import MAX_DEPTH, choices, count_field, flag, model_name, optional, parse_json_object
+from proxy.api.body import (
+    MAX_DEPTH,
+    check_min_tokens,
+    choices,
+    count_field,
+    flag,
+    model_name,
+    optional,
+    parse_json_object,
+)
 from proxy.errors import InvalidRequest
 from proxy.settings import ServerSettings
 
@@ -65,7 +74,7 @@ def parse_chat(raw: bytes, max_messages: int = MAX_MESSAGES, max_depth: int = MA
             "(add_generation_prompt defaults to true: send false with continue_final_message).",
             param="continue_final_message",
         )
-    return ChatRequest(
+    req = ChatRequest(
         body=body,
         model=model_name(body),
         messages=messages,
@@ -81,3 +90,6 @@ def parse_chat(raw: bytes, max_messages: int = MAX_MESSAGES, max_depth: int = MA
         n=choices(body),
         stream=flag(body, "stream", False),
     )
+    requested = req.requested_output
+    check_min_tokens(req.min_tokens, requested[1] if requested else None)
+    return req

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.api.body import MAX_DEPTH, choices, count_field, flag, model_name, parse_json_object
+from proxy.api.body import MAX_DEPTH, check_min_tokens, choices, count_field, flag, model_name, parse_json_object
 from proxy.errors import InvalidRequest
 
 
@@ -28,7 +28,7 @@ class CompletionRequest:
 
 def parse_completion(raw: bytes, max_depth: int = MAX_DEPTH) -> CompletionRequest:
     body = parse_json_object(raw, max_depth)
-    return CompletionRequest(
+    req = CompletionRequest(
         body=body,
         model=model_name(body),
         prompts=_prompts(body.get("prompt")),
@@ -38,6 +38,8 @@ def parse_completion(raw: bytes, max_depth: int = MAX_DEPTH) -> CompletionReques
         n=choices(body),
         stream=flag(body, "stream", False),
     )
+    check_min_tokens(req.min_tokens, req.requested_output[1])  # vLLM's default of 16 counts when absent
+    return req
 
 
 def _prompts(prompt: Any) -> list[str | list[int]]:

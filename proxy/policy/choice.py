@@ -9,6 +9,7 @@ from proxy.policy.decide import Limits
 from proxy.settings import OVERFLOW_POLICIES, PolicySettings
 
 OVERFLOW_HEADER = "x-token-guard-overflow"
+UNSAID_SHARE = 4  # a request that names no output limit keeps 1/4 of the window for its answer when cut
 
 
 def choose_policy(policy: PolicySettings, headers: Mapping[str, str]) -> str:
@@ -31,7 +32,11 @@ def choose_policy(policy: PolicySettings, headers: Mapping[str, str]) -> str:
 
 
 def output_reserve(requested: int | None, limits: Limits) -> int:
-    """Room kept for the answer when a prompt is cut or split: what the request asks for (or the configured default),
-    but at most half the window, so that the prompt keeps at least the other half."""
-    wanted = requested if requested is not None else (limits.default_output() or limits.min_output_tokens)
+    """Room kept for the answer when a prompt is cut or split: what the request asks for, else the configured
+    default_max_tokens, else a quarter of the window (a cut prompt that leaves 1 token of room answers nothing); at
+    most half the window, so that the prompt keeps at least the other half."""
+    if requested is not None:
+        wanted = requested
+    else:
+        wanted = limits.default_output() or limits.max_model_len // UNSAID_SHARE
     return max(limits.min_output_tokens, min(wanted, limits.max_model_len // 2))

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from proxy.check.run import drift_warnings
 from proxy.counting.registry import ModelRegistry
-from proxy.errors import GuardError
+from proxy.errors import GuardError, MethodNotAllowed
 from proxy.policy.guard import Guard
 from proxy.server.asgi import Receive, Reply, Scope, Send
 from proxy.server.auth import REFUSED, ApiKeys
@@ -41,7 +41,7 @@ class GuardApp:
             lambda: (self.upstream.admission.queued, {r.url: r.budget.tokens for r in self.upstream.replicas}),
         )
         guard = Guard(settings, registry, UpstreamCounter(self.upstream))
-        handlers = Handlers(guard, registry, self.upstream, self.metrics, settings.server.max_body_bytes)
+        handlers = Handlers(guard, registry, self.upstream, self.metrics, settings.server)
         self._routes: dict[str, tuple[frozenset[str], Handler]] = {
             "/health": (GET, handlers.health),
             "/metrics": (GET, handlers.metrics_text),
@@ -58,13 +58,25 @@ class GuardApp:
             if self._keys and not self._keys.allows(scope):
                 await _refuse(scope, send)
                 return
-            route = self._routes.get(scope["path"])
-            handler = route[1] if route is not None and scope["method"] in route[0] else self._passthrough
-            await handler(scope, receive, send)
+            await self._route(scope)(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         else:
             await send({"type": "websocket.close", "code": 1000})
+
+    def _route(self, scope: Scope) -> Handler:
+        path = scope["path"]
+        route = self._routes.get(path)
+        if route is None and len(path) > 1 and path.endswith("/") and path.rstrip("/") in self._routes:
+            # vLLM redirects `/v1/chat/completions/` to the route: answer it as that route, never unguarded
+            path = path.rstrip("/")
+            route = self._routes[path]
+            scope["path"], scope["raw_path"] = path, path.encode()
+        if route is None or scope["method"] == "OPTIONS":  # CORS preflight goes through, as vLLM answers it
+            return self._passthrough
+        if scope["method"] not in route[0]:
+            return _not_allowed(route[0])
+        return route[1]
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
@@ -89,6 +101,15 @@ async def _refuse(scope: Scope, send: Send) -> None:
     rid = request_id(next((v.decode("latin-1") for k, v in scope["headers"] if k == REQUEST_ID), None))
     log.info("401 for %s %s: no valid API key (request %s)", scope["method"], scope["path"], rid)
     await send_error(Reply(send), REFUSED, [(b"www-authenticate", b"Bearer"), (REQUEST_ID, rid.encode())])
+
+
+def _not_allowed(methods: frozenset[str]) -> Handler:
+    async def answer(scope: Scope, receive: Receive, send: Send) -> None:
+        allowed = ", ".join(sorted(methods))
+        error = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use {allowed}.")
+        await send_error(Reply(send), error, [(b"allow", allowed.encode())])
+
+    return answer
 
 
 async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: Upstream) -> None:

@@ -3,10 +3,11 @@ does not need, and a response written as bytes. uvicorn (httptools) parses HTTP;
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from proxy.errors import PayloadTooLarge
+from proxy.errors import PayloadTooLarge, RequestTimeout
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -46,25 +47,32 @@ class Incoming:
         return {key.decode("latin-1"): value.decode("latin-1") for key, value in self.raw_headers}
 
 
-async def read_body(receive: Receive, incoming: Incoming, limit: int) -> bytes:
+async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s: float) -> bytes:
     """The whole body: 413 before reading a byte when its declared length is over `limit`, or at the chunk that
-    takes it past `limit` (nothing more is read; the server discards the rest of the upload)."""
+    takes it past `limit` (nothing more is read; the server discards the rest of the upload); 408 when it has not
+    all arrived within `timeout_s`."""
     declared = incoming.header(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone()
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit)
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive within {timeout_s:g} s (server.read_timeout_s); got {size} bytes."
+        ) from None
 
 
 def too_large(limit: int) -> PayloadTooLarge:

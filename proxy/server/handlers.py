@@ -19,6 +19,7 @@ from proxy.server.metrics import Metrics
 from proxy.server.record import REQUEST_ID, RequestRecord, log_fields, log_line, request_id
 from proxy.server.relay import relay, relay_error
 from proxy.server.responses import internal_error, send_error
+from proxy.settings import ServerSettings
 from proxy.upstream.client import Upstream
 from proxy.upstream.parts import PartRunner
 
@@ -31,10 +32,10 @@ METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 class Handlers:
     def __init__(
-        self, guard: Guard, registry: ModelRegistry, upstream: Upstream, metrics: Metrics, max_body_bytes: int
+        self, guard: Guard, registry: ModelRegistry, upstream: Upstream, metrics: Metrics, server: ServerSettings
     ) -> None:
         self.guard, self.registry, self.upstream, self.metrics = guard, registry, upstream, metrics
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes, self.read_timeout_s = server.max_body_bytes, server.read_timeout_s
 
     async def guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._handle(scope, receive, send, guarded=True)
@@ -65,7 +66,7 @@ class Handlers:
         record = RequestRecord(request_id(incoming.header(REQUEST_ID)), incoming.method, incoming.path, guarded)
         tagged: Headers = [(REQUEST_ID, record.request_id.encode())]
         try:
-            body = await read_body(receive, incoming, self.max_body_bytes)
+            body = await read_body(receive, incoming, self.max_body_bytes, self.read_timeout_s)
             headers = incoming.headers()
             headers["x-request-id"] = record.request_id  # vLLM makes it the response id
             async with ClientWatch(receive, lambda: reply.finished):
@@ -81,8 +82,9 @@ class Handlers:
             if isinstance(exc, UpstreamTimeout | UpstreamUnavailable):
                 record.upstream_error = record.upstream_error or ("timeout" if isinstance(exc, UpstreamTimeout)
                                                                   else "unavailable")  # fmt: skip
-            if not reply.started:
-                await send_error(reply, exc, tagged)
+            if not reply.started:  # a client too slow to send its body is not kept: its connection closes
+                closing = [*tagged, (b"connection", b"close")] if exc.status == 408 else tagged
+                await send_error(reply, exc, closing)
         except Exception:
             log.exception("unexpected error on %s %s (request %s)", incoming.method, incoming.path, record.request_id)
             if not reply.started:

@@ -18,8 +18,21 @@ log = logging.getLogger("token_guard.forward")
 NOT_RELAYED = frozenset(name.encode() for name in HOP_BY_HOP | {"date", "server"}) - {b"content-length"}
 
 
+LOCATIONS = (b"location", b"content-location")
+
+
 def relayed_headers(upstream: UpstreamResponse, extra: Headers) -> Headers:
-    return [(k, v) for k, v in upstream.raw_headers if k.lower() not in NOT_RELAYED] + extra
+    headers = [(k, v) for k, v in upstream.raw_headers if k.lower() not in NOT_RELAYED]
+    if any(k.lower() in LOCATIONS for k, _ in headers):
+        headers = [(k, _own_origin(v, upstream.url) if k.lower() in LOCATIONS else v) for k, v in headers]
+    return headers + extra
+
+
+def _own_origin(location: bytes, upstream: str) -> bytes:
+    """A redirect that names the upstream's own address, made relative: a client that follows it comes back through
+    the guard instead of learning where vLLM listens and going around it."""
+    origin = upstream.encode("latin-1")
+    return location[len(origin) :] or b"/" if location.startswith(origin) else location
 
 
 async def relay(reply: Reply, upstream: UpstreamResponse, extra: Headers, record: RequestRecord) -> None:

@@ -16,6 +16,9 @@ from typing import Any
 
 import uvicorn
 
+from proxy.server.protocol import GuardedHttpProtocol
+from proxy.settings import ServerSettings
+
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -24,6 +27,20 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock
+
+
+def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
+    """How uvicorn serves the guard: uvloop and httptools, with the guard's limits on request headers (protocol.py,
+    configured here for this process), no access log of its own (the guard logs one line per request), and on SIGTERM
+    it stops accepting and lets requests in flight finish for up to server.drain_timeout_s."""
+    GuardedHttpProtocol.header_timeout_s = server.read_timeout_s
+    return {
+        "loop": "uvloop",
+        "http": GuardedHttpProtocol,
+        "access_log": False,
+        "backlog": 4096,
+        "timeout_graceful_shutdown": server.drain_timeout_s,
+    }
 
 
 def make_server(app: Any, *, log_level: str = "warning", **options: Any) -> uvicorn.Server:

@@ -48,6 +48,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_json_depth": v.integer(8),
         "max_messages": v.integer(1),
         "drain_timeout_s": v.positive_float,
+        "read_timeout_s": v.positive_float,
         "workers": v.integer(1, 64),
     },
     "upstream": {

@@ -19,6 +19,7 @@ class ServerSettings:
     max_json_depth: int = 64
     max_messages: int = 10_000
     drain_timeout_s: float = 30.0
+    read_timeout_s: float = 30.0  # a request's headers, and its body, must arrive within this
     workers: int = 1  # processes serving one port; each takes an equal share of the admission budget
 
 

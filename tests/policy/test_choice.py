@@ -32,5 +32,5 @@ def test_output_reserve_is_the_request_capped_at_half_the_window() -> None:
     limits = Limits(2048, min_output_tokens=4)
     assert output_reserve(100, limits) == 100
     assert output_reserve(5000, limits) == 1024
-    assert output_reserve(None, limits) == 4
+    assert output_reserve(None, limits) == 512  # nothing asked: a quarter of the window, not 1 token
     assert output_reserve(None, Limits(2048, default_max_tokens="10%")) == 204

@@ -108,7 +108,7 @@ def test_counting_stops_reading_at_the_limit() -> None:
 
     async def read_all() -> None:
         scope = {"method": "POST", "path": "/v1/chat/completions", "query_string": b"", "headers": []}
-        await read_body(receive, Incoming(scope), 10_500)
+        await read_body(receive, Incoming(scope), 10_500, timeout_s=30)
 
     with pytest.raises(PayloadTooLarge):
         asyncio.run(read_all())

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.counting.registry import ModelRegistry
 from proxy.server.app import create_app
-from proxy.server.running import ServerThread
+from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
@@ -23,16 +23,18 @@ MODEL = "tiny"
 
 
 class Tap:
-    """ASGI middleware keeping the response body bytes of every HTTP request, in order."""
+    """ASGI middleware keeping the response body bytes and the raw query string of every HTTP request, in order."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.bodies: list[bytes] = []
+        self.queries: list[bytes] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        self.queries.append(scope["query_string"])
         chunks: list[bytes] = []
 
         async def record(message: Message) -> None:
@@ -64,21 +66,23 @@ def guard(upstream: str, tokenizer: Path | None = None, **flags: Any) -> Iterato
 
 def guard_unchecked(upstream: str, tokenizer: Path | None = None, **flags: Any) -> ServerThread:
     """The guard in front of an upstream that may never be healthy (a started ServerThread's context manager)."""
-    return ServerThread(_app(upstream, tokenizer, flags))
+    return _server(upstream, tokenizer, flags)
 
 
 @contextmanager
 def _guard(upstream: str, tokenizer: Path | None, flags: dict[str, Any]) -> Iterator[ServerThread]:
-    with ServerThread(_app(upstream, tokenizer, flags)) as server:
+    with _server(upstream, tokenizer, flags) as server:
         yield server
 
 
-def _app(upstream: str, tokenizer: Path | None, flags: dict[str, Any]) -> Any:
+def _server(upstream: str, tokenizer: Path | None, flags: dict[str, Any]) -> ServerThread:
+    """The guard served as `token-guard serve` serves it (uvloop aside: the thread runs its own asyncio loop)."""
     settings_flags: dict[str, Any] = {"upstream.url": upstream, **flags}
     if tokenizer is not None:
         settings_flags.update({"model.name": MODEL, "model.tokenizer": str(tokenizer)})
     settings = load_settings(settings_flags, environ={})
-    return create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
+    app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
+    return ServerThread(app, **uvicorn_options(settings.server))
 
 
 def wait_healthy(url: str, timeout_s: float = 10.0) -> None:

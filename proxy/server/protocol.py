@@ -1,0 +1,98 @@
+"""uvicorn's httptools protocol with a deadline for a request's headers, and its parser errors in the OpenAI envelope.
+
+uvicorn waits for a request's headers for ever: a client that opens connections and sends nothing, or sends its
+headers a byte at a time, holds a connection and a file descriptor as long as it likes. Here a connection that has
+not finished a request's headers within `header_timeout_s` is answered 408 and closed (or just closed, if it never
+started one); request lines and headers larger than `max_header_bytes` (the parser would buffer any size) get 431.
+What the parser (llhttp) refuses as not HTTP gets uvicorn's 400, here in the usual error envelope instead of plain
+text. The body's own deadline is the app's (asgi.read_body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from proxy.errors import GuardError, InvalidRequest, RequestTimeout
+
+
+class HeaderTooLarge(GuardError):
+    status = 431
+    error_type = "RequestHeaderFieldsTooLargeError"
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    # Set once per process from the settings, before the server accepts connections (uvicorn builds the protocol
+    # itself, by class, also in each worker process).
+    header_timeout_s = 30.0
+    max_header_bytes = 64 * 1024
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._header_bytes = 0  # received since the current request's headers began, while they are incomplete
+        self._in_request = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self._deadline is not None
+        super().data_received(data)
+        if waiting and self._deadline is not None:  # the headers are still incomplete after this data
+            self._header_bytes += len(data)
+            if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
+                self._refuse(HeaderTooLarge(f"The request line and headers are larger than {self.max_header_bytes} "
+                                            "bytes."))  # fmt: skip
+
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(InvalidRequest(f"{msg} (the request line or headers could not be parsed, or are too large)"))
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_request = True
+        self._arm()  # the next request on a kept-alive connection gets its own deadline
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._in_request = False
+        if not self.transport.is_closing():
+            self._arm()  # idle between requests: uvicorn's keep-alive timeout applies too, and the shorter wins
+
+    def _arm(self) -> None:
+        if self._deadline is None:
+            self._header_bytes = 0
+            self._deadline = self.loop.call_later(self.header_timeout_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self._in_request:
+            self._refuse(RequestTimeout(f"The request headers did not arrive within {self.header_timeout_s:g} s "
+                                        "(server.read_timeout_s)."))  # fmt: skip
+        else:
+            self.transport.close()
+
+    def _refuse(self, error: GuardError) -> None:
+        self._disarm()
+        body = json.dumps(error.body()).encode()
+        head = f"HTTP/1.1 {error.status} {error.error_type}\r\ncontent-type: application/json\r\n"
+        head += f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        self.transport.write(head.encode() + body)
+        self.transport.close()

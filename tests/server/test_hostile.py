@@ -1,0 +1,237 @@
+"""Hostile and careless input, over real sockets: every field with wrong types, broken and pathological JSON,
+encodings, paths and methods, header tricks, huge and slow requests. Each answer is checked for its status, the
+OpenAI error envelope, no traceback, path or upstream address in it, and a guard that still serves afterwards."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from proxy.server.running import ServerThread
+from tests.support.polling import eventually
+from tests.support.servers import MODEL, Tap, guard, simulator
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+JSON_HEADERS = {"content-type": "application/json"}
+LEAKS = ("Traceback", 'File "', "site-packages", "/usr/", "/home/", "/root/", "proxy/")
+
+
+@pytest.fixture(scope="module")
+def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
+    with simulator(deepseek_dir, profile="0.31", max_model_len=2048) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def proxy(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path) -> Iterator[str]:
+    flags = {"model.max_model_len": 2048, "server.read_timeout_s": 1.0}
+    with guard(sim[0].url, deepseek_dir, **flags) as server:
+        yield server.url
+
+
+def assert_clean_error(response: httpx.Response, status: int, upstream: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    for leak in (*LEAKS, urlsplit(upstream).netloc):
+        assert leak not in response.text, leak
+    return dict(error)
+
+
+def assert_still_serving(proxy: str) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "still there?"}], "max_tokens": 2}
+    response = httpx.post(proxy + CHAT, json=body, timeout=30)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, **fields}
+
+
+WRONG = {"a string": "x", "an object": {"a": 1}, "an array": [1], "a boolean": True, "a fraction": 2.5}
+COUNTS = ["max_tokens", "max_completion_tokens", "min_tokens", "n"]
+FLAGS = ["stream", "add_generation_prompt", "continue_final_message", "add_special_tokens"]
+FIELD_CASES = (
+    [(f"{f}={k}", chat(**{f: v}), f) for f in COUNTS for k, v in WRONG.items()]
+    + [(f"{f}=negative", chat(**{f: -3}), f) for f in COUNTS]
+    + [(f"{f}={k}", chat(**{f: v}), f) for f in FLAGS for k, v in WRONG.items() if k != "a boolean"]
+    + [(f"model={k}", chat(model=v), "model") for k, v in WRONG.items() if k != "a string"]
+    + [(f"tools={k}", chat(tools=v), "tools") for k, v in WRONG.items() if k != "an array"]
+    + [(f"chat_template_kwargs={k}", chat(chat_template_kwargs=v), "chat_template_kwargs")
+       for k, v in WRONG.items() if k != "an object"]
+    + [(f"messages={k}", chat(messages=v), "messages") for k, v in WRONG.items()]
+    + [("messages=[]", chat(messages=[]), "messages"), ("messages=null", chat(messages=None), "messages"),
+       ("message is a string", chat(messages=["hi"]), "messages"),
+       ("message without role", chat(messages=[{"content": "hi"}]), "messages"),
+       ("role is a number", chat(messages=[{"role": 3, "content": "hi"}]), "messages"),
+       ("content is a number", chat(messages=[{"role": "user", "content": 3}]), "messages"),
+       ("content part is a number", chat(messages=[{"role": "user", "content": [3]}]), "messages"),
+       ("tool call is a string", chat(messages=[{"role": "assistant", "content": None, "tool_calls": ["x"]}]),
+        "messages"),
+       ("continue and generation prompt", chat(continue_final_message=True), "continue_final_message"),
+       ("min_tokens over max_tokens", chat(min_tokens=50, max_tokens=5), "min_tokens"),
+       ("n is zero", chat(n=0), "n")]
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "param"), [c[1:] for c in FIELD_CASES], ids=[c[0] for c in FIELD_CASES])
+def test_every_wrong_chat_field_is_a_clear_400(proxy: str, sim: Any, body: dict[str, Any], param: str) -> None:
+    before = sim[1].received
+    error = assert_clean_error(httpx.post(proxy + CHAT, json=body, timeout=30), 400, sim[0].url)
+    assert error["param"] == param and sim[1].received == before  # refused at the door
+    assert_still_serving(proxy)
+
+
+PROMPTS = {
+    "number": 3, "object": {"a": 1}, "null": None, "empty array": [], "empty batch": [[]], "mixed": ["a", [1, 2]],
+    "negative id": [1, -2], "float id": [1, 2.5], "boolean ids": [True, False], "nested too deep": [[[1]]],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("prompt", PROMPTS.values(), ids=PROMPTS.keys())
+def test_every_wrong_prompt_is_a_clear_400(proxy: str, sim: Any, prompt: Any) -> None:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 3}
+    error = assert_clean_error(httpx.post(proxy + COMPLETIONS, json=body, timeout=30), 400, sim[0].url)
+    assert error["param"] == "prompt"
+    assert_still_serving(proxy)
+
+
+def nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+RAW_BODIES = {
+    "empty": b"", "truncated": b'{"model": "tiny", "messages": [', "not json": b"hello", "a list": b"[]",
+    "a string": b'"hi"', "null": b"null", "trailing comma": b'{"a": 1,}', "single quotes": b"{'a': 1}",
+    "invalid utf-8": b'{"model": "\xff\xfe"}',
+    "lone surrogate": json.dumps(chat(messages=[{"role": "user", "content": "a\ud800b"}])).encode(),
+    "lone low surrogate": b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}], "max_tokens": 2}',
+    "NaN max_tokens": b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": NaN}',
+    "Infinity n": b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": Infinity}',
+    "bracket bomb": b"[" * 100_000, "object bomb": b'{"a":' * 50_000,
+    "deep messages": json.dumps(chat(messages=[{"role": "user", "content": "x", "extra": nested(80)}])).encode(),
+    "ten thousand and one messages": json.dumps(chat(messages=[{"role": "user", "content": "x"}] * 10_001)).encode(),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("raw", RAW_BODIES.values(), ids=RAW_BODIES.keys())
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_broken_and_pathological_bodies_are_400(proxy: str, sim: Any, path: str, raw: bytes) -> None:
+    response = httpx.post(proxy + path, content=raw, headers=JSON_HEADERS, timeout=30)
+    assert_clean_error(response, 400, sim[0].url)
+    assert_still_serving(proxy)
+
+
+def test_integral_floats_are_counts_as_vllm_reads_them(proxy: str) -> None:
+    response = httpx.post(proxy + CHAT, json=chat(max_tokens=2.0, n=1.0), timeout=30)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, CHAT + "/"])
+def test_other_methods_on_guarded_paths_are_405_in_the_envelope(proxy: str, sim: Any, method: str, path: str) -> None:
+    response = httpx.request(method, proxy + path, timeout=30)
+    assert_clean_error(response, 405, sim[0].url)
+    assert response.headers["allow"] == "POST"
+
+
+def test_a_trailing_slash_is_guarded_too(proxy: str, sim: Any) -> None:
+    response = httpx.post(proxy + CHAT + "/", json=chat(max_tokens=100_000), timeout=30)
+    assert response.status_code == 200 and response.headers["x-token-guard-action"] == "clamp"
+    assert sim[1].requests[-1]["max_tokens"] < 2048
+
+
+def test_an_upstream_redirect_never_names_the_upstream(proxy: str, sim: Any) -> None:
+    response = httpx.get(proxy + "/v1/models/", timeout=30)  # the simulator (starlette) redirects to /v1/models
+    location = response.headers["location"]
+    assert response.status_code == 307 and location == "/v1/models"
+    assert httpx.get(proxy + location, timeout=30).status_code == 200  # followed, it comes back through the guard
+
+
+def test_the_query_string_goes_upstream_exactly_as_sent(proxy: str, sim: Any) -> None:
+    httpx.get(proxy + "/v1/models?y=%20z&g", timeout=30)
+    assert sim[2].queries[-1] == b"y=%20z&g"
+
+
+def raw_socket(proxy: str) -> socket.socket:
+    host, port = urlsplit(proxy).hostname, urlsplit(proxy).port
+    assert host is not None and port is not None
+    return socket.create_connection((host, port), timeout=10)
+
+
+def read_all(conn: socket.socket) -> bytes:
+    """Everything the guard sends until it closes the connection (a socket timeout, 10 s, fails the test)."""
+    data = b""
+    try:
+        while chunk := conn.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def test_headers_sent_too_slowly_get_408_and_the_connection_closed(proxy: str) -> None:
+    with raw_socket(proxy) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # then nothing more
+        answer = read_all(conn)  # read_timeout_s is 1 s here: cut, not held open (the socket would time out)
+    assert answer.startswith(b"HTTP/1.1 408") and b'"code":408' in answer.replace(b" ", b"")
+
+
+def test_a_connection_that_says_nothing_is_closed(proxy: str) -> None:
+    with raw_socket(proxy) as conn:
+        assert read_all(conn) == b""  # closed by the guard (the 10 s socket timeout would fail the test)
+
+
+def test_a_body_sent_too_slowly_gets_408(proxy: str, sim: Any) -> None:
+    before = sim[1].received
+    with raw_socket(proxy) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100\r\n\r\n{\"model\":")  # fmt: skip
+        answer = read_all(conn)
+    assert answer.startswith(b"HTTP/1.1 408") and b"server.read_timeout_s" in answer
+    assert sim[1].received == before
+    assert_still_serving(proxy)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-junk: " + b"a" * 200_000 + b"\r\n\r\n", 431),
+     (b"NOT HTTP AT ALL\r\n\r\n", 400),
+     (b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n", 400)],
+    ids=["huge header", "not http", "both lengths"],
+)  # fmt: skip
+def test_what_cannot_be_a_request_is_refused_in_the_envelope(proxy: str, request_bytes: tuple[bytes, int]) -> None:
+    with raw_socket(proxy) as conn:
+        try:
+            conn.sendall(request_bytes[0])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it was all sent
+        answer = read_all(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d" % request_bytes[1]) and set(json.loads(body)["error"]) >= {"message", "type"}
+    assert_still_serving(proxy)
+
+
+def test_a_client_that_leaves_mid_upload_is_a_499_record_not_an_error(
+    proxy: str, sim: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="token_guard")
+    with raw_socket(proxy) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100000\r\nx-request-id: left-mid-upload\r\n\r\n{\"model\":")  # fmt: skip
+    assert eventually(lambda: any("left-mid-upload" in r.getMessage() for r in caplog.records))
+    (line,) = [r.getMessage() for r in caplog.records if "left-mid-upload" in r.getMessage()]
+    assert "status=499" in line and "client_gone=True" in line
+    assert not any(r.exc_info or r.levelname == "ERROR" for r in caplog.records)
+    assert_still_serving(proxy)
