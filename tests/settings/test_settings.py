@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,34 @@ def test_bad_policy_values(tmp_path: Path, text: str, message: str) -> None:
 def test_the_harnesses_own_variables_are_not_settings() -> None:
     env = {"TOKEN_GUARD_E2E_CACHE": "/tmp/x", "TOKEN_GUARD_BENCH_ROUNDS": "3"}
     assert load_settings({}, environ=env) == Settings()
+
+
+def test_how_a_model_is_counted(tmp_path: Path) -> None:
+    """tokenizer_mode and default_chat_template_kwargs as vLLM's flags take them; who counts, globally and per model."""
+    path = write(tmp_path, '[counting]\nsource = "upstream"\n[[models]]\nname = "a"\ntokenizer = "/a"\n'
+                           'tokenizer_mode = "mistral"\ndefault_chat_template_kwargs = { enable_thinking = false }\n'
+                           'count_source = "local"\n')  # fmt: skip
+    settings = load_settings({}, environ={}, config_file=path)
+    (model,) = settings.models
+    assert settings.counting.source == "upstream"
+    assert (model.tokenizer_mode, model.default_chat_template_kwargs, model.count_source) == (
+        "mistral", {"enable_thinking": False}, "local",
+    )  # fmt: skip
+    flags = {"model.name": "b", "model.tokenizer": "/b", "model.default_chat_template_kwargs": '{"thinking": true}'}
+    assert load_settings(flags, environ={}).models[0].default_chat_template_kwargs == {"thinking": True}
+    env = {"TOKEN_GUARD_MODEL": "c", "TOKEN_GUARD_TOKENIZER": "/c", "TOKEN_GUARD_TOKENIZER_MODE": "hf"}
+    assert load_settings({}, environ=env).models[0].tokenizer_mode == "hf"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TOKEN_GUARD_COUNTING_SOURCE": "vllm"}, "counting.source: expected one of 'auto', 'local', 'upstream'"),
+        ({"TOKEN_GUARD_TOKENIZER_MODE": "slow"}, "models[0].tokenizer_mode: expected one of 'auto', 'hf', 'mistral'"),
+        ({"TOKEN_GUARD_DEFAULT_CHAT_TEMPLATE_KWARGS": "[1]"}, "models[0].default_chat_template_kwargs: expected a "
+                                                               "table (TOML) or a JSON object"),
+    ],
+)  # fmt: skip
+def test_bad_counting_values(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        load_settings({}, environ={"TOKEN_GUARD_MODEL": "m", "TOKEN_GUARD_TOKENIZER": "/m", **env})
