@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ from proxy.settings import CountingSettings
 log = logging.getLogger("token_guard.counter")
 
 INLINE_MAX_CHARS = 8192  # about 2K tokens: ~2 ms of encoding, less than a thread hop adds to a small request
+BATCH_CHARS = 4 * 65536  # encoded at once at most: a few MB of encodings
+WHITESPACE_RUN = re.compile(r"\s+")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class TokenCounter:
         self.by_words = self.splitter is not None and words_agree(self.backend)
         if self.splitter is not None and not self.by_words:
             log.warning("%s: texts are not counted word by word: the self-check failed", name)
+        self.max_token_bytes = max_token_bytes(self.backend) if self.splitter is not None else None
 
     async def count(self, texts: Sequence[str], add_special_tokens: bool) -> list[int]:
         """Each text's token count, exactly as the tokenizer encodes it."""
@@ -141,13 +145,49 @@ class TokenCounter:
         # encode_batch_fast releases the GIL (plain `encode` does not), so the loop keeps running while it works.
         # A worker thread costs ~0.1 ms per call against ~0.6 ms for tokenizers' own async_encode_batch_fast, with
         # the same event-loop stalls at 128K tokens (measured with tokenizers 0.23.3). Short texts are encoded right
-        # here: the hop to a thread and back costs more than they do (a few ms at most hold the loop).
+        # here: the hop to a thread and back costs more than they do (a few ms at most hold the loop). A long prompt
+        # goes in batches of at most BATCH_CHARS: the encodings of a whole 30 MB prompt at once take gigabytes.
         encode = self.backend.encode_batch_fast
         if not texts:
             return []
-        if sum(len(t) for t in texts) <= INLINE_MAX_CHARS:
+        total = sum(len(t) for t in texts)
+        if total <= INLINE_MAX_CHARS:
             return [len(e) for e in encode(texts, add_special_tokens=add_special_tokens)]
-        return [len(e) for e in await asyncio.to_thread(encode, texts, add_special_tokens=add_special_tokens)]
+        lengths: list[int] = []
+        for batch in _batches(texts, BATCH_CHARS):
+            encodings = await asyncio.to_thread(encode, batch, add_special_tokens=add_special_tokens)
+            lengths += [len(e) for e in encodings]
+            del encodings
+        return lengths
+
+    def floor(self, texts: Sequence[str], ceiling: int) -> int | None:
+        """A lower bound of the tokens of any prompt that holds these texts verbatim, from their size alone, when it
+        proves more than `ceiling` tokens; else None (also when the vocabulary gives no bound: only byte-level BPE
+        with a regex pre-tokenizer, where every token stands for bytes of the text, is taken). No token covers more
+        than `max_token_bytes` bytes; whitespace is left out, since an added token may strip a run of it."""
+        if self.max_token_bytes is None or sum(len(t) for t in texts) <= ceiling:
+            return None  # each token is at least one character: fewer characters than the ceiling prove nothing
+        size = sum(len(WHITESPACE_RUN.sub("", t).encode("utf-8", "surrogatepass")) for t in texts)
+        bound = size // self.max_token_bytes
+        return bound if bound > ceiling else None
+
+
+def _batches(texts: list[str], limit: int) -> Iterable[list[str]]:
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        if batch and size + len(text) > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(text)
+        size += len(text)
+    if batch:
+        yield batch
+
+
+def max_token_bytes(backend: Any) -> int:
+    """The most bytes any one token stands for, counted high (a byte-level symbol is one byte but two in UTF-8)."""
+    return max(len(token.encode("utf-8", "surrogatepass")) for token in backend.get_vocab(with_added_tokens=True))
 
 
 def available_cores() -> int:

@@ -4,13 +4,25 @@ Two generations of dicts stand in for an LRU list: new entries and hits go to th
 its half of the byte budget, it becomes the old one and the old one is dropped. A lookup is one or two dict gets, with
 no list to reorder on every hit (cachetools' LRUCache spent more time in its bookkeeping than the counting saved on a
 small prompt). What is used keeps being promoted; what is not ages out within two generations.
+
+A long text is kept under a 128-bit digest of itself, not as itself: a document sent again is still found, and a huge
+prompt is not held in memory after its answer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 
 ENTRY_OVERHEAD = 120  # bytes a dict slot and the int cost beyond the key string
+LONG_KEY_CHARS = 4096  # texts longer than this are kept under their digest
+
+
+def key_of(text: str) -> str:
+    if len(text) <= LONG_KEY_CHARS:
+        return text
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return f"\x00{len(text)}:{digest}"
 
 
 def entry_size(text: str) -> int:
@@ -26,6 +38,7 @@ class Memo:
         self._young_bytes = self._old_bytes = 0
 
     def get(self, text: str) -> int | None:
+        text = key_of(text)
         count = self._young.get(text)
         if count is None:
             count = self._old.pop(text, None)
@@ -35,6 +48,7 @@ class Memo:
         return count
 
     def put(self, text: str, count: int) -> None:
+        text = key_of(text)
         if text not in self._young:
             self._add(text, count)
 

@@ -58,17 +58,23 @@ def is_safe_cut(text: str, i: int, pre_tokenize: PreTokenize) -> bool:
     return is_candidate(text, i) and window_agrees(text, i, pre_tokenize)
 
 
+SLICE_CHARS = 65536  # at most this much text is encoded at once (with a safe cut near it), to bound memory
+
+
 @dataclass(frozen=True)
 class Splitter:
     pre_tokenize: PreTokenize
     parts: int
     min_chars: int
+    slice_chars: int = SLICE_CHARS
 
     def split(self, text: str) -> list[str]:
-        """`text` in up to `parts` pieces of similar length, or whole when short or without a safe cut."""
+        """`text` in pieces of similar length, at least `parts` of them (one per core) and none much over
+        `slice_chars`, or whole when short or without a safe cut."""
         if self.parts < 2 or len(text) < self.min_chars:
             return [text]
-        cuts = [c for c in (self._cut_near(text, len(text) * k // self.parts) for k in range(1, self.parts)) if c]
+        pieces = max(self.parts, -(-len(text) // self.slice_chars))
+        cuts = [c for c in (self._cut_near(text, len(text) * k // pieces) for k in range(1, pieces)) if c]
         bounds = [0, *sorted(set(cuts)), len(text)]
         return [text[a:b] for a, b in pairwise(bounds)]
 

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, processors
 
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
+from proxy.counting.bound import verbatim_texts
 from proxy.counting.count import count_chat, count_completion
 from proxy.counting.counter import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer
@@ -210,3 +211,36 @@ def test_word_by_word_counts_stay_exact(guard_tok: ModelTokenizer, texts: list[s
     for _ in range(2):  # cold, then warm (and a word cache small enough to evict)
         counts = asyncio.run(counter.count(texts, add_special_tokens=False))
         assert counts == [len(guard_tok.backend.encode(t, add_special_tokens=False)) for t in texts]
+
+
+@PROPERTY
+@given(text=TEXT, lead=LEAD)
+def test_the_size_floor_never_exceeds_the_real_count(guard_tok: ModelTokenizer, reference: Any, text: str,
+                                                       lead: str) -> None:  # fmt: skip
+    counter = TokenCounter(guard_tok.backend, CountingSettings(), cores=4)
+    case = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": lead + text}]}
+    floor = counter.floor(list(verbatim_texts(case["messages"])), ceiling=0)
+    assert floor is None or floor <= reference_chat_count(reference, case)
+
+
+def test_a_huge_prompt_is_proven_too_long_from_its_size(guard_tok: ModelTokenizer) -> None:
+    counter = TokenCounter(guard_tok.backend, CountingSettings(), cores=4)
+    assert counter.max_token_bytes is not None and counter.max_token_bytes < 1024
+    huge = LONG_TEXT * 2000  # about 3 MB
+    floor = counter.floor([huge], ceiling=2048)
+    assert floor is not None and 2048 < floor <= len(guard_tok.backend.encode(huge[:1_000_000]).ids) * 3
+    assert counter.floor(["short"], ceiling=2048) is None  # fewer characters than the ceiling prove nothing
+
+
+def test_a_long_text_is_encoded_in_bounded_batches_and_kept_only_as_a_digest(guard_tok: ModelTokenizer) -> None:
+    recorder = Recorder(guard_tok.backend)
+    counter = TokenCounter(recorder, CountingSettings(), cores=2)
+    recorder.calls.clear()
+    long_text = LONG_TEXT * 400  # about 600,000 characters: more than two batches
+    (count,) = asyncio.run(counter.count([long_text], add_special_tokens=False))
+    assert count == len(guard_tok.backend.encode(long_text, add_special_tokens=False))
+    assert len(recorder.calls) >= 3 and all(name == "encode_batch_fast" for name, _ in recorder.calls)
+    assert counter.stats().bytes < 10_000  # the 600 KB text is remembered under its digest
+    recorder.calls.clear()
+    assert asyncio.run(counter.count([long_text], add_special_tokens=False)) == [count]
+    assert recorder.calls == []  # found again by its digest
