@@ -50,7 +50,11 @@ class ChatRequest:
 
 
 def parse_chat(raw: bytes, max_messages: int = MAX_MESSAGES, max_depth: int = MAX_DEPTH) -> ChatRequest:
-    body = parse_json_object(raw, max_depth)
+    return chat_request(parse_json_object(raw, max_depth), max_messages)
+
+
+def chat_request(body: dict[str, Any], max_messages: int = MAX_MESSAGES) -> ChatRequest:
+    """A chat request from a body already parsed (/invocations reads the body before it knows the endpoint)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array of message objects.", param="messages")

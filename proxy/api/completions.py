@@ -27,7 +27,10 @@ class CompletionRequest:
 
 
 def parse_completion(raw: bytes, max_depth: int = MAX_DEPTH) -> CompletionRequest:
-    body = parse_json_object(raw, max_depth)
+    return completion_request(parse_json_object(raw, max_depth))
+
+
+def completion_request(body: dict[str, Any]) -> CompletionRequest:
     req = CompletionRequest(
         body=body,
         model=model_name(body),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from proxy.api.anthropic import MessagesRequest
@@ -26,12 +27,16 @@ TOOL_EDITS = frozenset({"tool_addition", "tool_removal"})  # 0.32: system messag
 
 def messages_chat(tok: ModelTokenizer, req: MessagesRequest, newer: bool) -> ChatRequest:
     """The chat request vLLM renders for `req`; `newer`: the upstream is vLLM 0.32+."""
+    return to_chat(req, newer, merges_inline_system(tok), lambda: disabled_thinking_effort(tok))
+
+
+def to_chat(req: MessagesRequest, newer: bool, merge: bool, disabled_effort: Callable[[], str]) -> ChatRequest:
+    """The conversion, given what vLLM's two probes found for the model's template (anthropic_probes.py)."""
     _check_blocks(req, newer)
-    merge = merges_inline_system(tok)
     messages = _system(req, merge) + _conversation(req.messages, merge)
     tools = _tools(_edited_tools(req) if newer else req.tools)
     body: dict[str, Any] = {"messages": messages, "add_special_tokens": False}
-    effort = _effort(tok, req, newer)
+    effort = _effort(req, newer, disabled_effort)
     if effort is not None:
         body["reasoning_effort"] = effort  # chat derives enable_thinking from it, unless the client set it
     if tools is not None:
@@ -208,12 +213,12 @@ def _tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     return out
 
 
-def _effort(tok: ModelTokenizer, req: MessagesRequest, newer: bool) -> str | None:
+def _effort(req: MessagesRequest, newer: bool, disabled_effort: Callable[[], str]) -> str | None:
     """output_config.effort, overridden by `thinking: disabled` (0.31's count_tokens reads neither)."""
     if req.max_tokens is None and not newer:
         return None
     config, thinking = req.body.get("output_config"), req.body.get("thinking")
     effort = config.get("effort") if isinstance(config, dict) else None
     if isinstance(thinking, dict) and thinking.get("type") == "disabled":
-        effort = disabled_thinking_effort(tok)
+        effort = disabled_effort()
     return effort if isinstance(effort, str) else None

@@ -31,11 +31,12 @@ _PROBE = [{"role": "system", "content": "t"}, {"role": "user", "content": "t"}] 
 def merges_inline_system(tok: ModelTokenizer) -> bool:
     """True when inline system messages go into the leading system prompt (checked on the template with and without
     tools, as vLLM checks both variants)."""
-    return any(_fails_inline_system(t) for t in {tok.template_for(None), tok.template_for([])})
+    return any(fails_inline_system(t) for t in {tok.template_for(None), tok.template_for([])})
 
 
 @lru_cache(maxsize=64)  # bounded: one entry per template
-def _fails_inline_system(template: str | None) -> bool:
+def fails_inline_system(template: str | None) -> bool:
+    """vLLM's probe: does the template refuse a system message after the first turn?"""
     if not template:
         return True
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(

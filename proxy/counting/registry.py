@@ -38,6 +38,7 @@ class ModelRegistry:
         self._order = [m.name for m in models]
         self.discovering = discovering
         self._counting = counting or CountingSettings()
+        self.upstream_version: str | None = None  # vLLM's, once the start-up check has read it
 
     @classmethod
     def from_settings(
@@ -74,10 +75,15 @@ class ModelRegistry:
     def set_upstream_version(self, version: str) -> None:
         """What the upstream's vLLM version changes in counting: 0.32 strips a billing-header line (see
         conversation.py)."""
+        self.upstream_version = version
         strip = _release(version) >= (0, 32)
         for name, model in self._models.items():
             if model.tokenizer.strip_billing_header != strip:
                 self._models[name] = replace(model, tokenizer=replace(model.tokenizer, strip_billing_header=strip))
+
+    def upstream_newer(self) -> bool:
+        """True for an upstream of vLLM 0.32 or later; False while its version is not known (the older rules)."""
+        return self.upstream_version is not None and _release(self.upstream_version) >= (0, 32)
 
     def set_count_source(self, name: str, source: str, reason: str) -> None:
         """Who counts this model's prompts from now on (the start-up check's verdict in counting.source auto)."""

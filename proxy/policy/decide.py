@@ -80,6 +80,20 @@ def decide_completion(req: CompletionRequest, prompt_tokens: list[int], limits: 
     return _limited(longest, min(requested, room), changes, req.min_tokens)
 
 
+def decide_output(prompt_tokens: int, limits: Limits, field: str, requested: int | None, param: str) -> Plan:
+    """The chat rules for a request with one output-limit field (Responses `max_output_tokens`, Anthropic
+    `max_tokens`); `param` is what a rejection names."""
+    room = limits.max_model_len - prompt_tokens
+    if room < limits.min_output_tokens:
+        return Plan("reject", prompt_tokens, error=_too_long(prompt_tokens, room, limits, param))
+    if requested is None:
+        requested = limits.default_output()
+        if requested is None:  # the upstream picks the output limit (vLLM: whatever room is left)
+            return Plan("pass", prompt_tokens)
+        return Plan("clamp", prompt_tokens, min(requested, room), {field: min(requested, room)})
+    return _limited(prompt_tokens, min(requested, room), {field: room} if requested > room else {}, None)
+
+
 def _limited(prompt_tokens: int, limit: int, changes: dict[str, int], min_tokens: int | None) -> Plan:
     if min_tokens is not None and min_tokens > limit:
         changes = {**changes, "min_tokens": limit}
@@ -89,12 +103,11 @@ def _limited(prompt_tokens: int, limit: int, changes: dict[str, int], min_tokens
 def _too_long(prompt_tokens: int, room: int, limits: Limits, param: str) -> ContextLengthExceeded:
     # "prompt is too long" is one of the phrases LangChain recognizes a context overflow by (it reads the message only,
     # not the code); "maximum context length is" is the one LiteLLM and vLLM's clients look for.
-    what = "messages" if param == "messages" else "prompt"
     plural = "" if limits.min_output_tokens == 1 else "s"
     needed = f"at least {limits.min_output_tokens} output token{plural}"
     message = (
         f"This model's maximum context length is {limits.max_model_len} tokens. However, your request has "
         f"{prompt_tokens} input tokens, which leaves {max(room, 0)} for the output ({needed} required). "
-        f"The prompt is too long: please reduce the length of the {what}."
+        f"The prompt is too long: please reduce the length of the {param}."
     )
     return ContextLengthExceeded(message, param=param)

@@ -8,16 +8,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.api.body import with_changes
-from proxy.api.chat import parse_chat
-from proxy.api.completions import parse_completion
+from proxy.api.anthropic import MessagesRequest, parse_messages
+from proxy.api.body import parse_json_object, with_changes
+from proxy.api.chat import ChatRequest, chat_request, parse_chat
+from proxy.api.completions import CompletionRequest, completion_request, parse_completion
+from proxy.api.invocations import invocation_kind
+from proxy.api.responses import LIMIT_FIELD, ResponsesRequest, parse_responses
+from proxy.counting.anthropic import messages_chat
+from proxy.counting.count import count_chat
 from proxy.counting.registry import GuardedModel, ModelRegistry
+from proxy.counting.responses import responses_chat
 from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
 from proxy.policy.choice import choose_policy
+from proxy.policy.converted import (
+    Converted,
+    count_answer,
+    message_kept,
+    message_turn,
+    response_kept,
+    response_turn,
+    settle,
+)
 from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion, limits_for
 from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse
 from proxy.policy.overflow import overflow_chat, overflow_completion
 from proxy.policy.reduce import reduce_request
+from proxy.policy.turns import CountItems
 from proxy.settings import PolicySettings, Settings
 
 
@@ -31,18 +47,20 @@ class Guard:
         self._policies = {m.name: m.policy for m in self.settings.models if m.policy is not None}
 
     async def handle(self, path: str, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
+        server = self.settings.server
         if path.endswith("/chat/completions"):
-            outcome = await self._chat(raw, headers, findings)
+            req = parse_chat(raw, server.max_messages, server.max_json_depth)
+            outcome = await self._chat(req, raw, headers, findings)
+        elif path.endswith("/completions"):
+            outcome = await self._completion(parse_completion(raw, server.max_json_depth), raw, headers, findings)
         else:
-            outcome = await self._completion(raw, headers, findings)
+            outcome = await self._converted(path, raw, headers, findings)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
         findings.decision = outcome.decision
         return outcome
 
-    async def _chat(self, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
-        server = self.settings.server
-        req = parse_chat(raw, server.max_messages, server.max_json_depth)
+    async def _chat(self, req: ChatRequest, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
         findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
         model, policy, choice, limits = self._target(req.model, headers, findings)
         started = time.perf_counter()
@@ -54,8 +72,9 @@ class Guard:
             return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
         return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n), findings.count_source)
 
-    async def _completion(self, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
-        req = parse_completion(raw, self.settings.server.max_json_depth)
+    async def _completion(
+        self, req: CompletionRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
+    ) -> Outcome:
         findings.max_tokens_before = req.requested_output[1]
         model, policy, choice, limits = self._target(req.model, headers, findings)
         started = time.perf_counter()
@@ -65,6 +84,71 @@ class Guard:
         if plan.action == "reject" and choice != "reject" and findings.count_source == LOCAL:
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
         return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)), findings.count_source)
+
+    async def _converted(self, path: str, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
+        """The endpoints whose requests vLLM renders as chat (or hands to chat or completions: /invocations)."""
+        server = self.settings.server
+        if path == "/invocations":
+            body = parse_json_object(raw, server.max_json_depth)
+            if invocation_kind(body) == "chat":
+                return await self._chat(chat_request(body, server.max_messages), raw, headers, findings)
+            return await self._completion(completion_request(body), raw, headers, findings)
+        if path == "/v1/responses":
+            return await self._responses(parse_responses(raw, server.max_messages, server.max_json_depth), raw,
+                                         headers, findings)  # fmt: skip
+        count_only = path.endswith("/count_tokens")
+        req = parse_messages(raw, count_only, server.max_messages, server.max_json_depth)
+        return await self._messages(req, raw, headers, findings, count_only)
+
+    async def _responses(
+        self, req: ResponsesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
+    ) -> Outcome:
+        findings.max_tokens_before = req.max_output_tokens
+        model, _, choice, limits = self._target(req.model, headers, findings)
+        newer = self.registry.upstream_newer()
+        prompt_tokens = await self._count(model, responses_chat(req, newer), findings)
+
+        async def recount(items: list[Any]) -> int:
+            cut = replace(req, input=items, body={**req.body, "input": items})
+            return await count_chat(model.tokenizer, responses_chat(cut, newer), model.counter)
+
+        conv = Converted(
+            "/v1/responses", req.body, raw, LIMIT_FIELD, req.max_output_tokens, "input", "input", req.input,
+            response_turn, response_kept, partial=req.previous_response_id is not None,
+            upstream_truncates=req.truncation_auto,
+        )  # fmt: skip
+        return await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
+
+    async def _messages(
+        self, req: MessagesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings, count_only: bool
+    ) -> Outcome:
+        findings.max_tokens_before = req.max_tokens
+        model, _, choice, limits = self._target(req.model, headers, findings)
+        newer = self.registry.upstream_newer()
+        prompt_tokens = await self._count(model, messages_chat(model.tokenizer, req, newer), findings)
+        if count_only:
+            return count_answer(prompt_tokens, limits)
+
+        async def recount(items: list[Any]) -> int:
+            cut = replace(req, messages=items, body={**req.body, "messages": items})
+            return await count_chat(model.tokenizer, messages_chat(model.tokenizer, cut, newer), model.counter)
+
+        conv = Converted(
+            "/v1/messages", req.body, raw, "max_tokens", req.max_tokens, "messages", "messages", req.messages,
+            message_turn, message_kept,
+        )  # fmt: skip
+        return await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
+
+    async def _count(self, model: GuardedModel, req: ChatRequest, findings: Findings) -> int:
+        started = time.perf_counter()
+        prompt_tokens, findings.count_source = await chat_tokens(model, req, self.remote)
+        findings.count_s = time.perf_counter() - started
+        return prompt_tokens
+
+    @staticmethod
+    def _recount(findings: Findings, recount: CountItems) -> CountItems | None:
+        # Truncation re-counts its cuts; only a locally counted prompt can be cut exactly.
+        return recount if findings.count_source == LOCAL else None
 
     def _target(
         self, name: str | None, headers: Mapping[str, str], findings: Findings

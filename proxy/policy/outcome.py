@@ -15,7 +15,7 @@ from proxy.settings import PolicySettings
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # pass, clamp, reject, truncate, chunk
+    action: str  # pass, clamp, reject, truncate, chunk; partial (previous_response_id), count (count_tokens)
     prompt_tokens: int
     max_tokens: int | None = None  # the effective output limit, when there is one
     chunk_tokens: tuple[int, ...] = ()  # chunk: each part's prompt tokens
@@ -61,6 +61,14 @@ class Refuse:
 
 
 @dataclass(frozen=True)
+class Answer:
+    """The guard answers the request itself (Anthropic's count_tokens): a 200 with this JSON body."""
+
+    body: bytes
+    decision: Decision
+
+
+@dataclass(frozen=True)
 class Chunked:
     """A prompt split into parts, each sent as its own request; their answers are merged into one."""
 
@@ -74,7 +82,7 @@ class Chunked:
     original: ChatRequest | CompletionRequest
 
 
-Outcome = Forward | Refuse | Chunked
+Outcome = Forward | Refuse | Chunked | Answer
 
 
 @dataclass

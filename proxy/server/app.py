@@ -48,6 +48,10 @@ class GuardApp:
             "/livez": (GET, handlers.alive),
             "/v1/chat/completions": (POST, handlers.guarded),
             "/v1/completions": (POST, handlers.guarded),
+            "/v1/responses": (POST, handlers.guarded),
+            "/v1/messages": (POST, handlers.guarded),
+            "/v1/messages/count_tokens": (POST, handlers.guarded),
+            "/invocations": (POST, handlers.guarded),
         }
         self._passthrough = handlers.passthrough
         self._keys = ApiKeys(settings.server.api_keys)
@@ -100,7 +104,8 @@ def create_app(settings: Settings, registry: ModelRegistry, upstream: Upstream |
 async def _refuse(scope: Scope, send: Send) -> None:
     rid = request_id(next((v.decode("latin-1") for k, v in scope["headers"] if k == REQUEST_ID), None))
     log.info("401 for %s %s: no valid API key (request %s)", scope["method"], scope["path"], rid)
-    await send_error(Reply(send), REFUSED, [(b"www-authenticate", b"Bearer"), (REQUEST_ID, rid.encode())])
+    headers = [(b"www-authenticate", b"Bearer"), (REQUEST_ID, rid.encode())]
+    await send_error(Reply(send), REFUSED, headers, scope["path"])
 
 
 def _not_allowed(methods: frozenset[str]) -> Handler:

@@ -11,7 +11,7 @@ import time
 from proxy.counting.registry import ModelRegistry
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.policy.guard import Guard
-from proxy.policy.outcome import Chunked, Forward
+from proxy.policy.outcome import Answer, Chunked, Forward
 from proxy.server.asgi import ClientGone, Headers, Incoming, Receive, Reply, Scope, Send, encode_headers, read_body
 from proxy.server.chunked import answer_chunked
 from proxy.server.disconnect import ClientWatch
@@ -84,11 +84,11 @@ class Handlers:
                                                                   else "unavailable")  # fmt: skip
             if not reply.started:  # a client too slow to send its body is not kept: its connection closes
                 closing = [*tagged, (b"connection", b"close")] if exc.status == 408 else tagged
-                await send_error(reply, exc, closing)
+                await send_error(reply, exc, closing, incoming.path)
         except Exception:
             log.exception("unexpected error on %s %s (request %s)", incoming.method, incoming.path, record.request_id)
             if not reply.started:
-                await send_error(reply, internal_error(), tagged)
+                await send_error(reply, internal_error(), tagged, incoming.path)
         finally:
             self._done(record, reply)
 
@@ -104,8 +104,10 @@ class Handlers:
             fanout = outcome.policy.max_fanout
             runner = PartRunner(self.upstream, incoming.path, headers, fanout, self.metrics.fanout)
             await answer_chunked(reply, outcome, runner, self.guard, extra)
+        elif isinstance(outcome, Answer):  # answered by the guard itself (count_tokens)
+            await reply.whole(200, extra, outcome.body)
         else:
-            await send_error(reply, outcome.error, extra)
+            await send_error(reply, outcome.error, extra, incoming.path)
 
     async def _forward(
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,

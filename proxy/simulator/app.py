@@ -19,6 +19,7 @@ from starlette.routing import Route
 from proxy.simulator.chat import plan_chat
 from proxy.simulator.completions import plan_completion
 from proxy.simulator.context import Context
+from proxy.simulator.converted import count_tokens, plan_invocation, plan_messages, plan_responses
 from proxy.simulator.errors import ApiError
 from proxy.simulator.generation import Engine, Generation
 from proxy.simulator.responses import Wire
@@ -33,8 +34,10 @@ log = logging.getLogger(__name__)
 Planner = Callable[[Context, Any, Mapping[str, str]], Generation]
 
 
-def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+def error_response(error: ApiError, anthropic: bool = False) -> JSONResponse:
+    """vLLM's error body; on the Anthropic routes its router translates it into Anthropic's envelope."""
+    body = {"type": "error", "error": {"type": error.type, "message": error.message}} if anthropic else error.body()
+    return JSONResponse(body, status_code=error.status)
 
 
 def internal_error(exc: Exception) -> JSONResponse:
@@ -59,22 +62,37 @@ class Endpoints:
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, plan_completion)
 
-    async def _generate(self, request: Request, planner: Planner) -> Response:
+    async def responses(self, request: Request) -> Response:
+        return await self._generate(request, plan_responses)
+
+    async def messages(self, request: Request) -> Response:
+        return await self._generate(request, plan_messages, anthropic=True)
+
+    async def invocations(self, request: Request) -> Response:
+        return await self._generate(request, plan_invocation)
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            return JSONResponse(count_tokens(self.ctx, await read_body(request)))
+        except ApiError as error:
+            return error_response(error, anthropic=True)
+
+    async def _generate(self, request: Request, planner: Planner, anthropic: bool = False) -> Response:
         tracker = self.stats.start()
         try:
-            return await self._run(request, planner, tracker)
+            return await self._run(request, planner, tracker, anthropic)
         except BaseException:
             tracker.finish("aborted")  # client gone while the body was read, or server shutdown
             raise
 
-    async def _run(self, request: Request, planner: Planner, tracker: RequestTracker) -> Response:
+    async def _run(self, request: Request, planner: Planner, tracker: RequestTracker, anthropic: bool) -> Response:
         try:
             body = await read_body(request)
             self.stats.record_body(body)
             generation = planner(self.ctx, body, request.headers)
         except ApiError as error:
             tracker.finish("rejected")
-            return error_response(error)
+            return error_response(error, anthropic)
         except Exception as exc:
             tracker.finish("rejected")
             return internal_error(exc)
@@ -168,6 +186,10 @@ def create_app(settings: SimulatorSettings) -> Starlette:
     routes = [
         Route("/v1/chat/completions", endpoints.chat, methods=["POST"]),
         Route("/v1/completions", endpoints.completions, methods=["POST"]),
+        Route("/v1/responses", endpoints.responses, methods=["POST"]),
+        Route("/v1/messages", endpoints.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", endpoints.count_tokens, methods=["POST"]),
+        Route("/invocations", endpoints.invocations, methods=["POST"]),
         Route("/v1/models", endpoints.models, methods=["GET"]),
         Route("/tokenize", endpoints.tokenize, methods=["POST"]),
         Route("/detokenize", endpoints.detokenize, methods=["POST"]),

@@ -8,9 +8,9 @@ sequences' tokens and finish up front and puts them in `Generation.scripted`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 
@@ -33,7 +33,7 @@ class PromptPlan:
 class Generation:
     """Everything the response builders need, decided before the first byte is sent."""
 
-    endpoint: Literal["chat", "completion"]
+    endpoint: Literal["chat", "completion", "responses", "messages"]
     response_id: str
     created: int
     model: str
@@ -52,6 +52,8 @@ class Generation:
     tool_call: ForcedTool | None = None
     # The sequences, when the request constrains how they end (see endings.py); None: plain filler to max_tokens.
     scripted: tuple[Sequence, ...] | None = None
+    # Responses and Anthropic Messages answers echo fields of the request (instructions, tools, temperature...)
+    request: Mapping[str, Any] | None = None
 
     @property
     def kv_tokens(self) -> int:

@@ -14,6 +14,7 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from proxy.simulator.api_shapes import api_events, whole_body
 from proxy.simulator.generation import Engine, Generation, Piece, Token, duration, output_of, sequences, steps
 from proxy.simulator.responses import DONE, Output, Wire
 from proxy.simulator.stats import RequestTracker
@@ -58,6 +59,8 @@ async def generate_body(generation: Generation, wire: Wire, engine: Engine, trac
             pass
     done = outputs(generation, engine.pieces)
     tracker.generated(sum(len(o.token_ids) for o in done))
+    if generation.endpoint in ("responses", "messages"):
+        return whole_body(generation, done[0].text, len(done[0].token_ids))
     return wire.chat_body(done) if generation.endpoint == "chat" else wire.completion_body(done)
 
 
@@ -67,6 +70,10 @@ async def events(
     if generation.engine_error is not None:
         yield generation.engine_error.sse_event()
         yield DONE
+        return
+    if generation.endpoint in ("responses", "messages"):  # their own event streams, without [DONE]
+        async for event in api_events(generation, engine, tracker):
+            yield event
         return
     seqs = sequences(generation)
     generated = [0] * len(seqs)

@@ -79,7 +79,7 @@ def test_chat_completions_needs_a_valid_key(keyed: str, authorization: str | Non
     if status == 401:
         assert response.json() == {
             "error": {
-                "message": "Invalid or missing API key: send `Authorization: Bearer <key>`.",
+                "message": "Invalid or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`).",
                 "type": "AuthenticationError",
                 "param": None,
                 "code": "invalid_api_key",
@@ -151,3 +151,26 @@ def test_the_upstream_key_replaces_the_clients(upstream: tuple[str, HeaderTap], 
 def test_path_spellings_a_client_library_would_normalize(path: str, protected: bool) -> None:
     scope = {"type": "http", "method": "GET", "path": path, "root_path": "", "headers": [], "query_string": b""}
     assert ApiKeys(["k"]).allows(scope) is not protected
+
+
+@pytest.mark.parametrize(("key", "status"), [("k1", 200), ("second-key", 200), ("k2", 401), ("", 401)])
+def test_anthropic_clients_send_the_key_as_x_api_key(keyed: str, key: str, status: int) -> None:
+    response = httpx.post(keyed + "/v1/chat/completions", headers={"x-api-key": key}, json=CHAT)
+    assert response.status_code == status, response.text
+
+
+def test_a_refusal_on_the_messages_api_is_in_anthropics_shape(keyed: str) -> None:
+    response = httpx.post(keyed + "/v1/messages", headers={"x-api-key": "nope"}, json={})
+    assert response.status_code == 401
+    assert response.json() == {
+        "type": "error",
+        "error": {
+            "type": "AuthenticationError",
+            "message": "Invalid or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`).",
+        },
+    }
+
+
+def test_invocations_need_a_key_although_vllm_leaves_them_open(keyed: str) -> None:
+    assert call(keyed, "POST", "/invocations", None).status_code == 401
+    assert call(keyed, "POST", "/invocations", "Bearer k1").status_code == 200

@@ -1,0 +1,55 @@
+"""`POST /invocations` (SageMaker): which endpoint vLLM hands a body to.
+
+vLLM 0.31/0.32 (`entrypoints/serve/sagemaker/api_router.py` with `get_generate_invocation_types`) tries the request
+models of a generative model in order, chat then completions, and the first that validates gets the body: a `messages`
+list of message objects makes it chat, else a `prompt` makes it completions. Responses- or Anthropic-shaped bodies are
+never dispatched to those APIs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from proxy.errors import InvalidRequest
+
+NO_HANDLER = "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"
+NO_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)"
+
+
+def invocation_kind(body: dict[str, Any]) -> Literal["chat", "completion"]:
+    """The endpoint vLLM dispatches `body` to; a 400 with vLLM's own text when it dispatches it nowhere."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and all(_is_message(m) for m in messages):
+        return "chat"
+    prompt, embeds = body.get("prompt"), body.get("prompt_embeds")
+    if prompt in (None, "") and embeds in (None, []):
+        # CompletionRequest's before-validator refuses it, and that error leaves vLLM's dispatch loop at once
+        raise InvalidRequest(NO_PROMPT, param="prompt")
+    if prompt is not None and not _is_prompt(prompt):
+        raise InvalidRequest(NO_HANDLER)
+    return "completion"
+
+
+def _is_message(message: Any) -> bool:
+    return (
+        isinstance(message, dict)
+        and isinstance(message.get("role"), str)
+        and (message.get("content") is None or isinstance(message["content"], str | list))
+    )
+
+
+def _is_prompt(prompt: Any) -> bool:
+    """CompletionRequest.prompt: a string, strings, token ids, or lists of token ids."""
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list):
+        return False
+    return (
+        all(isinstance(p, str) for p in prompt)
+        or all(_is_token(t) for t in prompt)
+        or all(isinstance(p, list) and all(_is_token(t) for t in p) for p in prompt)
+    )
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,0 +1,127 @@
+"""POST /v1/responses, /v1/messages, /v1/messages/count_tokens and /invocations, as vLLM serves them: each request is
+converted to the chat request vLLM renders (the guard's own conversions, which equal vLLM's), then rendered, limited
+and planned like chat, with the endpoint's own limit field in the error texts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.api.anthropic import MessagesRequest, parse_messages
+from proxy.api.chat import ChatRequest
+from proxy.api.invocations import invocation_kind
+from proxy.api.responses import parse_responses
+from proxy.counting.anthropic import to_chat
+from proxy.counting.anthropic_probes import EFFORTS, fails_inline_system
+from proxy.counting.conversation import template_inputs, to_conversation, to_tools
+from proxy.counting.responses import responses_chat
+from proxy.errors import GuardError
+from proxy.simulator.chat import plan_chat
+from proxy.simulator.chat_prompt import ChatOptions, RenderedChat, render_chat
+from proxy.simulator.completions import plan_completion
+from proxy.simulator.context import Context, engine_error, raise_if, response_id, unwrap
+from proxy.simulator.errors import ApiError
+from proxy.simulator.generation import Generation, PromptPlan
+from proxy.simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
+
+
+def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
+    req = _read(lambda raw: parse_responses(raw), body)
+    chat = _read(lambda _: responses_chat(req, newer=not ctx.profile.reserves_output), body)
+    ctx.check_model(req.model)
+    request = OutputRequest(ctx.settings.max_model_len, req.max_output_tokens, "max_output_tokens")
+    suffix = headers.get("x-request-id") or f"{time.time_ns() & (2**64 - 1):016x}"
+    return _generation(ctx, "responses", f"resp_{suffix}", chat, request, req.body, req.stream)
+
+
+def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
+    req = _read(lambda raw: parse_messages(raw), body)
+    chat = _anthropic_chat(ctx, req)
+    # vLLM hands the limit to chat as max_completion_tokens too, so that is the name its errors use
+    request = OutputRequest(ctx.settings.max_model_len, req.max_tokens, "max_completion_tokens")
+    return _generation(ctx, "messages", response_id("chatcmpl", headers, None), chat, request, req.body, req.stream)
+
+
+def count_tokens(ctx: Context, body: Any) -> dict[str, Any]:
+    req = _read(lambda raw: parse_messages(raw, count_only=True), body)
+    rendered = render_chat(ctx.tokenizer, _options(_anthropic_chat(ctx, req)))
+    request = OutputRequest(ctx.settings.max_model_len, None)
+    shape = PromptShape(len(rendered.token_ids), len(rendered.text), ctx.tokenizer.max_chars_per_token)
+    tokens = unwrap(check_prompt(ctx.profile, request, shape))
+    return {"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}}
+
+
+def plan_invocation(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
+    """vLLM's SageMaker route: the body goes to chat when it validates as chat, else to completions."""
+    if not isinstance(body, dict):
+        raise ApiError(f"'{type(body).__name__}' object does not support item assignment")
+    kind = _read(lambda _: invocation_kind(body), body)
+    return plan_chat(ctx, body, headers) if kind == "chat" else plan_completion(ctx, body, headers)
+
+
+def _read(convert: Any, body: Any) -> Any:
+    """The guard's readers and conversions, with their 400s as vLLM's."""
+    try:
+        return convert(json.dumps(body).encode())
+    except GuardError as exc:
+        raise ApiError(exc.message, param=exc.param) from None
+
+
+def _anthropic_chat(ctx: Context, req: MessagesRequest) -> ChatRequest:
+    ctx.check_model(req.model)
+    tok = ctx.tokenizer
+    no_tools: list[list[Any] | None] = [None, []]
+    merge = any(fails_inline_system(tok.template_for(tools)) for tools in no_tools)
+    newer = not ctx.profile.reserves_output
+    chat: ChatRequest = _read(lambda _: to_chat(req, newer, merge, lambda: _disabled_effort(ctx)), req.body)
+    return chat
+
+
+def _disabled_effort(ctx: Context) -> str:
+    """vLLM's probe: "none" unless it fails to render or renders like a real effort."""
+
+    def rendered(effort: str) -> str | None:
+        try:
+            return _render(ctx, ChatOptions([{"role": "user", "content": "Hi"}], template_kwargs=template_inputs(
+                {"reasoning_effort": effort}, {})))  # fmt: skip
+        except ApiError:
+            return None
+
+    none = rendered("none")
+    return "low" if none is None or any(rendered(e) == none for e in EFFORTS) else "none"
+
+
+def _render(ctx: Context, options: ChatOptions) -> str:
+    template = ctx.tokenizer.template_for(options.tools)
+    conversation = to_conversation(options.messages, ctx.tokenizer.content_format(template))
+    kwargs = {**options.template_kwargs, "add_generation_prompt": True}
+    return ctx.tokenizer.render_chat(conversation, template, options.tools, kwargs)
+
+
+def _options(chat: ChatRequest) -> ChatOptions:
+    return ChatOptions(
+        messages=chat.messages, add_generation_prompt=chat.add_generation_prompt,
+        continue_final_message=chat.continue_final_message, add_special_tokens=chat.add_special_tokens,
+        tools=to_tools(chat.tools), template_kwargs=template_inputs(chat.body, chat.chat_template_kwargs),
+    )  # fmt: skip
+
+
+def _generation(
+    ctx: Context, endpoint: str, rid: str, chat: ChatRequest, request: OutputRequest, body: dict[str, Any],
+    stream: bool,
+) -> Generation:  # fmt: skip
+    raise_if(check_request(ctx.profile, request))
+    rendered: RenderedChat = render_chat(ctx.tokenizer, _options(chat))
+    shape = PromptShape(len(rendered.token_ids), len(rendered.text), ctx.tokenizer.max_chars_per_token)
+    counted = unwrap(check_prompt(ctx.profile, request, shape))
+    generate = unwrap(budget(request, counted))
+    temperature = body.get("temperature")
+    raise_if(check_sampling(generate, 0, 1, temperature if isinstance(temperature, int | float) else None))
+    token_ids = rendered.token_ids[len(rendered.token_ids) - counted :]
+    return Generation(
+        endpoint="responses" if endpoint == "responses" else "messages", response_id=rid, created=int(time.time()),
+        model=ctx.settings.model, prompts=[PromptPlan(token_ids=token_ids, max_tokens=generate)], stream=stream,
+        engine_error=engine_error(ctx, token_ids), request=body,
+    )  # fmt: skip
