@@ -109,10 +109,11 @@ def test_responses_truncate_drops_the_oldest_turns(proxy: str, sim: Any) -> None
 
 
 def test_claude_code_style_request_is_clamped(claude: anthropic.Anthropic, sim: Any) -> None:
-    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
-              {"type": "text", "text": "You are Claude Code. " + essay(300)}]  # fmt: skip
+    system: Any = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
+                   {"type": "text", "text": "You are Claude Code. " + essay(300)}]  # fmt: skip
+    tools: Any = [TOOL]
     raw = claude.messages.with_raw_response.create(
-        model=MODEL, max_tokens=32000, system=system, tools=[TOOL], tool_choice={"type": "none"},  # type: ignore[list-item]
+        model=MODEL, max_tokens=32000, system=system, tools=tools, tool_choice={"type": "none"},
         messages=[{"role": "user", "content": "List the files."}],
     )  # fmt: skip
     reply = raw.parse()
@@ -139,7 +140,7 @@ def test_messages_overflow_answers_in_anthropics_shape(claude: anthropic.Anthrop
 
 
 def test_count_tokens_is_answered_by_the_guard_as_vllm_would(claude: anthropic.Anthropic, sim: Any) -> None:
-    request: dict[str, Any] = {"model": MODEL, "system": "Be brief.", "tools": [TOOL],
+    request: Any = {"model": MODEL, "system": "Be brief.", "tools": [TOOL],
                                "messages": [{"role": "user", "content": "東京の天気は？"}]}  # fmt: skip
     before = sim[1].received
     counted = claude.messages.count_tokens(**request)
