@@ -2,7 +2,8 @@
 
 It shows the three things the guard does at the door: a request that fits passes untouched, one whose
 max_tokens would overflow the window is clamped (the simulator, like vLLM 0.31, would have rejected it), and a
-prompt that cannot fit is rejected with an OpenAI-style 400 before it reaches the model.
+prompt that cannot fit is rejected with an OpenAI-style 400 before it reaches the model. Then the same clamp on the
+two other APIs agents speak: a Responses request and an Anthropic Messages request as Claude Code sends it.
 """
 
 from __future__ import annotations
@@ -126,6 +127,13 @@ async def _tour(url: str, upstream: str) -> None:
         await _through_guard(client, url, essay, 16)
         print(f"   vLLM received {await vllm.received() - received} requests for it: the guard answered at the door.")
 
+        print(f"\n4. The Responses API (client.responses.create), the same notes with max_output_tokens {asked}.")
+        responses = {"model": MODEL, "input": notes[0]["content"], "max_output_tokens": asked}
+        await _other_api(client, url, upstream, "/v1/responses", responses, "max_output_tokens")
+
+        print("\n5. The Anthropic Messages API as Claude Code calls it: max_tokens 32000, a system prompt, tools.")
+        await _other_api(client, url, upstream, "/v1/messages", _claude_code(), "max_tokens")
+
 
 class _Upstream:
     """What the tour asks the simulator directly: vLLM's own count (POST /tokenize) and how many requests it got."""
@@ -165,10 +173,41 @@ async def _through_guard(client: httpx.AsyncClient, url: str, messages: list[dic
         print(f"   {_message(body)}")
 
 
+async def _other_api(
+    client: httpx.AsyncClient, url: str, upstream: str, path: str, body: dict[str, Any], field: str
+) -> None:
+    """A request of another API whose limit overflows: what vLLM says, then what the guard does with it."""
+    direct = await client.post(f"{upstream}{path}", json=body)
+    print(f"   straight to vLLM: HTTP {direct.status_code}")
+    print(f"   {_message(direct.json())}")
+    response = await client.post(f"{url}{path}", json=body)
+    action, prompt, limit = (
+        response.headers.get(f"x-token-guard-{k}") for k in ("action", "prompt-tokens", "max-tokens")
+    )
+    print(f"   through token-guard: HTTP {response.status_code}, action {action}, prompt tokens {prompt}, "
+          f"{field} {body[field]} -> {limit} (= {WINDOW} - {prompt})")  # fmt: skip
+    usage = response.json()["usage"]
+    total = usage["input_tokens"] + usage["output_tokens"]
+    print(f"   usage: input {usage['input_tokens']} + output {usage['output_tokens']} = {total} of {WINDOW}")
+
+
+def _claude_code() -> dict[str, Any]:
+    tool = {
+        "name": "read_file",
+        "description": "Read a file of the repository",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    }
+    system = "You are Claude Code, a coding agent. Read before you edit; keep changes small. " * 8
+    return {"model": MODEL, "max_tokens": 32000, "system": system, "tools": [tool],
+            "messages": [{"role": "user", "content": "Which file defines the route table?"}]}  # fmt: skip
+
+
 def _chat(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
     return {"model": MODEL, "messages": messages, "max_tokens": max_tokens}
 
 
 def _message(body: Any) -> str:
     error = body.get("error", {}) if isinstance(body, dict) else {}
+    if isinstance(error, dict) and body.get("type") == "error":  # Anthropic's shape: no code, the type instead
+        return f"{error.get('type')}: {error.get('message')}"
     return f"{error.get('code')}: {error.get('message')}" if isinstance(error, dict) else str(body)

@@ -98,3 +98,23 @@ def test_step_3_rejects_at_the_door_with_the_counted_prompt(demo: Run) -> None:
     assert numbers(r"your request has (\d+) input tokens, which leaves (\d+) for the output", text) == (prompt, 0)
     assert "None" not in text
     assert "vLLM received 0 requests for it" in text
+
+
+def test_step_4_clamps_a_responses_request_vllm_refuses(demo: Run) -> None:
+    text = step(demo, 4)
+    (asked,) = numbers(r"max_output_tokens (\d+)\.", text)
+    assert "straight to vLLM: HTTP 400" in text
+    clamped = r"HTTP 200, action clamp, prompt tokens (\d+), max_output_tokens (\d+) -> (\d+) \(= (\d+) - (\d+)\)"
+    prompt, said, limit, window, again = numbers(clamped, text)
+    assert (said, limit, window, again) == (asked, WINDOW - prompt, WINDOW, prompt)
+    assert numbers(r"usage: input (\d+) \+ output (\d+) = (\d+) of", text) == (prompt, limit, WINDOW)
+    assert prompt == numbers(r"A prompt of (\d+) tokens with max_tokens", step(demo, 2))[0]  # the same notes
+
+
+def test_step_5_clamps_a_claude_code_request(demo: Run) -> None:
+    text = step(demo, 5)
+    assert "max_completion_tokens=32000 cannot be greater than max_model_len=2048" in text
+    clamped = r"HTTP 200, action clamp, prompt tokens (\d+), max_tokens 32000 -> (\d+) \(= (\d+) - (\d+)\)"
+    prompt, limit, window, again = numbers(clamped, text)
+    assert (limit, window, again) == (WINDOW - prompt, WINDOW, prompt)
+    assert numbers(r"usage: input (\d+) \+ output (\d+) = (\d+) of", text) == (prompt, limit, WINDOW)
