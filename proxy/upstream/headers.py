@@ -21,7 +21,8 @@ def outgoing(headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
     """`headers` (already stripped of hop-by-hop ones) as they go upstream."""
     if api_key is None:
         return dict(headers)
-    kept = {name: value for name, value in headers.items() if name.lower() != "authorization"}
+    # x-api-key too: Anthropic clients send the guard's key there (server/auth.py)
+    kept = {name: value for name, value in headers.items() if name.lower() not in ("authorization", "x-api-key")}
     return {**kept, **upstream_auth(api_key)}
 
 

@@ -174,3 +174,13 @@ def test_a_refusal_on_the_messages_api_is_in_anthropics_shape(keyed: str) -> Non
 def test_invocations_need_a_key_although_vllm_leaves_them_open(keyed: str) -> None:
     assert call(keyed, "POST", "/invocations", None).status_code == 401
     assert call(keyed, "POST", "/invocations", "Bearer k1").status_code == 200
+
+
+def test_the_upstream_key_replaces_an_x_api_key_too(upstream: tuple[str, HeaderTap], deepseek_dir: Path) -> None:
+    flags = {"server.api_keys": "k1", "upstream.api_key": "up-secret"}
+    with guard(upstream[0], deepseek_dir, **flags) as server:
+        answer = httpx.post(server.url + "/v1/chat/completions", headers={"x-api-key": "k1"}, json=CHAT)
+        assert answer.status_code == 200
+        headers = next(h for p, h in reversed(upstream[1].seen) if p == "/v1/chat/completions")
+        assert [k for k, _ in headers if k.lower() == "x-api-key"] == []
+        assert upstream[1].authorization("/v1/chat/completions") == ["Bearer up-secret"]
