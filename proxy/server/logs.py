@@ -82,12 +82,13 @@ class BatchingHandler(logging.StreamHandler[TextIO]):
             pass  # the stream is gone (the process is ending): nothing more can be written
 
     def close(self) -> None:
+        # Still flushed after this: logging.config.dictConfig (uvicorn configures its loggers with it) closes every
+        # handler it finds, and a closed StreamHandler stays attached and keeps writing; only its flushes would stop.
         self.flush()
-        _live.discard(self)
         super().close()
 
 
-_live: weakref.WeakSet[BatchingHandler] = weakref.WeakSet()
+_live: weakref.WeakSet[BatchingHandler] = weakref.WeakSet()  # every handler still referenced somewhere
 _flusher: list[threading.Thread] = []
 
 

@@ -29,6 +29,9 @@ from proxy.errors import (
 from proxy.settings import UpstreamSettings
 
 NOT_ADDED = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
+# An idle pooled connection is dropped before the upstream drops it (vLLM's and uvicorn's keep-alive is 5 s): reusing
+# one the upstream is closing at that moment fails a request that never reached it ("server disconnected", a 502).
+KEEPALIVE_S = 3.0
 
 
 def translate(exc: BaseException, base: str) -> GuardError:
@@ -95,7 +98,7 @@ class HttpClient:
     def _client(self) -> aiohttp.ClientSession:
         # Made on first use, inside the event loop that serves (the app is built before the loop runs).
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, enable_cleanup_closed=True)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=self._timeout,

@@ -47,3 +47,24 @@ def test_the_text_format_names_time_level_and_logger() -> None:
     date, clock, level, name, message = line.split(" ")
     assert len(date) == 10 and clock.count(":") == 2 and "," in clock
     assert (level, name, message) == ("INFO", "token_guard.requests:", "x=1")
+
+
+def test_lines_still_arrive_after_the_handler_was_closed_by_a_logging_reconfiguration() -> None:
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w") as stream:
+        handler = BatchingHandler(stream)
+        logger = logging.getLogger("test.reconfigured")
+        logger.propagate, logger.handlers = False, [handler]
+        logger.setLevel(logging.INFO)
+        try:
+            handler.close()  # what logging.config.dictConfig does to every handler, as uvicorn starts
+            logger.info("after the reconfiguration")
+            seen = bytearray()
+
+            def arrived() -> bool:
+                seen.extend(readable(read_end))
+                return b"after the reconfiguration" in seen
+
+            assert eventually(arrived, timeout_s=FLUSH_S * 10)
+        finally:
+            os.close(read_end)

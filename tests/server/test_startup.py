@@ -89,14 +89,16 @@ def test_bad_settings_stop_the_program_with_a_message_naming_the_key(
     assert "models[0] (m): tokenizer '/no/such/dir': no such file or directory" in capsys.readouterr().err
 
 
-def test_serve_command_works_without_any_file(deepseek_dir: Path) -> None:
+def test_serve_command_works_without_any_file(deepseek_dir: Path, tmp_path: Path) -> None:
     with simulator(deepseek_dir, profile="0.31", max_model_len=2048) as (sim, _, _):
         sock = bind_socket()
         port = sock.getsockname()[1]
         sock.close()
         command = [sys.executable, "-m", "proxy", "serve", "--upstream", sim.url, "--model", MODEL, "--tokenizer",
                    str(deepseek_dir), "--max-model-len", "2048", "--port", str(port)]  # fmt: skip
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log = tmp_path / "serve.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True)
         try:
             url = f"http://127.0.0.1:{port}"
             assert eventually(lambda: _health(url) == 200, timeout_s=30)
@@ -104,10 +106,12 @@ def test_serve_command_works_without_any_file(deepseek_dir: Path) -> None:
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=99999
             )
             assert reply.usage is not None and reply.usage.total_tokens == 2048
+            # the request's log line arrives while the guard serves (its lines are written in batches)
+            assert eventually(lambda: "action=clamp" in log.read_text(), timeout_s=5)
         finally:
             process.terminate()
-            output, _ = process.communicate(timeout=30)
-        assert "listening on" in output
+            process.wait(timeout=30)
+        assert "listening on" in log.read_text()
 
 
 def _health(url: str) -> int:
