@@ -112,7 +112,7 @@ def _not_allowed(methods: frozenset[str]) -> Handler:
     async def answer(scope: Scope, receive: Receive, send: Send) -> None:
         allowed = ", ".join(sorted(methods))
         error = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use {allowed}.")
-        await send_error(Reply(send), error, [(b"allow", allowed.encode())])
+        await send_error(Reply(send), error, [(b"allow", allowed.encode())], scope["path"])
 
     return answer
 

@@ -177,3 +177,8 @@ def test_the_guards_own_errors_on_messages_are_anthropic_shaped(proxy: str) -> N
     response = httpx.post(f"{proxy}/v1/messages", json={"model": "nope", "max_tokens": 5, "messages": []})
     assert response.status_code == 404
     assert json.loads(response.text)["error"]["type"] == "NotFoundError"
+
+
+def test_a_wrong_method_on_messages_is_anthropic_shaped_too(proxy: str) -> None:
+    response = httpx.get(f"{proxy}/v1/messages")
+    assert response.status_code == 405 and response.json()["type"] == "error"
