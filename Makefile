@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv demo test check e2e serve clean
+.PHONY: venv demo test check e2e serve clean redis-server
 .PHONY: bench bench-load
 
 $(STAMP): pyproject.toml
@@ -19,8 +19,11 @@ venv: $(STAMP)
 demo: venv  ## the proxy in front of the built-in vLLM simulator, with a short tour; Ctrl-C stops it
 	$(BIN)/token-guard demo
 
-test: venv  ## unit and end-to-end tests against the simulator (real sockets, real tokenizer, real OpenAI SDK)
+test: venv redis-server  ## unit and end-to-end tests against the simulator (real sockets, real tokenizer, OpenAI SDK)
 	$(BIN)/python -m pytest -m "not e2e" -q
+
+redis-server:  ## Debian's redis-server, which the shared-budget tests start on a free port (installed when missing)
+	@command -v redis-server >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 
 check: venv  ## lint and type-check
 	$(BIN)/ruff check .

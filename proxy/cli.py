@@ -33,6 +33,7 @@ FLAGS = {  # flag destination -> settings key
     "tokenizer_mode": "model.tokenizer_mode",
     "default_chat_template_kwargs": "model.default_chat_template_kwargs",
     "count_source": "counting.source",
+    "redis_url": "admission.redis_url",
 }
 
 
@@ -74,6 +75,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     parser.add_argument("--count-source", help="who counts prompts: auto (default), local or upstream")
     parser.add_argument("--log-level", help="critical, error, warning, info or debug")
+    parser.add_argument("--redis-url", help="share the admission budget with every guard using this Redis")
     return parser
 
 

@@ -11,14 +11,15 @@
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
     ├── TooBusy                     429  admission: the queue is full or the wait timed out (with Retry-After)
     ├── NotReady                    503  still learning the upstream's models, or a window not known yet
+    ├── SharedStateUnavailable      503  Redis (admission.redis_url) does not answer in time
     ├── UpstreamUnavailable         502  connection reset, broken answer, garbage
     │   └── UpstreamRefused         502  no connection could be made: safe to retry on another replica
     └── UpstreamTimeout             504  the upstream did not answer in time
         └── UpstreamConnectTimeout  504  no connection in time: safe to retry on another replica
 
 Library errors are translated into these at one boundary each: the HTTP client's in proxy/upstream/http.py, the
-template engine's in proxy/counting/render.py. The server only ever handles `GuardError`, and turns it into a
-response in one place (proxy/server/responses.py).
+template engine's in proxy/counting/render.py, Redis's in proxy/shared/link.py. The server only ever handles
+`GuardError`, and turns it into a response in one place (proxy/server/responses.py).
 """
 
 from __future__ import annotations
@@ -104,6 +105,14 @@ class TooBusy(GuardError):
 
 
 class NotReady(GuardError):
+    status = 503
+    error_type = "ServiceUnavailableError"
+
+
+class SharedStateUnavailable(GuardError):
+    """Redis, where guards share their budgets, did not answer: with admission.redis_failure "closed" the client
+    sees it; with "open" the guard admits on its own share instead."""
+
     status = 503
     error_type = "ServiceUnavailableError"
 

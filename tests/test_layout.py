@@ -1,6 +1,6 @@
-"""The layout holds: imports point one way (server -> check -> upstream -> policy -> counting -> api -> settings and
-errors), and the pure packages (api, counting, policy) import nothing that speaks HTTP. Every import in every module
-counts, also those inside functions."""
+"""The layout holds: imports point one way (server -> check -> upstream -> shared -> policy -> counting -> api ->
+settings and errors), and the pure packages (api, counting, policy) import nothing that speaks HTTP or Redis. Every
+import in every module counts, also those inside functions."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ LAYERS = [  # lowest first: a module may import its own layer and the layers bel
     {"api"},
     {"counting"},
     {"policy"},
+    {"shared"},
     {"upstream"},
     {"check"},
     {"server"},
     {"simulator", "demo", "cli", "__main__"},
 ]
 PURE = {"api", "counting", "policy"}
-HTTP_LIBRARIES = {"httpx", "httpcore", "aiohttp", "starlette", "uvicorn", "anyio", "prometheus_client"}
+HTTP_LIBRARIES = {"httpx", "httpcore", "aiohttp", "starlette", "uvicorn", "anyio", "prometheus_client", "redis"}
 
 
 def layer_of(part: str) -> int:

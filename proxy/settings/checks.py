@@ -60,6 +60,23 @@ def url(value: Any) -> str:
     return text.rstrip("/")
 
 
+def redis_url(value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    text = nonempty_text(value)
+    if not re.match(r"^(rediss?://[^/\s]+|unix://\S+)", text):
+        raise ValueError("a redis://, rediss:// or unix:// URL")
+    return text
+
+
+def lease_seconds(value: Any) -> float:
+    """Long enough for a renewal to get through (renewed every third of it), short enough to free a dead guard's."""
+    number = positive_float(value)
+    if not 0.5 <= number <= 3600:
+        raise ValueError("a number of seconds from 0.5 to 3600")
+    return number
+
+
 def log_level(value: Any) -> str:
     levels = ("critical", "error", "warning", "info", "debug")
     if not isinstance(value, str) or value.lower() not in levels:

@@ -17,6 +17,7 @@ from proxy.settings import checks as v
 from proxy.settings.sections import (
     COUNT_SOURCES,
     OVERFLOW_POLICIES,
+    REDIS_FAILURE_MODES,
     TOKENIZER_MODES,
     AdmissionSettings,
     CountingSettings,
@@ -68,6 +69,10 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_inflight_requests": v.integer(0),
         "queue_timeout_s": v.positive_float,
         "max_queue": v.integer(0),
+        "redis_url": v.redis_url,
+        "redis_failure": v.choice(*REDIS_FAILURE_MODES),
+        "redis_timeout_ms": v.integer(1, 60_000),
+        "redis_lease_s": v.lease_seconds,
     },
     "policy": {
         "min_output_tokens": v.integer(1),

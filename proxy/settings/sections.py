@@ -47,8 +47,14 @@ class AdmissionSettings:
     max_inflight_requests: int = 0
     queue_timeout_s: float = 30.0
     max_queue: int = 1000
+    # Many guards, one budget: every guard and worker pointed at the same Redis shares each replica's whole budget.
+    redis_url: str | None = None
+    redis_failure: str = "open"  # Redis unreachable: "open" admits on this process's share, "closed" answers 503
+    redis_timeout_ms: int = 250  # the longest any one Redis call may take
+    redis_lease_s: float = 30.0  # a reservation not renewed for this long is dropped (its guard died)
 
 
+REDIS_FAILURE_MODES = ("open", "closed")
 OVERFLOW_POLICIES = ("reject", "truncate", "chunk")
 
 

@@ -1,0 +1,116 @@
+"""The link to Redis, where guards share state: one asyncio client, every call bounded by a timeout, and whether
+Redis answers, flipped with one log line each way. The one module that imports redis: its errors become
+`SharedStateUnavailable` here.
+
+While Redis is down, calls fail at once, except one trial every `PROBE_INTERVAL_S`: the first that succeeds brings
+the link back, without a restart and without a burst of slow calls against a Redis that does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from proxy.errors import SharedStateUnavailable
+
+log = logging.getLogger("token_guard.redis")
+
+T = TypeVar("T")
+PREFIX = "token-guard:"  # every key the guards write starts with it
+PROBE_INTERVAL_S = 0.25
+MAX_CONNECTIONS = 64
+
+
+class RedisLink:
+    def __init__(self, url: str, timeout_ms: int) -> None:
+        self.url = url
+        self.where = _without_password(url)
+        self.timeout_s = timeout_ms / 1000
+        self.client: redis.Redis = redis.Redis.from_url(
+            url,
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.timeout_s,
+            retry=Retry(NoBackoff(), 0),  # the caller decides what a failure means; no hidden retries
+            max_connections=MAX_CONNECTIONS,
+        )
+        self.healthy = True
+        self.errors = 0  # failed calls since start (token_guard_redis_errors_total)
+        self._next_trial = 0.0
+        self._trying = False
+
+    async def call(self, factory: Callable[[redis.Redis], Awaitable[T]]) -> T:
+        """`factory(client)`'s result within the timeout, or `SharedStateUnavailable`."""
+        trial = not self.healthy
+        if trial:
+            if self._trying or time.monotonic() < self._next_trial:
+                raise SharedStateUnavailable(f"Redis at {self.where} is unreachable.")
+            self._trying = True
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                result = await factory(self.client)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            raise SharedStateUnavailable(f"Redis at {self.where} is unreachable.") from None
+        finally:
+            if trial:
+                self._trying = False
+        if trial:
+            self._recovered()
+        return result
+
+    def script(self, source: str) -> Script:
+        return Script(self, source)
+
+    async def ping(self) -> bool:
+        try:
+            await self.call(lambda client: client.ping())
+        except SharedStateUnavailable:
+            return False
+        return True
+
+    async def watch(self, interval_s: float = 1.0) -> None:
+        """Ping on a timer, so that the link's state (and its metric) follows Redis even when no request calls."""
+        while True:
+            await asyncio.sleep(interval_s if self.healthy else PROBE_INTERVAL_S)
+            await self.ping()
+
+    def _failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        self._next_trial = time.monotonic() + PROBE_INTERVAL_S
+        if self.healthy:
+            self.healthy = False
+            reason = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+            log.warning("Redis at %s is unreachable (%s): shared state is off until it answers again", self.where,
+                        reason)  # fmt: skip
+
+    def _recovered(self) -> None:
+        if not self.healthy:
+            self.healthy = True
+            log.warning("Redis at %s answers again: shared state is back", self.where)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class Script:
+    """A Lua script run by its SHA (loaded again by the client when Redis has forgotten it, e.g. after a restart)."""
+
+    def __init__(self, link: RedisLink, source: str) -> None:
+        self.link = link
+        self._script = link.client.register_script(source)
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
+        return await self.link.call(lambda client: self._script(keys=list(keys), args=list(args), client=client))
+
+
+def _without_password(url: str) -> str:
+    return re.sub(r"//[^@/]*@", "//***@", url)
