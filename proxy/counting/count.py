@@ -14,7 +14,7 @@ from typing import Any
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
 from proxy.counting.counter import TokenCounter
-from proxy.counting.render import render_chat
+from proxy.counting.render import render_chat, render_chat_isolated
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.settings import CountingSettings
 
@@ -25,7 +25,8 @@ CountMessages = Callable[[list[Any]], Awaitable[int]]
 async def count_chat(tok: ModelTokenizer, req: ChatRequest, counter: TokenCounter | None = None) -> int:
     if tok.native is not None:  # mistral_common or openai_harmony: token ids straight from the messages
         return await asyncio.to_thread(tok.native.count_chat, req)
-    text = render_chat(tok, req)
+    # A template the request brought is the client's code: it runs in a child process, bounded (isolated.py).
+    text = render_chat(tok, req) if req.chat_template is None else await render_chat_isolated(tok, req)
     (count,) = await _counter(tok, counter).count([text], req.add_special_tokens)
     return count
 

@@ -3,10 +3,14 @@ The template engine's errors become the guard's 400 here, at one boundary."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from proxy.api.chat import ChatRequest
 from proxy.counting.conversation import ConversationError, MediaPart, template_inputs, to_conversation, to_tools
+from proxy.counting.isolated import RENDERER
 from proxy.counting.roles import developer_as_system, has_developer, mentions_developer
-from proxy.counting.templates import TemplateError, render
+from proxy.counting.templates import RenderArgs, TemplateError, render
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.errors import CountedUpstreamOnly, InvalidRequest
 
@@ -23,19 +27,36 @@ BOTH_FLAGS = (
 
 
 def render_chat(tok: ModelTokenizer, req: ChatRequest) -> str:
+    with _as_bad_request():
+        return render(*render_inputs(tok, req))
+
+
+async def render_chat_isolated(tok: ModelTokenizer, req: ChatRequest) -> str:
+    """As render_chat, for a template the request brought: in a child process with a time and memory limit."""
+    with _as_bad_request():
+        return await RENDERER.render(render_inputs(tok, req))
+
+
+def render_inputs(tok: ModelTokenizer, req: ChatRequest) -> RenderArgs:
+    """What templates.render takes for this request: the template, whether it is trusted, vLLM's conversation..."""
     if req.continue_final_message and req.add_generation_prompt:
         raise InvalidRequest(BOTH_FLAGS, param="continue_final_message")
     template = tok.template_for(req.tools, req.chat_template)
     if template is None:
         raise InvalidRequest(NO_TEMPLATE, param="messages")
+    conversation = to_conversation(req.messages, tok.content_format(template), tok.strip_billing_header)
+    if has_developer(conversation) and not mentions_developer(template):
+        conversation = developer_as_system(conversation)
+    variables = {**tok.special_tokens, **template_inputs(req.body, req.chat_template_kwargs, tok.default_kwargs)}
+    trusted = req.chat_template is None  # the model's own template; a request's runs in the sandbox
+    return (template, trusted, conversation, to_tools(req.tools), req.add_generation_prompt,
+            req.continue_final_message, variables)  # fmt: skip
+
+
+@contextmanager
+def _as_bad_request() -> Iterator[None]:
     try:
-        conversation = to_conversation(req.messages, tok.content_format(template), tok.strip_billing_header)
-        if has_developer(conversation) and not mentions_developer(template):
-            conversation = developer_as_system(conversation)
-        variables = {**tok.special_tokens, **template_inputs(req.body, req.chat_template_kwargs, tok.default_kwargs)}
-        trusted = req.chat_template is None  # the model's own template; a request's runs in the sandbox
-        return render(template, trusted, conversation, to_tools(req.tools), req.add_generation_prompt,
-                      req.continue_final_message, variables)  # fmt: skip
+        yield
     except MediaPart as exc:
         raise CountedUpstreamOnly(f"{exc}: only the upstream can count it", param="messages") from None
     except ConversationError as exc:

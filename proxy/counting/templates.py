@@ -31,6 +31,11 @@ SANDBOXED_CALLS = frozenset(
 )  # fmt: skip
 
 
+RenderArgs = tuple[str, bool, list[dict[str, Any]], list[dict[str, Any]] | None, bool, bool, Mapping[str, Any]]
+"""render()'s arguments: source, trusted, conversation, tools, add_generation_prompt, continue_final_message,
+variables."""
+
+
 class TemplateError(ValueError):
     """The template refused these inputs (its own raise_exception, or a rendering error): the text says why."""
 

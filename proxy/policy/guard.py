@@ -19,6 +19,7 @@ from proxy.counting.count import count_chat
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat
 from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
+from proxy.errors import InvalidRequest
 from proxy.policy.choice import choose_policy
 from proxy.policy.converted import (
     Converted,
@@ -35,6 +36,11 @@ from proxy.policy.overflow import overflow_chat, overflow_completion
 from proxy.policy.reduce import reduce_request
 from proxy.policy.turns import CountItems
 from proxy.settings import PolicySettings, Settings
+
+UNTRUSTED_TEMPLATE = (  # vLLM's words, then the guard's switch
+    "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with "
+    "untrusted chat template. (token-guard: policy.trust_request_chat_template)"
+)
 
 
 @dataclass
@@ -63,6 +69,8 @@ class Guard:
     async def _chat(self, req: ChatRequest, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
         findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
         model, policy, choice, limits = self._target(req.model, headers, findings)
+        if not policy.trust_request_chat_template and _brings_template(req):
+            raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
         started = time.perf_counter()
         prompt_tokens, findings.count_source = await chat_tokens(model, req, self.remote)
         findings.count_s = time.perf_counter() - started
@@ -167,6 +175,10 @@ class Guard:
         model = self.registry.resolve(chunked.original.model)
         limits = limits_for(model.name, model.max_model_len, chunked.policy)
         return await reduce_request(model, chunked, answers, limits)
+
+
+def _brings_template(req: ChatRequest) -> bool:
+    return req.chat_template is not None or req.chat_template_kwargs.get("chat_template") is not None
 
 
 def _as_outcome(plan: Plan, body: dict[str, Any], raw: bytes, cost: int, source: str | None) -> Outcome:

@@ -86,6 +86,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "chunk_separator": v.any_text,
         "chunk_merge": v.choice("concat", "reduce"),
         "max_fanout": v.integer(1),
+        "trust_request_chat_template": v.boolean,
         "reduce_prompt": v.template("answers"),
     },
     "counting": {

@@ -71,6 +71,9 @@ class PolicySettings:
     chunk_separator: str = "\n\n"
     chunk_merge: str = "concat"
     max_fanout: int = 4
+    # A chat_template sent in a request is refused, as vLLM refuses it without --trust-request-chat-template; when
+    # trusted, it renders in a child process with a time and memory limit (counting/isolated.py).
+    trust_request_chat_template: bool = False
     reduce_prompt: str = (
         "Below are answers to consecutive parts of one long input. Combine them into a single answer.\n\n{answers}"
     )

@@ -61,7 +61,7 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
     fields.check()
 
     ctx.check_model(model)
-    check_template_trust(options)
+    check_template_trust(options, ctx.settings.trust_request_chat_template)
     given_completion = max_completion_tokens is not None
     param = "max_completion_tokens" if given_completion else "max_tokens"
     requested = max_completion_tokens if given_completion else max_tokens

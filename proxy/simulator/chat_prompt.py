@@ -34,6 +34,7 @@ class ChatOptions:
     tools: list[dict[str, Any]] | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     untrusted_template: bool = False
+    chat_template: str | None = None  # the request's own, rendered only when trusted
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,13 @@ def read_chat_options(fields: Fields, extra_kwargs: dict[str, Any] | None = None
         tools=normalize_tools(fields),
         template_kwargs=_template_kwargs(kwargs, extra_kwargs or {}),
         untrusted_template=fields.raw("chat_template") is not None or kwargs.get("chat_template") is not None,
+        chat_template=own if isinstance(own := fields.raw("chat_template"), str) else None,
     )
 
 
-def check_template_trust(options: ChatOptions) -> None:
+def check_template_trust(options: ChatOptions, trusted: bool = False) -> None:
     """Like a vLLM started without --trust-request-chat-template: request-supplied templates are refused."""
-    if options.untrusted_template:
+    if options.untrusted_template and not trusted:
         raise ApiError(UNTRUSTED_TEMPLATE)
 
 
@@ -96,7 +98,7 @@ def normalize_tools(fields: Fields) -> list[dict[str, Any]] | None:
 
 def render_chat(tokenizer: SimTokenizer, options: ChatOptions) -> RenderedChat:
     tools = options.tools
-    template = tokenizer.template_for(tools)
+    template = options.chat_template or tokenizer.template_for(tools)
     try:
         conversation = to_conversation(options.messages, tokenizer.content_format(template))
     except ConversationError as exc:

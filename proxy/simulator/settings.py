@@ -21,6 +21,7 @@ class SimulatorSettings:
     version: str | None = None
     # The KV cache in tokens: over it, every running sequence slows down (preemption); None = unlimited.
     kv_capacity_tokens: int | None = None
+    trust_request_chat_template: bool = False  # as vLLM's --trust-request-chat-template
 
     def __post_init__(self) -> None:
         get_profile(self.profile)

@@ -21,7 +21,7 @@ def tokenize(ctx: Context, body: Any) -> dict[str, Any]:
         options = read_chat_options(fields)
         fields.check()
         ctx.check_model(model)
-        check_template_trust(options)
+        check_template_trust(options, ctx.settings.trust_request_chat_template)
         ids = render_chat(ctx.tokenizer, options).token_ids
     else:
         prompt = fields.require("prompt")
