@@ -54,12 +54,14 @@ async def settle(
     if conv.partial:
         if plan.error is not None:
             return refuse(plan, "That is without the stored conversation of previous_response_id, which adds more.")
-        return Forward(conv.raw, Decision("partial", prompt_tokens, conv.requested), cost)
+        body, limit = _key_capped(conv, limits)
+        return Forward(body, Decision("partial", prompt_tokens, limit), cost)
     if plan.error is None:
         body = with_changes(conv.body, plan.changes) if plan.changes else conv.raw
         return Forward(body, Decision.of(plan), cost)
     if conv.upstream_truncates:  # vLLM cuts the prompt itself, as the client asked
-        return Forward(conv.raw, Decision("pass", prompt_tokens, conv.requested), cost)
+        body, limit = _key_capped(conv, limits)
+        return Forward(body, Decision("pass" if body is conv.raw else "clamp", prompt_tokens, limit), cost)
     if choice == "chunk":
         return refuse(plan, f"The chunk policy was not applied: {conv.endpoint} answers cannot be merged.")
     if choice == "truncate" and recount is not None:
@@ -81,6 +83,15 @@ async def _truncate(conv: Converted, plan: Plan, limits: Limits, recount: CountI
     decision = Decision("truncate", cut.prompt_tokens, fitted.max_tokens, dropped_messages=cut.dropped,
                         truncated_tokens=plan.prompt_tokens - cut.prompt_tokens)  # fmt: skip
     return Forward(body, decision, fitted.cost(limits, 1))
+
+
+def _key_capped(conv: Converted, limits: Limits) -> tuple[bytes, int | None]:
+    """The body and output limit of a request forwarded without a decision on its room: only the API key's cap
+    applies (a cap the key sets, not a guess at what the prompt leaves)."""
+    cap = limits.max_output
+    if cap is None or (conv.requested is not None and conv.requested <= cap):
+        return conv.raw, conv.requested
+    return with_changes(conv.body, {conv.limit_field: cap}), cap
 
 
 def response_turn(item: Any) -> bool:

@@ -25,6 +25,17 @@ class Limits:
     max_model_len: int
     min_output_tokens: int = 1
     default_max_tokens: int | str | None = None
+    max_output: int | None = None  # the API key's max_output_tokens: a cap on every output limit
+
+    def cap(self, room: int) -> int:
+        """The most output a request may ask for: the room its prompt leaves, and the key's cap."""
+        return room if self.max_output is None else min(room, self.max_output)
+
+    def unsaid_output(self, cap: int) -> int | None:
+        """The output limit of a request that sets none: default_max_tokens, else the key's cap, else None (the
+        upstream picks)."""
+        default = self.default_output()
+        return default if default is not None or self.max_output is None else cap
 
     def default_output(self) -> int | None:
         if isinstance(self.default_max_tokens, str):
@@ -32,11 +43,12 @@ class Limits:
         return self.default_max_tokens
 
 
-def limits_for(model: str, max_model_len: int | None, policy: PolicySettings) -> Limits:
-    """A model's limits under its policy; 503 while its window is not known yet (discovery still running)."""
+def limits_for(model: str, max_model_len: int | None, policy: PolicySettings, max_output: int | None = None) -> Limits:
+    """A model's limits under its policy (and the API key's output cap); 503 while its window is not known yet
+    (discovery still running)."""
     if max_model_len is None:
         raise NotReady(f"token-guard does not know max_model_len for model `{model}` yet.")
-    return Limits(max_model_len, policy.min_output_tokens, policy.default_max_tokens)
+    return Limits(max_model_len, policy.min_output_tokens, policy.default_max_tokens, max_output)
 
 
 @dataclass(frozen=True)
@@ -58,15 +70,15 @@ def decide_chat(req: ChatRequest, prompt_tokens: int, limits: Limits) -> Plan:
     room = limits.max_model_len - prompt_tokens
     if room < limits.min_output_tokens:
         return Plan("reject", prompt_tokens, error=_too_long(prompt_tokens, room, limits, "messages"))
-    requested = req.requested_output
+    cap, requested = limits.cap(room), req.requested_output
     if requested is None:
-        default = limits.default_output()
+        default = limits.unsaid_output(cap)
         if default is None:  # the upstream picks the output limit (vLLM: whatever room is left)
             return Plan("pass", prompt_tokens)
-        return _limited(prompt_tokens, min(default, room), {"max_tokens": min(default, room)}, req.min_tokens)
+        return _limited(prompt_tokens, min(default, cap), {"max_tokens": min(default, cap)}, req.min_tokens)
     sent = {"max_tokens": req.max_tokens, "max_completion_tokens": req.max_completion_tokens}
-    changes = {name: room for name, value in sent.items() if value is not None and value > room}
-    return _limited(prompt_tokens, min(requested[1], room), changes, req.min_tokens)
+    changes = {name: cap for name, value in sent.items() if value is not None and value > cap}
+    return _limited(prompt_tokens, min(requested[1], cap), changes, req.min_tokens)
 
 
 def decide_completion(req: CompletionRequest, prompt_tokens: list[int], limits: Limits) -> Plan:
@@ -76,8 +88,9 @@ def decide_completion(req: CompletionRequest, prompt_tokens: list[int], limits: 
     if room < limits.min_output_tokens:
         return Plan("reject", longest, error=_too_long(longest, room, limits, "prompt"))
     _, requested = req.requested_output  # vLLM's default of 16 counts when the field is absent
-    changes = {"max_tokens": room} if requested > room else {}
-    return _limited(longest, min(requested, room), changes, req.min_tokens)
+    cap = limits.cap(room)
+    changes = {"max_tokens": cap} if requested > cap else {}
+    return _limited(longest, min(requested, cap), changes, req.min_tokens)
 
 
 def decide_output(prompt_tokens: int, limits: Limits, field: str, requested: int | None, param: str) -> Plan:
@@ -86,12 +99,13 @@ def decide_output(prompt_tokens: int, limits: Limits, field: str, requested: int
     room = limits.max_model_len - prompt_tokens
     if room < limits.min_output_tokens:
         return Plan("reject", prompt_tokens, error=_too_long(prompt_tokens, room, limits, param))
+    cap = limits.cap(room)
     if requested is None:
-        requested = limits.default_output()
+        requested = limits.unsaid_output(cap)
         if requested is None:  # the upstream picks the output limit (vLLM: whatever room is left)
             return Plan("pass", prompt_tokens)
-        return Plan("clamp", prompt_tokens, min(requested, room), {field: min(requested, room)})
-    return _limited(prompt_tokens, min(requested, room), {field: room} if requested > room else {}, None)
+        return Plan("clamp", prompt_tokens, min(requested, cap), {field: min(requested, cap)})
+    return _limited(prompt_tokens, min(requested, cap), {field: cap} if requested > cap else {}, None)
 
 
 def _limited(prompt_tokens: int, limit: int, changes: dict[str, int], min_tokens: int | None) -> Plan:

@@ -19,7 +19,7 @@ from proxy.counting.count import count_chat
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat
 from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, ModelNotFound
 from proxy.policy.choice import choose_policy
 from proxy.policy.converted import (
     Converted,
@@ -53,6 +53,7 @@ class Guard:
         self._policies = {m.name: m.policy for m in self.settings.models if m.policy is not None}
 
     async def handle(self, path: str, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
+        """`findings.api_key`, when set, is the client's named key: its models and output cap apply."""
         server = self.settings.server
         if path.endswith("/chat/completions"):
             req = parse_chat(raw, server.max_messages, server.max_json_depth)
@@ -164,8 +165,14 @@ class Guard:
         """The model a request is for, its policy, the overflow choice (config or header) and its limits."""
         model = self.registry.resolve(name)
         findings.model = model.name
+        key = findings.api_key
+        if key is not None and key.models is not None and model.name not in key.models:
+            # OpenAI's answer for a model a key may not use: the same 404 as for one that does not exist
+            raise ModelNotFound(f"The model `{name or model.name}` does not exist or you do not have access to it.")
         policy = self.policy_for(model.name)
-        return model, policy, choose_policy(policy, headers), limits_for(model.name, model.max_model_len, policy)
+        max_output = key.max_output_tokens if key is not None else None
+        limits = limits_for(model.name, model.max_model_len, policy, max_output)
+        return model, policy, choose_policy(policy, headers), limits
 
     def policy_for(self, model: str) -> PolicySettings:
         return self._policies.get(model) or self.settings.policy

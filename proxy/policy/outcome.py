@@ -11,6 +11,7 @@ from proxy.api.completions import CompletionRequest
 from proxy.errors import GuardError
 from proxy.policy.decide import Plan
 from proxy.settings import PolicySettings
+from proxy.settings.sections import KeySettings
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class Findings:
     """What a guarded request's path learned, kept even when it fails part way: its log line and metrics."""
 
     model: str | None = None
+    api_key: KeySettings | None = None  # the client's named API key ([[keys]]), set by the server's key check
     max_tokens_before: int | None = None
     count_s: float | None = None
     count_source: str | None = None  # "local" or "upstream"

@@ -18,6 +18,7 @@ from proxy.server.asgi import Receive, Reply, Scope, Send
 from proxy.server.auth import REFUSED, ApiKeys
 from proxy.server.handlers import Handlers
 from proxy.server.metrics import Metrics
+from proxy.server.quotas import Quotas
 from proxy.server.record import REQUEST_ID, request_id
 from proxy.server.responses import send_error
 from proxy.settings import Settings
@@ -41,7 +42,8 @@ class GuardApp:
             lambda: (self.upstream.admission.queued, {r.url: r.budget.tokens for r in self.upstream.replicas}),
         )
         guard = Guard(settings, registry, UpstreamCounter(self.upstream))
-        handlers = Handlers(guard, registry, self.upstream, self.metrics, settings.server)
+        self.quotas = Quotas(settings)
+        handlers = Handlers(guard, registry, self.upstream, self.metrics, settings.server, self.quotas)
         self._routes: dict[str, tuple[frozenset[str], Handler]] = {
             "/health": (GET, handlers.health),
             "/metrics": (GET, handlers.metrics_text),
@@ -54,7 +56,7 @@ class GuardApp:
             "/invocations": (POST, handlers.guarded),
         }
         self._passthrough = handlers.passthrough
-        self._keys = ApiKeys(settings.server.api_keys)
+        self._keys = ApiKeys(settings.server.api_keys, settings.keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

@@ -1,6 +1,8 @@
 """API keys for the guard's own clients: when `server.api_keys` is set, `/v1/*` needs `Authorization: Bearer <key>`,
 checked as vLLM 0.11+ checks it (scheme in any case, SHA-256 digests compared in constant time, several keys). The
-key may also come as `x-api-key: <key>`, the header Anthropic's SDKs and Claude Code send.
+key may also come as `x-api-key: <key>`, the header Anthropic's SDKs and Claude Code send. Named keys (`[[keys]]`,
+given as the key or its SHA-256) are accepted too, and the request carries the key's settings on to the handler
+(scope["token_guard.key"]) for its quotas.
 
 The other prefixes vLLM 0.22+ protects (`/v2`, `/inference`, `/cohere`) are protected too: everything else is passed
 through, with `upstream.api_key` put in, so leaving them open would open the upstream's protected routes to anyone.
@@ -16,37 +18,57 @@ from collections.abc import Iterable
 
 from proxy.errors import Unauthorized
 from proxy.server.asgi import Scope
+from proxy.settings.sections import KeySettings
 
 PROTECTED = ("/v1", "/v2", "/inference", "/cohere", "/invocations")
 REFUSED = Unauthorized("Invalid or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`).")
 
 
 KEY_HEADERS = (b"authorization", b"x-api-key")
+KEY_SCOPE = "token_guard.key"  # the request's named key, for the handler
+
+
+def named_key(scope: Scope) -> KeySettings | None:
+    key: KeySettings | None = scope.get(KEY_SCOPE)
+    return key
 
 
 class ApiKeys:
-    def __init__(self, api_keys: Iterable[str]) -> None:
+    def __init__(self, api_keys: Iterable[str], named: Iterable[KeySettings] = ()) -> None:
         self._digests = [hashlib.sha256(key.encode()).digest() for key in api_keys]
+        self._named = [(bytes.fromhex(key.key_sha256), key) for key in named]
 
     def __bool__(self) -> bool:
-        return bool(self._digests)
+        return bool(self._digests or self._named)
 
     def allows(self, scope: Scope) -> bool:
-        """True when the request may pass: no keys are configured, its path is open, or it carries a valid key."""
-        return not self._digests or not _protected(scope) or self._valid(scope)
+        """True when the request may pass: no keys are configured, its path is open, or it carries a valid key. A
+        named key is put in the scope (KEY_SCOPE)."""
+        if not self or not _protected(scope):
+            return True
+        given = self._given(scope)
+        if given is None:
+            return False
+        matched = False
+        for digest in self._digests:  # every key is compared, so the time taken says nothing about which matched
+            matched |= hmac.compare_digest(given, digest)
+        found = None
+        for digest, key in self._named:
+            if hmac.compare_digest(given, digest):
+                found = key
+        if found is not None:
+            scope[KEY_SCOPE] = found
+        return matched or found is not None
 
-    def _valid(self, scope: Scope) -> bool:
+    def _given(self, scope: Scope) -> bytes | None:
+        """The SHA-256 of the key the request carries."""
         headers = {name.lower(): value for name, value in scope["headers"] if name.lower() in KEY_HEADERS}
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         if scheme.lower() != b"bearer":
             if b"x-api-key" not in headers:
-                return False
+                return None
             token = headers[b"x-api-key"]
-        given = hashlib.sha256(token).digest()
-        matched = False
-        for digest in self._digests:  # every key is compared, so the time taken says nothing about which matched
-            matched |= hmac.compare_digest(given, digest)
-        return matched
+        return hashlib.sha256(token).digest()
 
 
 def _protected(scope: Scope) -> bool:

@@ -11,15 +11,19 @@ import time
 from proxy.counting.registry import ModelRegistry
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.policy.guard import Guard
-from proxy.policy.outcome import Answer, Chunked, Forward
+from proxy.policy.outcome import Answer, Chunked, Forward, Outcome
+from proxy.policy.usage import Charge
 from proxy.server.asgi import ClientGone, Headers, Incoming, Receive, Reply, Scope, Send, encode_headers, read_body
+from proxy.server.auth import named_key
 from proxy.server.chunked import answer_chunked
 from proxy.server.disconnect import ClientWatch
 from proxy.server.metrics import Metrics
+from proxy.server.quotas import Quotas, over_quota
 from proxy.server.record import REQUEST_ID, RequestRecord, log_fields, log_line, request_id
 from proxy.server.relay import relay, relay_error
 from proxy.server.responses import internal_error, send_error
 from proxy.settings import ServerSettings
+from proxy.settings.sections import KeySettings
 from proxy.upstream.client import Upstream
 from proxy.upstream.parts import PartRunner
 
@@ -32,9 +36,10 @@ METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 class Handlers:
     def __init__(
-        self, guard: Guard, registry: ModelRegistry, upstream: Upstream, metrics: Metrics, server: ServerSettings
-    ) -> None:
-        self.guard, self.registry, self.upstream, self.metrics = guard, registry, upstream, metrics
+        self, guard: Guard, registry: ModelRegistry, upstream: Upstream, metrics: Metrics, server: ServerSettings,
+        quotas: Quotas,
+    ) -> None:  # fmt: skip
+        self.guard, self.registry, self.upstream, self.metrics, self.quotas = guard, registry, upstream, metrics, quotas
         self.max_body_bytes, self.read_timeout_s = server.max_body_bytes, server.read_timeout_s
 
     async def guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -65,6 +70,7 @@ class Handlers:
         incoming, reply = Incoming(scope), Reply(send)
         record = RequestRecord(request_id(incoming.header(REQUEST_ID)), incoming.method, incoming.path, guarded)
         tagged: Headers = [(REQUEST_ID, record.request_id.encode())]
+        key = record.findings.api_key = named_key(scope) if guarded else None
         try:
             body = await read_body(receive, incoming, self.max_body_bytes, self.read_timeout_s)
             headers = incoming.headers()
@@ -83,6 +89,7 @@ class Handlers:
                 record.upstream_error = record.upstream_error or ("timeout" if isinstance(exc, UpstreamTimeout)
                                                                   else "unavailable")  # fmt: skip
             if not reply.started:  # a client too slow to send its body is not kept: its connection closes
+                await self._tell_quota(key, record, tagged)
                 closing = [*tagged, (b"connection", b"close")] if exc.status == 408 else tagged
                 await send_error(reply, exc, closing, incoming.path)
         except Exception:
@@ -90,6 +97,7 @@ class Handlers:
             if not reply.started:
                 await send_error(reply, internal_error(), tagged, incoming.path)
         finally:
+            await self._settle(record, reply)
             self._done(record, reply)
 
     async def _guard(
@@ -97,6 +105,8 @@ class Handlers:
         tagged: Headers,
     ) -> None:  # fmt: skip
         outcome = await self.guard.handle(incoming.path, body, headers, record.findings)
+        if record.findings.api_key is not None and record.findings.api_key.limited:
+            await self._charge(record.findings.api_key, outcome, record, tagged)
         extra = tagged + encode_headers(outcome.decision.headers())
         if isinstance(outcome, Forward):
             await self._forward(reply, incoming, outcome.body, headers, record, extra, outcome.cost)
@@ -115,6 +125,8 @@ class Handlers:
     ) -> None:  # fmt: skip
         opened = await self.upstream.open(incoming.method, incoming.target, headers, body, cost)
         upstream = opened.response
+        if record.charge is not None:
+            record.charge.forwarded = True
         try:
             record.upstream_first_byte_s = time.perf_counter() - record.started
             if upstream.status >= 500:
@@ -129,6 +141,39 @@ class Handlers:
         finally:
             upstream.close()
             self.upstream.release(opened.ticket)  # streams hold their budget to their last byte
+
+    async def _charge(self, key: KeySettings, outcome: Outcome, record: RequestRecord, tagged: Headers) -> None:
+        """Charge a keyed request what it reserves (input + output cap, the KV cost admission uses); requests the
+        guard answers or refuses itself are not charged, but told where their key stands."""
+        tokens = outcome.cost if isinstance(outcome, Forward) else sum(outcome.costs) if isinstance(outcome, Chunked) \
+            else None  # fmt: skip
+        verdict = await (self.quotas.peek(key) if tokens is None else self.quotas.charge(key, tokens))
+        tagged.extend(encode_headers(verdict.headers()))
+        record.quota_told = True
+        if not verdict.allowed:
+            record.quota_limited = True
+            raise over_quota(key, verdict, tokens or 0)
+        if tokens is not None:
+            forwarded = isinstance(outcome, Chunked)  # its parts' answers are merged: its reservation stands
+            record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded)
+
+    async def _tell_quota(self, key: KeySettings | None, record: RequestRecord, tagged: Headers) -> None:
+        """Every answer to a keyed request says where its key stands, errors included."""
+        if key is None or not key.limited or record.quota_told:
+            return
+        try:
+            tagged.extend(encode_headers((await self.quotas.peek(key)).headers()))
+        except GuardError:  # Redis gone with redis_failure "closed": the error being answered says enough
+            pass
+
+    async def _settle(self, record: RequestRecord, reply: Reply) -> None:
+        charge = record.charge
+        if charge is None:
+            return
+        unused = charge.unused(reply.status)
+        record.charged_tokens = charge.tokens - unused
+        if unused:
+            await self.quotas.give_back(charge.key, unused)
 
     def _done(self, record: RequestRecord, reply: Reply) -> None:
         record.client_gone = record.client_gone or (reply.started and not reply.finished)

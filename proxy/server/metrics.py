@@ -61,6 +61,12 @@ DEFINITIONS = {
     "disconnects": Definition(
         "token_guard_client_disconnects", "Clients that went away before their answer ended", ("endpoint",)
     ),
+    "key_tokens": Definition(
+        "token_guard_key_tokens_charged", "Tokens charged to each named API key, after what went unused", ("key",)
+    ),
+    "key_limited": Definition(
+        "token_guard_key_requests_limited", "Requests refused because their API key was over quota", ("key",)
+    ),
     "queue_wait": Definition(
         "token_guard_admission_wait_seconds", "Time requests waited for admission", ME, LATENCY_BUCKETS
     ),
@@ -144,6 +150,11 @@ class Metrics:
             self.add("disconnects", (record.endpoint,))
         if record.queue_s is not None:
             self.observe_value("queue_wait", labels, record.queue_s)
+        if found.api_key is not None:
+            if record.charged_tokens:
+                self.add("key_tokens", (found.api_key.name,), record.charged_tokens)
+            if record.quota_limited:
+                self.add("key_limited", (found.api_key.name,))
 
     def _decided(self, labels: tuple[str, str], decision: Decision, asked: int | None) -> None:
         self.observe_value("prompt_tokens", labels, decision.prompt_tokens)

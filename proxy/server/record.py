@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from proxy.policy.outcome import Findings
+from proxy.policy.usage import Charge
 
 REQUEST_ID = b"x-request-id"
 
@@ -27,6 +28,10 @@ class RequestRecord:
     upstream_error: str | None = None
     client_gone: bool = False
     total_s: float | None = None
+    charge: Charge | None = None  # what the request's key was charged, settled when its answer ends
+    charged_tokens: int | None = None  # what the key paid in the end
+    quota_limited: bool = False  # refused: its key was over quota
+    quota_told: bool = False  # its key's x-ratelimit-* headers are in its answer
 
     def finish(self, status: int) -> None:
         self.status = status if self.status is None else self.status
@@ -48,6 +53,7 @@ def log_fields(record: RequestRecord) -> dict[str, object]:
         "endpoint": record.endpoint,
         "guarded": record.guarded,
         "model": found.model,
+        "key": found.api_key.name if found.api_key else None,
         "prompt_tokens": decision.prompt_tokens if decision else None,
         "action": decision.action if decision else None,
         "max_tokens_before": found.max_tokens_before,
@@ -56,6 +62,8 @@ def log_fields(record: RequestRecord) -> dict[str, object]:
         "truncated_tokens": decision.truncated_tokens if decision else None,
         "count_s": found.count_s,
         "queue_s": record.queue_s,
+        "charged_tokens": record.charged_tokens,
+        "quota_limited": record.quota_limited,
         "status": record.status,
         "upstream_first_byte_s": record.upstream_first_byte_s,
         "upstream_s": record.upstream_s,

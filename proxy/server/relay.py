@@ -39,9 +39,12 @@ async def relay(reply: Reply, upstream: UpstreamResponse, extra: Headers, record
     """Status, headers and raw body bytes as they arrive. A failure mid-answer ends a stream with an error event, as
     vLLM does; any other answer is cut short (its Content-Length tells the client)."""
     await reply.start(upstream.status, relayed_headers(upstream, extra))
+    tail = record.charge.tail if record.charge is not None else None  # a keyed request's usage is read from it
     try:
         async for chunk in upstream.chunks():
             await reply.chunk(chunk)
+            if tail is not None:
+                tail.feed(chunk)
     except GuardError as exc:
         log.warning("upstream %s failed mid-response: %s", upstream.url, exc.message)
         record.upstream_error = "broken_stream"
@@ -59,6 +62,8 @@ async def relay_error(reply: Reply, upstream: UpstreamResponse, extra: Headers, 
         raw = await upstream.read()
     finally:
         record.upstream_s = time.perf_counter() - record.started
+    if record.charge is not None:
+        record.charge.tail.feed(raw)
     content_type = upstream.content_type.encode("latin-1")
     sanitized = sanitize_upstream_error(upstream.status, upstream.content_type, raw)
     if sanitized is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.settings import checks as v
+from proxy.settings.keys import parse_keys
 from proxy.settings.sections import (
     COUNT_SOURCES,
     OVERFLOW_POLICIES,
@@ -124,6 +125,8 @@ class _Layer:
     values: dict[str, dict[str, Any]] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
     models: list[dict[str, Any]] | None = None
+    keys: list[dict[str, Any]] | None = None  # [[keys]]: from the file only (secrets have no place in flags)
+    keys_origin: str = "config"
 
     def put(self, section: str, key: str, value: Any, origin: str) -> None:
         self.values.setdefault(section, {})[key] = value
@@ -147,6 +150,8 @@ def load_settings(
                 merged.put(section, key, value, layer.origins[f"{section}.{key}"])
         if layer.models is not None:
             merged.models = layer.models
+        if layer.keys is not None:
+            merged.keys, merged.keys_origin = layer.keys, layer.keys_origin
     return _validate(merged)
 
 
@@ -163,6 +168,10 @@ def _file_layer(path: Path) -> _Layer:
             if not isinstance(values, list) or not all(isinstance(m, dict) for m in values):
                 raise SettingsError(f"models: expected a list of [[models]] tables (in {path})")
             layer.models = [dict(m, _origin=str(path)) for m in values]
+        elif section == "keys":
+            if not isinstance(values, list) or not all(isinstance(k, dict) for k in values):
+                raise SettingsError(f"keys: expected a list of [[keys]] tables (in {path})")
+            layer.keys, layer.keys_origin = values, str(path)
         elif section in SCHEMA and isinstance(values, dict):
             for key, value in values.items():
                 layer.put(section, key, value, str(path))
@@ -221,7 +230,11 @@ def _validate(merged: _Layer) -> Settings:
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise SettingsError(f"models: each name must be unique, got {names}")
-    return Settings(models=models, **sections)
+    try:
+        keys = parse_keys(merged.keys or [], merged.keys_origin)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    return Settings(models=models, keys=keys, **sections)
 
 
 def _check(key: str, check: Callable[[Any], Any], value: Any, origins: Mapping[str, str]) -> Any:
@@ -273,4 +286,4 @@ def _check_policy(policy: PolicySettings, key: str) -> None:
 
 
 def _section_names() -> str:
-    return ", ".join([*SCHEMA, "models"])
+    return ", ".join([*SCHEMA, "models", "keys"])

@@ -106,6 +106,22 @@ class ModelSettings:
 
 
 @dataclass(frozen=True)
+class KeySettings:
+    """A named API key ([[keys]]) and its quotas; only the SHA-256 of the key is kept."""
+
+    name: str
+    key_sha256: str
+    tokens_per_minute: int | None = None
+    requests_per_minute: int | None = None
+    max_output_tokens: int | None = None  # caps every request's output limit, as the window's room does
+    models: tuple[str, ...] | None = None  # the models it may use; None: all
+
+    @property
+    def limited(self) -> bool:
+        return self.tokens_per_minute is not None or self.requests_per_minute is not None
+
+
+@dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
@@ -113,3 +129,4 @@ class Settings:
     counting: CountingSettings = field(default_factory=CountingSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     models: tuple[ModelSettings, ...] = ()
+    keys: tuple[KeySettings, ...] = ()

@@ -100,3 +100,16 @@ def test_headers_say_what_happened() -> None:
         "x-token-guard-action": "clamp",
         "x-token-guard-max-tokens": "1948",
     }
+
+
+def test_an_api_keys_output_cap_clamps_like_the_window() -> None:
+    capped = Limits(M, max_output=64)
+    assert decide_chat(chat(max_tokens=100), 100, capped).changes == {"max_tokens": 64}
+    assert decide_chat(chat(max_tokens=10), 100, capped).action == "pass"
+    assert decide_chat(chat(max_tokens=100), 2000, capped).changes == {"max_tokens": 48}  # the room is smaller
+    unsaid = decide_chat(chat(), 100, capped)  # a request without a limit gets the cap, not the window
+    assert (unsaid.action, unsaid.changes, unsaid.cost(capped, 1)) == ("clamp", {"max_tokens": 64}, 164)
+    with_default = decide_chat(chat(), 100, Limits(M, default_max_tokens=32, max_output=64))
+    assert with_default.changes == {"max_tokens": 32}
+    assert decide_completion(completion(), [10], Limits(M, max_output=8)).changes == {"max_tokens": 8}
+    assert decide_chat(chat(max_tokens=5), 2048, capped).action == "reject"  # the cap makes no room

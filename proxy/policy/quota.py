@@ -1,0 +1,162 @@
+"""Per-key quotas as token buckets (pure): each limit (tokens per minute, requests per minute) is a bucket holding at
+most its limit, refilled continuously at limit/60 per second, so a key spends its minute's worth at any pace and
+never gets a double minute at a window's edge. A request is charged in both buckets at once, or in neither.
+
+A request charged more than the whole limit (a reservation above the key's tokens per minute) is let through when
+the bucket is full and leaves it in debt, as admission lets an oversized request run alone: it is served, and the
+key waits for what it owes. The same math runs in Redis (its Lua twin in proxy/shared/quotas.py).
+
+OpenAI's headers: x-ratelimit-limit-*, -remaining-* (what is left after this request) and -reset-* (until the bucket
+is full again, as "6m0s", "1s", "20ms")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MINUTE_MS = 60_000
+
+
+@dataclass
+class Bucket:
+    level: float  # what may still be spent; below 0 while the key is in debt
+    at_ms: float  # when `level` was last brought up to date
+
+
+@dataclass(frozen=True)
+class Window:
+    """One limit's state as the headers tell it."""
+
+    limit: int
+    remaining: int
+    reset_ms: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    tokens: Window | None  # None: the key has no such limit
+    requests: Window | None
+    retry_after_ms: int = 0  # when refused: until both buckets could take the request
+
+    def headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for kind, window in (("requests", self.requests), ("tokens", self.tokens)):
+            if window is not None:
+                headers[f"x-ratelimit-limit-{kind}"] = str(window.limit)
+                headers[f"x-ratelimit-remaining-{kind}"] = str(window.remaining)
+                headers[f"x-ratelimit-reset-{kind}"] = duration(window.reset_ms)
+        return headers
+
+    @property
+    def retry_after_s(self) -> int:
+        return max(1, math.ceil(self.retry_after_ms / 1000))
+
+
+Limits = tuple[int | None, int | None]  # a key's tokens and requests per minute (None: no such limit)
+Held = tuple[Bucket, int] | None  # a bucket and its limit, or None when the key has no such limit
+
+
+def refill(bucket: Bucket, limit: int, now_ms: float) -> None:
+    elapsed = max(0.0, now_ms - bucket.at_ms)
+    bucket.level = min(float(limit), bucket.level + elapsed * limit / MINUTE_MS)
+    bucket.at_ms = now_ms
+
+
+def wait_ms(bucket: Bucket, limit: int, cost: int) -> float:
+    """Until `bucket` (brought up to date) can take `cost`; a cost above the limit needs a full bucket."""
+    need = min(cost, limit)
+    return max(0.0, (need - bucket.level) * MINUTE_MS / limit)
+
+
+def window(bucket: Bucket, limit: int) -> Window:
+    reset = (limit - bucket.level) * MINUTE_MS / limit
+    return Window(limit, max(0, math.floor(bucket.level)), max(0, math.ceil(reset)))
+
+
+def charge(tokens: Held, requests: Held, cost: int, now_ms: float) -> Verdict:
+    """Take `cost` tokens and one request, each from its (bucket, limit) when the key has that limit."""
+    limited = [(b, limit, c) for b, limit, c in _pairs(tokens, requests, cost) if c > 0]
+    for bucket, limit, _ in _all(tokens, requests):
+        refill(bucket, limit, now_ms)
+    wait = max((wait_ms(b, limit, c) for b, limit, c in limited), default=0.0)
+    if wait > 0:
+        return _verdict(False, tokens, requests, wait)
+    for bucket, _, c in limited:
+        bucket.level -= c
+    return _verdict(True, tokens, requests, 0.0)
+
+
+def give_back(bucket: Bucket, limit: int, amount: int, now_ms: float) -> None:
+    """Return what a request was charged and did not use (a negative amount charges what it used beyond that)."""
+    refill(bucket, limit, now_ms)
+    bucket.level = min(float(limit), bucket.level + amount)
+
+
+def peek(tokens: Held, requests: Held, now_ms: float) -> Verdict:
+    for bucket, limit, _ in _all(tokens, requests):
+        refill(bucket, limit, now_ms)
+    return _verdict(True, tokens, requests, 0.0)
+
+
+def duration(ms: int) -> str:
+    """OpenAI's reset format: "20ms" under a second, else minutes and seconds ("1s", "6m0s", "1m30.5s")."""
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, rest = divmod(ms, MINUTE_MS)
+    seconds = f"{rest / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{minutes}m{seconds}" if minutes else seconds
+
+
+def _pairs(tokens: Held, requests: Held, cost: int) -> list[tuple[Bucket, int, int]]:
+    pairs = []
+    if tokens is not None:
+        pairs.append((tokens[0], tokens[1], cost))
+    if requests is not None:
+        pairs.append((requests[0], requests[1], 1))
+    return pairs
+
+
+def _all(tokens: Held, requests: Held) -> list[tuple[Bucket, int, int]]:
+    return _pairs(tokens, requests, 0)
+
+
+def _verdict(allowed: bool, tokens: Held, requests: Held, wait: float) -> Verdict:
+    return Verdict(
+        allowed,
+        window(*tokens) if tokens is not None else None,
+        window(*requests) if requests is not None else None,
+        math.ceil(wait),
+    )
+
+
+class LocalQuotas:
+    """The buckets of one process. With `share` workers on one port, each holds 1/share of every limit (as each holds
+    its share of the admission budget), so that together they keep to it."""
+
+    def __init__(self, share: int = 1) -> None:
+        self.share = share
+        self._buckets: dict[tuple[str, str], Bucket] = {}
+
+    def charge(self, name: str, limits: Limits, cost: int, now_ms: float) -> Verdict:
+        return charge(*self._pair(name, limits, now_ms), cost, now_ms)
+
+    def give_back(self, name: str, limits: Limits, amount: int, now_ms: float) -> None:
+        tokens, _ = self._pair(name, limits, now_ms)
+        if tokens is not None and amount:
+            give_back(tokens[0], tokens[1], amount, now_ms)
+
+    def peek(self, name: str, limits: Limits, now_ms: float) -> Verdict:
+        return peek(*self._pair(name, limits, now_ms), now_ms)
+
+    def _pair(self, name: str, limits: Limits, now_ms: float) -> tuple[Held, Held]:
+        tokens, requests = (None if limit is None else max(1, limit // self.share) for limit in limits)
+        return self._bucket(name, "tokens", tokens, now_ms), self._bucket(name, "requests", requests, now_ms)
+
+    def _bucket(self, name: str, kind: str, limit: int | None, now_ms: float) -> Held:
+        if limit is None:
+            return None
+        bucket = self._buckets.get((name, kind))
+        if bucket is None:
+            bucket = self._buckets[name, kind] = Bucket(float(limit), now_ms)
+        return bucket, limit

@@ -1,0 +1,95 @@
+"""Per-key quotas on the request path: charge a keyed request before it is forwarded (429 with Retry-After when its
+key is over), settle the charge against what the answer says it used, and the x-ratelimit-* headers of every answer.
+
+On Redis (admission.redis_url) when configured, so that a key's quota holds across guards and workers; per process
+otherwise. When Redis does not answer: admission.redis_failure "open" uses this process's buckets (each worker with
+its share), "closed" answers 503."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from proxy.errors import SharedStateUnavailable, TooBusy
+from proxy.policy.quota import Limits, LocalQuotas, Verdict, Window, duration
+from proxy.settings import Settings
+from proxy.settings.sections import KeySettings
+
+if TYPE_CHECKING:
+    from proxy.shared.link import RedisLink
+    from proxy.shared.quotas import RedisQuotas
+
+log = logging.getLogger("token_guard.quotas")
+
+
+class Quotas:
+    def __init__(self, settings: Settings, link: RedisLink | None = None) -> None:
+        self.local = LocalQuotas(settings.server.workers)
+        self.shared: RedisQuotas | None = None
+        if link is not None:  # imported only here: without a Redis, redis is never imported
+            from proxy.shared.quotas import RedisQuotas
+
+            self.shared = RedisQuotas(link)
+        self.closed = settings.admission.redis_failure == "closed"
+
+    async def charge(self, key: KeySettings, tokens: int) -> Verdict:
+        """Take `tokens` and one request from `key`'s quotas, or nothing when either is over (`allowed` false)."""
+        limits = _limits(key)
+        return await self._shared_or_local(
+            lambda shared: shared.charge(key.name, limits, tokens),
+            lambda now: self.local.charge(key.name, limits, tokens, now),
+        )
+
+    async def peek(self, key: KeySettings) -> Verdict:
+        limits = _limits(key)
+        return await self._shared_or_local(
+            lambda shared: shared.peek(key.name, limits), lambda now: self.local.peek(key.name, limits, now)
+        )
+
+    async def give_back(self, key: KeySettings, amount: int) -> None:
+        """Return what a request did not use; lost when Redis does not answer (the key stays charged: the safe
+        side)."""
+        limits = _limits(key)
+        if self.shared is None:
+            self.local.give_back(key.name, limits, amount, _now_ms())
+            return
+        try:
+            await self.shared.give_back(key.name, limits, amount)
+        except SharedStateUnavailable:
+            log.debug("%d tokens not given back to key %s: Redis does not answer", amount, key.name)
+
+    async def _shared_or_local(
+        self, shared: Callable[[RedisQuotas], Awaitable[Verdict]], local: Callable[[float], Verdict]
+    ) -> Verdict:
+        if self.shared is not None:
+            try:
+                return await shared(self.shared)
+            except SharedStateUnavailable:
+                if self.closed:
+                    raise
+        return local(_now_ms())
+
+
+def over_quota(key: KeySettings, verdict: Verdict, tokens: int) -> TooBusy:
+    """OpenAI's message: which limit, the limit, what is left, what was asked, when to try again."""
+    wait = duration(verdict.retry_after_ms)
+    requests = verdict.requests
+    if requests is not None and requests.remaining < 1:
+        which, window, asked = "requests per min (RPM)", requests, 1
+    else:
+        which, window, asked = "tokens per min (TPM)", verdict.tokens or Window(0, 0, 0), tokens
+    message = (
+        f"Rate limit reached for API key `{key.name}` on {which}: Limit {window.limit}, Remaining {window.remaining}, "
+        f"Requested {asked}. Please try again in {wait}."
+    )
+    return TooBusy(message, verdict.retry_after_s)
+
+
+def _limits(key: KeySettings) -> Limits:
+    return key.tokens_per_minute, key.requests_per_minute
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000

@@ -1,0 +1,79 @@
+"""Per-key token buckets (pure): charged in both buckets or neither, refilled at the limit per minute, a request
+above the limit served from a full bucket into debt, OpenAI's header formats."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.policy.quota import Bucket, LocalQuotas, Verdict, Window, charge, duration, give_back
+
+T0 = 1_000_000.0
+
+
+def test_a_key_spends_its_minute_then_waits_for_the_refill() -> None:
+    quotas = LocalQuotas()
+    first = quotas.charge("a", (1000, None), 600, T0)
+    assert first.allowed and first.tokens == Window(1000, 400, 36_000) and first.requests is None
+    refused = quotas.charge("a", (1000, None), 600, T0)
+    assert not refused.allowed and refused.tokens == Window(1000, 400, 36_000)  # nothing taken
+    assert refused.retry_after_ms == 12_000  # 200 tokens at 1000 per minute
+    assert quotas.charge("a", (1000, None), 600, T0 + 12_000).allowed
+    assert quotas.charge("b", (1000, None), 1000, T0).allowed  # each key has its own buckets
+
+
+def test_both_buckets_or_neither() -> None:
+    quotas = LocalQuotas()
+    assert quotas.charge("a", (1000, 2), 10, T0).allowed
+    assert quotas.charge("a", (1000, 2), 10, T0).allowed
+    third = quotas.charge("a", (1000, 2), 10, T0)
+    assert not third.allowed and third.requests == Window(2, 0, 60_000)
+    assert third.tokens is not None and third.tokens.remaining == 980  # the refused request took no tokens
+    assert third.retry_after_ms == 30_000  # one request at 2 per minute
+
+
+def test_a_request_above_the_limit_runs_from_a_full_bucket_and_leaves_a_debt() -> None:
+    tokens = Bucket(1000.0, T0)
+    assert charge((tokens, 1000), None, 2500, T0).allowed
+    assert tokens.level == -1500.0
+    later = charge((tokens, 1000), None, 10, T0 + 60_000)  # a minute refills 1000: still 500 in debt
+    assert not later.allowed and later.retry_after_ms == 30_600
+    assert later.tokens == Window(1000, 0, 90_000)
+
+
+def test_give_back_returns_what_was_not_used_up_to_the_limit() -> None:
+    tokens = Bucket(1000.0, T0)
+    charge((tokens, 1000), None, 800, T0)
+    give_back(tokens, 1000, 700, T0)
+    assert tokens.level == 900.0
+    give_back(tokens, 1000, 5000, T0)
+    assert tokens.level == 1000.0
+    give_back(tokens, 1000, -300, T0)  # used more than it reserved
+    assert tokens.level == 700.0
+
+
+def test_workers_each_hold_their_share() -> None:
+    verdict = LocalQuotas(share=4).charge("a", (1000, 10), 1, T0)
+    assert verdict.tokens is not None and verdict.tokens.limit == 250
+    assert verdict.requests is not None and verdict.requests.limit == 2
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [(0, "0ms"), (20, "20ms"), (999, "999ms"), (1000, "1s"), (1500, "1.5s"), (60_000, "1m0s"), (360_000, "6m0s"),
+     (90_250, "1m30.25s")],
+)  # fmt: skip
+def test_reset_in_openai_format(ms: int, text: str) -> None:
+    assert duration(ms) == text
+
+
+def test_headers_are_openais() -> None:
+    verdict = Verdict(True, Window(1000, 400, 36_000), Window(60, 59, 1000))
+    assert verdict.headers() == {
+        "x-ratelimit-limit-requests": "60",
+        "x-ratelimit-remaining-requests": "59",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "400",
+        "x-ratelimit-reset-tokens": "36s",
+    }
+    assert Verdict(False, None, None, 1).retry_after_s == 1 and Verdict(False, None, None, 1001).retry_after_s == 2

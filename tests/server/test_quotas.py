@@ -1,0 +1,210 @@
+"""Per-key quotas end to end over loopback: the real `openai` SDK -> token-guard with [[keys]] -> the simulator.
+OpenAI's x-ratelimit-* headers on every answer to a keyed request, 429 with Retry-After when a key is over, unused
+tokens given back from the answer's usage, a key's model list and output cap, a key given by its SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from proxy.counting.registry import ModelRegistry
+from proxy.server.app import create_app
+from proxy.server.running import ServerThread, uvicorn_options
+from proxy.settings import load_settings
+from tests.support.servers import MODEL, Tap, simulator, wait_healthy
+
+KEYS = f"""
+[[keys]]
+name = "small"
+key = "sk-small"
+tokens_per_minute = 1000
+requests_per_minute = 100
+
+[[keys]]
+name = "few"
+key = "sk-few"
+requests_per_minute = 2
+
+[[keys]]
+name = "capped"
+key = "sk-capped"
+tokens_per_minute = 1000000
+max_output_tokens = 5
+models = ["{MODEL}"]
+
+[[keys]]
+name = "elsewhere"
+key = "sk-elsewhere"
+tokens_per_minute = 1000000
+models = ["another-model"]
+
+[[keys]]
+name = "metered"
+key = "sk-metered"
+requests_per_minute = 1
+
+[[keys]]
+name = "hashed"
+key_sha256 = "{hashlib.sha256(b"sk-hashed").hexdigest()}"
+tokens_per_minute = 1000000
+"""
+RATE_HEADERS = [f"x-ratelimit-{kind}-{what}" for what in ("tokens", "requests") for kind in ("limit", "remaining",
+                                                                                             "reset")]  # fmt: skip
+
+
+def keyed_guard(upstream: str, tokenizer: Path, config: Path, **flags: Any) -> ServerThread:
+    settings = load_settings(
+        {"upstream.url": upstream, "model.name": MODEL, "model.tokenizer": str(tokenizer), **flags},
+        environ={}, config_file=config,
+    )  # fmt: skip
+    app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
+    return ServerThread(app, **uvicorn_options(settings.server))
+
+
+@pytest.fixture(scope="module")
+def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
+    with simulator(deepseek_dir, max_model_len=2048) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("keys") / "guard.toml"
+    path.write_text('[server]\napi_keys = ["plain"]\n' + KEYS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def proxy(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, config: Path) -> Iterator[str]:
+    with keyed_guard(sim[0].url, deepseek_dir, config) as server:
+        wait_healthy(server.url)
+        yield server.url
+
+
+def client(proxy: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{proxy}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def chat(oai: openai.OpenAI, max_tokens: int, **extra: Any) -> Any:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}],
+                            "max_tokens": max_tokens, **extra}  # fmt: skip
+    return oai.chat.completions.with_raw_response.create(**body)
+
+
+def test_a_key_over_its_tokens_per_minute_gets_429_with_retry_after(proxy: str) -> None:
+    oai = client(proxy, "sk-small")
+    first = chat(oai, 400)
+    prompt = int(first.headers["x-token-guard-prompt-tokens"])
+    assert first.headers["x-ratelimit-limit-tokens"] == "1000"
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) == 1000 - (prompt + 400)
+    assert first.headers["x-ratelimit-limit-requests"] == "100"
+    assert chat(oai, 400).status_code == 200
+    with pytest.raises(openai.RateLimitError) as refused:
+        chat(oai, 400)
+    error = refused.value
+    assert error.status_code == 429 and error.code == "rate_limit_exceeded"
+    assert "Rate limit reached for API key `small` on tokens per min (TPM): Limit 1000" in error.message
+    headers = error.response.headers
+    assert int(headers["retry-after"]) >= 1 and all(name in headers for name in RATE_HEADERS)
+    assert int(headers["x-ratelimit-remaining-tokens"]) < prompt + 400
+
+
+def test_requests_per_minute(proxy: str) -> None:
+    oai = client(proxy, "sk-few")
+    assert chat(oai, 1).headers["x-ratelimit-remaining-requests"] == "1"
+    assert chat(oai, 1).headers["x-ratelimit-remaining-requests"] == "0"
+    with pytest.raises(openai.RateLimitError, match=r"requests per min \(RPM\): Limit 2") as refused:
+        chat(oai, 1)
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    assert "x-ratelimit-limit-tokens" not in refused.value.response.headers  # no token limit on this key
+
+
+def test_unused_tokens_come_back_from_the_usage(proxy: str) -> None:
+    """A forced JSON answer ends long before max_tokens: the key pays its usage, not its reservation."""
+    oai = client(proxy, "sk-hashed")
+    reply = chat(oai, 1000, response_format={"type": "json_object"})
+    usage = reply.parse().usage
+    assert usage.completion_tokens < 100
+    charged_then = 1_000_000 - int(reply.headers["x-ratelimit-remaining-tokens"])
+    assert charged_then == usage.prompt_tokens + 1000  # charged: the input and the output cap
+    after = count_tokens(proxy, "sk-hashed")  # answered by the guard: charges nothing, tells where the key stands
+    assert 1_000_000 - int(after.headers["x-ratelimit-remaining-tokens"]) <= usage.total_tokens
+
+
+def test_streams_give_back_by_their_usage_chunk_or_events(proxy: str) -> None:
+    oai = client(proxy, "sk-hashed")
+    for options in ({"include_usage": True}, None):
+        body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1000,
+                                "stream": True, "response_format": {"type": "json_object"}}  # fmt: skip
+        if options:
+            body["stream_options"] = options
+        with oai.chat.completions.with_streaming_response.create(**body) as stream:
+            assert all(name in stream.headers for name in RATE_HEADERS[:3])
+            events = sum(1 for line in stream.iter_lines() if line.startswith("data:"))
+        spent = 1_000_000 - int(count_tokens(proxy, "sk-hashed").headers["x-ratelimit-remaining-tokens"])
+        assert spent < 100 + events  # far below the 1000 reserved
+
+
+def test_the_keys_output_cap_clamps(proxy: str, sim: tuple[ServerThread, Any, Tap]) -> None:
+    reply = chat(client(proxy, "sk-capped"), 300)
+    assert reply.headers["x-token-guard-action"] == "clamp" and reply.headers["x-token-guard-max-tokens"] == "5"
+    assert sim[1].requests[-1]["max_tokens"] == 5 and reply.parse().usage.completion_tokens == 5
+    unsaid = client(proxy, "sk-capped").chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert unsaid.headers["x-token-guard-max-tokens"] == "5" and sim[1].requests[-1]["max_tokens"] == 5
+
+
+def test_a_model_the_key_may_not_use_is_not_found(proxy: str) -> None:
+    with pytest.raises(openai.NotFoundError) as refused:
+        chat(client(proxy, "sk-elsewhere"), 5)
+    assert refused.value.code == "model_not_found" and "do not have access" in refused.value.message
+    assert "x-ratelimit-remaining-tokens" in refused.value.response.headers
+    claude = anthropic.Anthropic(base_url=proxy, api_key="sk-elsewhere", max_retries=0, timeout=30)
+    with pytest.raises(anthropic.NotFoundError) as in_anthropic_shape:
+        claude.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hi"}])
+    assert in_anthropic_shape.value.body == {
+        "type": "error",
+        "error": {"type": "NotFoundError", "message": f"The model `{MODEL}` does not exist or you do not have "
+                                                      "access to it."},
+    }  # fmt: skip
+
+
+def test_every_answer_to_a_keyed_request_tells_its_quota(proxy: str) -> None:
+    oai = client(proxy, "sk-hashed")
+    overflow = httpx.post(f"{proxy}/v1/chat/completions", headers={"Authorization": "Bearer sk-hashed"},
+                          json={"model": MODEL, "messages": [{"role": "user", "content": "word " * 3000}]})  # fmt: skip
+    assert overflow.status_code == 400 and all(name in overflow.headers for name in RATE_HEADERS[:3])
+    bad = httpx.post(f"{proxy}/v1/chat/completions", headers={"Authorization": "Bearer sk-hashed"}, content=b"{")
+    assert bad.status_code == 400 and "x-ratelimit-limit-tokens" in bad.headers
+    responses = oai.responses.with_raw_response.create(model=MODEL, input="Hi", max_output_tokens=5)
+    assert responses.headers["x-ratelimit-limit-tokens"] == "1000000"
+    plain = client(proxy, "plain")  # a key of server.api_keys: no name, no quota
+    assert "x-ratelimit-limit-tokens" not in chat(plain, 5).headers
+    with pytest.raises(openai.AuthenticationError):
+        chat(client(proxy, "sk-unknown"), 5)
+
+
+def test_metrics_per_key(proxy: str) -> None:
+    oai = client(proxy, "sk-metered")
+    reply = chat(oai, 3)
+    with pytest.raises(openai.RateLimitError):
+        chat(oai, 3)
+    metrics = httpx.get(f"{proxy}/metrics").text
+    total = reply.parse().usage.total_tokens
+    assert f'token_guard_key_tokens_charged_total{{key="metered"}} {float(total)}' in metrics
+    assert 'token_guard_key_requests_limited_total{key="metered"} 1.0' in metrics
+
+
+def count_tokens(proxy: str, key: str) -> httpx.Response:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    response = httpx.post(f"{proxy}/v1/messages/count_tokens", headers={"x-api-key": key}, json=body)
+    assert response.status_code == 200
+    return response

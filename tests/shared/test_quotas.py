@@ -1,0 +1,93 @@
+"""Per-key quotas in a real redis-server: one bucket for every guard that shares it, checked and charged at once,
+given back, expired once full again; and when Redis goes away, the configured behaviour (this process's buckets,
+or 503) until it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from proxy.errors import SharedStateUnavailable
+from proxy.server.quotas import Quotas
+from proxy.settings import load_settings
+from proxy.settings.sections import KeySettings
+from proxy.shared.link import RedisLink
+from proxy.shared.quotas import QUOTAS, RedisQuotas
+from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
+
+LIMITS = (1000, 10)
+
+
+def test_two_guards_spend_one_bucket(redis: RedisServer) -> None:
+    async def run() -> None:
+        one, two = RedisLink(redis.url, 250), RedisLink(redis.url, 250)
+        first, second = RedisQuotas(one), RedisQuotas(two)
+        taken = await first.charge("team", LIMITS, 600)
+        assert taken.allowed and taken.tokens is not None and taken.tokens.remaining == 400
+        refused = await second.charge("team", LIMITS, 600)  # the other guard sees what the first spent
+        assert not refused.allowed and refused.retry_after_ms > 10_000
+        assert refused.requests is not None and refused.requests.remaining == 9  # neither bucket was charged
+        await second.give_back("team", LIMITS, 500)
+        assert (await first.charge("team", LIMITS, 600)).allowed
+        look = await first.peek("team", LIMITS)
+        assert look.tokens is not None and look.tokens.remaining < 400 and look.requests is not None
+        assert look.requests.remaining == 8
+        ttl = await one.call(lambda client: client.pttl(QUOTAS + "team"))
+        assert 1000 < ttl <= 61_000  # gone once it would be full again
+        await one.aclose()
+        await two.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_request_above_the_limit_runs_from_a_full_bucket_into_debt(redis: RedisServer) -> None:
+    async def run() -> None:
+        link = RedisLink(redis.url, 250)
+        quotas = RedisQuotas(link)
+        assert (await quotas.charge("big", (1000, None), 2500)).allowed
+        after = await quotas.charge("big", (1000, None), 1)
+        assert not after.allowed and after.retry_after_ms > 60_000 and after.requests is None
+        assert await link.call(lambda client: client.pttl(QUOTAS + "big")) > 120_000
+        await link.aclose()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("failure", ["open", "closed"])
+def test_redis_gone_then_back(redis: RedisServer, failure: str) -> None:
+    key = KeySettings("team", "0" * 64, tokens_per_minute=1000)
+    settings = load_settings({"admission.redis_url": redis.url, "admission.redis_failure": failure}, environ={})
+
+    async def run() -> None:
+        link = RedisLink(redis.url, 250)
+        quotas = Quotas(settings, link)
+        assert (await quotas.charge(key, 900)).allowed
+        redis.stop(signal.SIGKILL)
+        if failure == "closed":
+            with pytest.raises(SharedStateUnavailable):
+                await quotas.charge(key, 10)
+        else:  # this process's own bucket: full, it knows nothing of what Redis held
+            verdict = await quotas.charge(key, 900)
+            assert verdict.allowed and verdict.tokens is not None and verdict.tokens.remaining == 100
+        await quotas.give_back(key, 100)  # lost while Redis is away: the safe side
+        redis.start()
+        assert await _back(quotas, key, link)
+        assert await link.call(lambda client: client.exists(QUOTAS + "team")) == 1  # charged in Redis again
+        await link.aclose()
+
+    asyncio.run(run())
+
+
+async def _back(quotas: Quotas, key: KeySettings, link: RedisLink) -> bool:
+    """Bounded tries until a charge goes through Redis again (the link tries every PROBE_INTERVAL_S)."""
+    for _ in range(100):
+        try:
+            await quotas.charge(key, 1)
+        except SharedStateUnavailable:
+            pass
+        if link.healthy:
+            return True
+        await asyncio.sleep(0.05)
+    return False
