@@ -4,24 +4,38 @@ vLLM 0.31/0.32 (`entrypoints/serve/sagemaker/api_router.py` with `get_generate_i
 models of a generative model in order, chat then completions, and the first that validates gets the body: a `messages`
 list of message objects makes it chat, else a `prompt` makes it completions. Responses- or Anthropic-shaped bodies are
 never dispatched to those APIs.
+
+A pooling model's list (`entrypoints/pooling/factories.py`, `get_pooling_invocation_types`) is embeddings (or
+classify), then rerank, score and pooling: a body with an `input` and no `prompt` is embeddings (counted the same as
+classify and pooling), one with `query` and `documents` rerank, one with a score pair score. The guard cannot see
+which kind of model serves, so a `messages` body stays chat (an embedding model would render it without the generation
+prompt: counted a few tokens high, never low).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+from proxy.api.pooling import SCORE_PAIRS
 from proxy.errors import InvalidRequest
 
 NO_HANDLER = "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"
 NO_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)"
 
 
-def invocation_kind(body: dict[str, Any]) -> Literal["chat", "completion"]:
+def invocation_kind(body: dict[str, Any]) -> Literal["chat", "completion", "embeddings", "rerank", "score"]:
     """The endpoint vLLM dispatches `body` to; a 400 with vLLM's own text when it dispatches it nowhere."""
     messages = body.get("messages")
     if isinstance(messages, list) and all(_is_message(m) for m in messages):
         return "chat"
     prompt, embeds = body.get("prompt"), body.get("prompt_embeds")
+    if prompt is None and embeds is None:
+        if body.get("input") is not None:
+            return "embeddings"
+        if "query" in body and "documents" in body:
+            return "rerank"
+        if any(a in body and b in body for a, b in SCORE_PAIRS):
+            return "score"
     if prompt in (None, "") and embeds in (None, []):
         # CompletionRequest's before-validator refuses it, and that error leaves vLLM's dispatch loop at once
         raise InvalidRequest(NO_PROMPT, param="prompt")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -16,12 +16,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from proxy.api.pooling import KINDS as POOLING_KINDS
+from proxy.api.pooling import Kind
 from proxy.simulator.chat import plan_chat
 from proxy.simulator.completions import plan_completion
 from proxy.simulator.context import Context
 from proxy.simulator.converted import count_tokens, plan_invocation, plan_messages, plan_responses
 from proxy.simulator.errors import ApiError
 from proxy.simulator.generation import Engine, Generation
+from proxy.simulator.pooling import pool, pooling_invocation
 from proxy.simulator.responses import Wire
 from proxy.simulator.settings import SimulatorSettings
 from proxy.simulator.stats import RequestTracker, SimulatorStats
@@ -69,7 +72,34 @@ class Endpoints:
         return await self._generate(request, plan_messages, anthropic=True)
 
     async def invocations(self, request: Request) -> Response:
+        try:
+            kind = pooling_invocation(await read_body(request))
+        except ApiError:
+            kind = None  # the generate path answers it
+        if kind is not None:
+            return await self._pool(request, kind)
         return await self._generate(request, plan_invocation)
+
+    def pooled(self, kind: Kind) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            return await self._pool(request, kind)
+
+        return route
+
+    async def _pool(self, request: Request, kind: Kind) -> Response:
+        tracker = self.stats.start()
+        try:
+            body = await read_body(request)
+            self.stats.record_body(body)
+            answer = pool(self.ctx, body, kind, dict(request.headers))
+        except ApiError as error:
+            tracker.finish("rejected")
+            return error_response(error)
+        except Exception as exc:
+            tracker.finish("rejected")
+            return internal_error(exc)
+        tracker.finish("completed")
+        return JSONResponse(answer)
 
     async def count_tokens(self, request: Request) -> Response:
         try:
@@ -190,6 +220,7 @@ def create_app(settings: SimulatorSettings) -> Starlette:
         Route("/v1/messages", endpoints.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", endpoints.count_tokens, methods=["POST"]),
         Route("/invocations", endpoints.invocations, methods=["POST"]),
+        *[Route(path, endpoints.pooled(kind), methods=["POST"]) for path, kind in POOLING_KINDS.items()],
         Route("/v1/models", endpoints.models, methods=["GET"]),
         Route("/tokenize", endpoints.tokenize, methods=["POST"]),
         Route("/detokenize", endpoints.detokenize, methods=["POST"]),
