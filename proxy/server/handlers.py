@@ -97,7 +97,8 @@ class Handlers:
             if not reply.started:
                 await send_error(reply, internal_error(), tagged, incoming.path)
         finally:
-            await self._settle(record, reply)
+            if record.charge is not None:  # no coroutine for requests without a quota: the hot path
+                await self._settle(record.charge, record, reply)
             self._done(record, reply)
 
     async def _guard(
@@ -166,10 +167,7 @@ class Handlers:
         except GuardError:  # Redis gone with redis_failure "closed": the error being answered says enough
             pass
 
-    async def _settle(self, record: RequestRecord, reply: Reply) -> None:
-        charge = record.charge
-        if charge is None:
-            return
+    async def _settle(self, charge: Charge, record: RequestRecord, reply: Reply) -> None:
         unused = charge.unused(reply.status)
         record.charged_tokens = charge.tokens - unused
         if unused:

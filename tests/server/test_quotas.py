@@ -51,6 +51,12 @@ key = "sk-metered"
 requests_per_minute = 1
 
 [[keys]]
+name = "claude"
+key = "sk-claude"
+requests_per_minute = 1
+max_output_tokens = 7
+
+[[keys]]
 name = "hashed"
 key_sha256 = "{hashlib.sha256(b"sk-hashed").hexdigest()}"
 tokens_per_minute = 1000000
@@ -162,6 +168,22 @@ def test_the_keys_output_cap_clamps(proxy: str, sim: tuple[ServerThread, Any, Ta
     assert unsaid.headers["x-token-guard-max-tokens"] == "5" and sim[1].requests[-1]["max_tokens"] == 5
 
 
+def test_anthropic_messages_are_capped_and_limited_in_anthropics_shape(
+    proxy: str, sim: tuple[ServerThread, Any, Tap]
+) -> None:
+    claude = anthropic.Anthropic(base_url=proxy, api_key="sk-claude", max_retries=0, timeout=30)
+    reply = claude.messages.with_raw_response.create(
+        model=MODEL, max_tokens=500, messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert reply.headers["x-token-guard-max-tokens"] == "7" and sim[1].requests[-1]["max_tokens"] == 7
+    assert reply.headers["x-ratelimit-remaining-requests"] == "0"
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        claude.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hi"}])
+    body: Any = refused.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "RateLimitError"
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+
+
 def test_a_model_the_key_may_not_use_is_not_found(proxy: str) -> None:
     with pytest.raises(openai.NotFoundError) as refused:
         chat(client(proxy, "sk-elsewhere"), 5)
@@ -186,6 +208,9 @@ def test_every_answer_to_a_keyed_request_tells_its_quota(proxy: str) -> None:
     assert bad.status_code == 400 and "x-ratelimit-limit-tokens" in bad.headers
     responses = oai.responses.with_raw_response.create(model=MODEL, input="Hi", max_output_tokens=5)
     assert responses.headers["x-ratelimit-limit-tokens"] == "1000000"
+    capped = client(proxy, "sk-capped").responses.with_raw_response.create(model=MODEL, input="Hi")
+    usage = capped.parse().usage
+    assert capped.headers["x-token-guard-max-tokens"] == "5" and usage is not None and usage.output_tokens == 5
     plain = client(proxy, "plain")  # a key of server.api_keys: no name, no quota
     assert "x-ratelimit-limit-tokens" not in chat(plain, 5).headers
     with pytest.raises(openai.AuthenticationError):
