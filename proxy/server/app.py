@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from proxy.api.pooling import KINDS as POOLING_KINDS
 from proxy.check.run import drift_warnings
 from proxy.counting.registry import ModelRegistry
 from proxy.errors import GuardError, MethodNotAllowed
@@ -54,6 +55,7 @@ class GuardApp:
             "/v1/messages": (POST, handlers.guarded),
             "/v1/messages/count_tokens": (POST, handlers.guarded),
             "/invocations": (POST, handlers.guarded),
+            **{path: (POST, handlers.guarded) for path in POOLING_KINDS},
         }
         self._passthrough = handlers.passthrough
         self._keys = ApiKeys(settings.server.api_keys, settings.keys)

@@ -1,0 +1,163 @@
+"""Embeddings, /pooling, /classify, score and rerank end to end over loopback: the real `openai` SDK (and httpx where
+it has no method) -> token-guard -> the vLLM simulator (0.31 profile)."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.server.running import ServerThread
+from tests.support.servers import MODEL, Tap, guard, simulator
+
+WINDOW = 2048
+SYSTEM = {"role": "system", "content": "Be brief."}
+TRUNCATE = {"x-token-guard-overflow": "truncate"}
+
+
+@pytest.fixture(scope="module")
+def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
+    with simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def proxy(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path) -> Iterator[str]:
+    with guard(sim[0].url, deepseek_dir) as server:
+        yield server.url
+
+
+@pytest.fixture
+def oai(proxy: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def essay(words: int) -> str:
+    return " ".join(f"word{i % 50}" for i in range(words))
+
+
+def test_embeddings_that_fit_pass_byte_for_byte(oai: openai.OpenAI, sim: Any) -> None:
+    raw = oai.embeddings.with_raw_response.create(model=MODEL, input=["Hello there.", "東京の天気は？"])
+    reply = raw.parse()
+    assert raw.headers["x-token-guard-action"] == "pass"
+    assert int(raw.headers["x-token-guard-prompt-tokens"]) == reply.usage.prompt_tokens > 0
+    assert raw.http_response.content == sim[2].bodies[-1]
+    assert sim[1].requests[-1]["encoding_format"] == "base64"  # the SDK's default, forwarded as sent
+    assert len(reply.data) == 2 and len(reply.data[0].embedding) > 0
+
+
+def test_float_vectors_and_token_id_inputs(proxy: str) -> None:
+    body = {"model": MODEL, "input": [[1, 2, 3], [4, 5]], "encoding_format": "float"}
+    response = httpx.post(f"{proxy}/v1/embeddings", json=body)
+    assert response.headers["x-token-guard-prompt-tokens"] == "5" == str(response.json()["usage"]["prompt_tokens"])
+    assert all(isinstance(x, float) for x in response.json()["data"][0]["embedding"])
+
+
+def test_an_input_over_the_window_is_refused_without_reaching_vllm(oai: openai.OpenAI, sim: Any) -> None:
+    before = sim[1].received
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.embeddings.create(model=MODEL, input=["short", essay(3000)])
+    body = caught.value.body
+    assert isinstance(body, dict) and body["code"] == "context_length_exceeded" and body["param"] == "input"
+    assert "maximum context length is 2048 tokens" in body["message"] and "input 2 of 2" in body["message"]
+    assert caught.value.response.headers["x-token-guard-action"] == "reject"
+    assert sim[1].received == before
+
+
+def test_vllm_alone_refuses_what_truncate_answers(oai: openai.OpenAI, sim: Any) -> None:
+    direct = openai.OpenAI(base_url=f"{sim[0].url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        direct.embeddings.create(model=MODEL, input=essay(3000))
+    raw = oai.embeddings.with_raw_response.create(model=MODEL, input=[essay(3000), "short"], extra_headers=TRUNCATE)
+    reply = raw.parse()
+    assert sim[1].requests[-1]["truncate_prompt_tokens"] == -1
+    assert raw.headers["x-token-guard-action"] == "truncate"
+    assert int(raw.headers["x-token-guard-prompt-tokens"]) == reply.usage.prompt_tokens
+    assert int(raw.headers["x-token-guard-truncated-tokens"]) > 0
+    short = httpx.post(f"{sim[0].url}/v1/embeddings", json={"model": MODEL, "input": "short"}).json()
+    assert reply.usage.prompt_tokens == WINDOW + short["usage"]["prompt_tokens"]  # each input cut on its own
+
+
+def test_a_prompt_of_exactly_the_window_fits(proxy: str) -> None:
+    response = httpx.post(f"{proxy}/v1/embeddings", json={"model": MODEL, "input": list(range(WINDOW))})
+    assert response.status_code == 200 and response.headers["x-token-guard-action"] == "pass"
+
+
+def test_chunk_is_refused_with_the_reason(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="chunk policy was not applied"):
+        oai.embeddings.create(model=MODEL, input=essay(3000), extra_headers={"x-token-guard-overflow": "chunk"})
+
+
+def test_the_clients_own_truncation_is_counted(proxy: str, sim: Any) -> None:
+    body = {"model": MODEL, "input": essay(3000), "truncate_prompt_tokens": 100}
+    response = httpx.post(f"{proxy}/v1/embeddings", json=body)
+    assert response.headers["x-token-guard-action"] == "pass"
+    assert response.headers["x-token-guard-prompt-tokens"] == "100" == str(response.json()["usage"]["prompt_tokens"])
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/embeddings", {"messages": [SYSTEM, {"role": "user", "content": "Hi"}]}),
+        ("/v1/embeddings", {"input": [{"role": "user", "content": "Hi there"}]}),
+        ("/v1/embeddings", {"messages": [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b c"}]]}),
+        ("/pooling", {"input": "Hello pooling"}),
+        ("/classify", {"input": ["one", "two words"]}),
+        ("/invocations", {"input": "through SageMaker"}),
+        ("/v1/embeddings/", {"input": "a trailing slash"}),
+    ],
+)
+def test_each_form_and_route_is_counted_as_vllm_counts_it(proxy: str, path: str, body: dict[str, Any]) -> None:
+    response = httpx.post(f"{proxy}{path}", json={"model": MODEL, **body})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-token-guard-action"] == "pass"
+    assert int(response.headers["x-token-guard-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
+
+
+def test_chat_form_over_the_window_truncates(proxy: str, sim: Any) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": essay(3000)}]}
+    response = httpx.post(f"{proxy}/v1/embeddings", json=body, headers=TRUNCATE)
+    assert response.status_code == 200 and response.json()["usage"]["prompt_tokens"] == WINDOW
+    assert sim[1].requests[-1]["truncate_prompt_tokens"] == -1
+
+
+@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank", "/score", "/v1/score"])
+def test_score_and_rerank_count_a_lower_bound(proxy: str, path: str) -> None:
+    pair = {"query": "hello", "documents": ["a b", "c d e"]} if "rerank" in path else \
+        {"text_1": "hello", "text_2": ["a b", "c d e"]}  # fmt: skip
+    response = httpx.post(f"{proxy}{path}", json={"model": MODEL, **pair})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-token-guard-action"] == "partial"
+    # the simulator is a bi-encoder, for which the lower bound is exact
+    assert int(response.headers["x-token-guard-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
+
+
+def test_a_document_over_the_window_is_refused_or_truncated(proxy: str, sim: Any) -> None:
+    body = {"model": MODEL, "query": "hello", "documents": ["short", essay(3000)]}
+    before = sim[1].received
+    refused = httpx.post(f"{proxy}/rerank", json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    assert sim[1].received == before
+    cut = httpx.post(f"{proxy}/rerank", json=body, headers=TRUNCATE)
+    assert cut.status_code == 200 and sim[1].requests[-1]["truncate_prompt_tokens"] == -1
+
+
+def test_metrics_label_the_pooling_endpoints(proxy: str, oai: openai.OpenAI) -> None:
+    oai.embeddings.create(model=MODEL, input="hi")
+    text = httpx.get(f"{proxy}/metrics").text
+    assert 'endpoint="/v1/embeddings"' in text
+
+
+def test_the_simulator_answers_base64_as_float32(sim: Any) -> None:
+    url = f"{sim[0].url}/v1/embeddings"
+    floats = httpx.post(url, json={"model": MODEL, "input": "x", "encoding_format": "float"}).json()
+    packed = httpx.post(url, json={"model": MODEL, "input": "x", "encoding_format": "base64"}).json()
+    raw = base64.b64decode(packed["data"][0]["embedding"])
+    decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
+    assert decoded == pytest.approx(floats["data"][0]["embedding"], rel=1e-6)
