@@ -42,6 +42,11 @@ class PoolingRequest:
     def param(self) -> str:
         return "messages" if self.conversations else "input"
 
+    @property
+    def uncounted(self) -> bool:
+        """Nothing the guard can count: a /pooling request for an IO-processor plugin, which reads its own `data`."""
+        return not self.prompts and not self.conversations
+
     def chat_body(self, conversation: list[dict[str, Any]]) -> dict[str, Any]:
         """One conversation as the chat request vLLM renders: the pooling defaults written out, so that a chat
         counter (or the upstream's /tokenize) renders it as vLLM's pooling path does."""
@@ -72,7 +77,8 @@ def pooling_request(body: dict[str, Any], kind: Kind) -> PoolingRequest | Scorin
     if kind in ("score", "rerank"):
         return _scoring(body, kind)
     conversations, prompts = _conversations(body, kind), []
-    if not conversations:
+    plugin = kind == "pooling" and "input" not in body and "messages" not in body  # an IO processor's `data`
+    if not conversations and not plugin:
         prompts = _inputs(body.get("input"))
     return PoolingRequest(
         body=body, kind=kind, model=model_name(body), prompts=prompts, conversations=conversations,

@@ -165,7 +165,7 @@ class Guard:
         started = time.perf_counter()
         if isinstance(req, PoolingRequest):
             counts, findings.count_source = await pooling_tokens(model, req, self.remote)
-            pooled = Pooled(req.kind, req.body, raw, counts, req.param, req.truncate_prompt_tokens)
+            pooled = Pooled(req.kind, req.body, raw, counts, req.param, req.truncate_prompt_tokens, req.uncounted)
         else:
             queries, documents = await scoring_tokens(model, req)
             findings.count_source = LOCAL

@@ -161,3 +161,8 @@ def test_the_simulator_answers_base64_as_float32(sim: Any) -> None:
     raw = base64.b64decode(packed["data"][0]["embedding"])
     decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
     assert decoded == pytest.approx(floats["data"][0]["embedding"], rel=1e-6)
+
+
+def test_a_plugins_pooling_request_is_forwarded_uncounted(proxy: str, sim: Any) -> None:
+    response = httpx.post(f"{proxy}/pooling", json={"model": MODEL, "data": {"image_url": "x"}})
+    assert response.headers["x-token-guard-action"] == "partial" and sim[1].requests[-1]["data"] == {"image_url": "x"}
