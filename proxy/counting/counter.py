@@ -25,6 +25,7 @@ from proxy.settings import CountingSettings
 
 log = logging.getLogger("token_guard.counter")
 
+FLOOR_SLICE_CHARS = 65536  # the floor reads a text in slices of this many characters
 INLINE_MAX_CHARS = 8192  # about 2K tokens: ~2 ms of encoding, less than a thread hop adds to a small request
 BATCH_CHARS = 4 * 65536  # encoded at once at most: a few MB of encodings
 WHITESPACE_RUN = re.compile(r"\s+")
@@ -167,9 +168,18 @@ class TokenCounter:
         than `max_token_bytes` bytes; whitespace is left out, since an added token may strip a run of it."""
         if self.max_token_bytes is None or sum(len(t) for t in texts) <= ceiling:
             return None  # each token is at least one character: fewer characters than the ceiling prove nothing
-        size = sum(len(WHITESPACE_RUN.sub("", t).encode("utf-8", "surrogatepass")) for t in texts)
+        size = 0
+        for text in texts:  # in slices: a copy of a whole 30 MB text without its spaces costs hundreds of MB
+            for at in range(0, len(text), FLOOR_SLICE_CHARS):
+                size += len(WHITESPACE_RUN.sub("", text[at : at + FLOOR_SLICE_CHARS]).encode("utf-8", "surrogatepass"))
         bound = size // self.max_token_bytes
         return bound if bound > ceiling else None
+
+    async def floor_off_loop(self, texts: Sequence[str], ceiling: int) -> int | None:
+        """floor(), in a worker thread when the texts are long: slice by slice, the event loop gets its turns."""
+        if sum(len(t) for t in texts) <= INLINE_MAX_CHARS:
+            return self.floor(texts, ceiling)
+        return await asyncio.to_thread(self.floor, texts, ceiling)
 
 
 def _batches(texts: list[str], limit: int) -> Iterable[list[str]]:

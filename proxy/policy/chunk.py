@@ -32,6 +32,14 @@ class CannotChunk(Exception):
     """Chunking has no sound meaning for this request; the message says why."""
 
 
+MAX_PARTS = 64  # a prompt that needs more parts than this is not chunked: 64 answers glued together say little
+
+
+def refuse_too_many_parts(prompt_tokens: int, chunk_tokens: int) -> None:
+    if prompt_tokens > MAX_PARTS * chunk_tokens:
+        raise CannotChunk(f"the prompt would take more than {MAX_PARTS} parts of {chunk_tokens} tokens")
+
+
 def refuse_unsound(body: dict[str, Any], n: int, kind: str) -> None:
     reasons = []
     if n > 1:

@@ -114,14 +114,23 @@ def _limited(prompt_tokens: int, limit: int, changes: dict[str, int], min_tokens
     return Plan("clamp" if changes else "pass", prompt_tokens, limit, changes)
 
 
-def _too_long(prompt_tokens: int, room: int, limits: Limits, param: str) -> ContextLengthExceeded:
+def reject_at_least(floor: int, limits: Limits, param: str) -> Plan:
+    """A prompt whose size alone proves it cannot fit (at least `floor` tokens), refused before it is counted."""
+    room = limits.max_model_len - floor
+    return Plan("reject", floor, error=_too_long(floor, room, limits, param, at_least=True))
+
+
+def _too_long(
+    prompt_tokens: int, room: int, limits: Limits, param: str, at_least: bool = False
+) -> ContextLengthExceeded:
     # "prompt is too long" is one of the phrases LangChain recognizes a context overflow by (it reads the message only,
     # not the code); "maximum context length is" is the one LiteLLM and vLLM's clients look for.
     plural = "" if limits.min_output_tokens == 1 else "s"
     needed = f"at least {limits.min_output_tokens} output token{plural}"
     message = (
         f"This model's maximum context length is {limits.max_model_len} tokens. However, your request has "
-        f"{prompt_tokens} input tokens, which leaves {max(room, 0)} for the output ({needed} required). "
+        f"{'at least ' if at_least else ''}{prompt_tokens} input tokens, which leaves {max(room, 0)} for the output "
+        f"({needed} required). "
         f"The prompt is too long: please reduce the length of the {param}."
     )
     return ContextLengthExceeded(message, param=param)

@@ -13,16 +13,16 @@ from proxy.api.body import parse_json_object, with_changes
 from proxy.api.chat import ChatRequest, chat_request, parse_chat
 from proxy.api.completions import CompletionRequest, completion_request, parse_completion
 from proxy.api.invocations import invocation_kind
-from proxy.api.pooling import KINDS, PoolingRequest, ScoringRequest, parse_pooling, pooling_request
 from proxy.api.responses import LIMIT_FIELD, ResponsesRequest, parse_responses
 from proxy.counting.anthropic import messages_chat
+from proxy.counting.bound import verbatim_texts
 from proxy.counting.count import count_chat
-from proxy.counting.pooling import pooling_tokens, scoring_tokens
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat
 from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
 from proxy.errors import InvalidRequest, ModelNotFound
 from proxy.policy.choice import choose_policy
+from proxy.policy.chunk import CannotChunk, refuse_too_many_parts
 from proxy.policy.converted import (
     Converted,
     count_answer,
@@ -32,13 +32,14 @@ from proxy.policy.converted import (
     response_turn,
     settle,
 )
-from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion, limits_for
+from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion, limits_for, reject_at_least
 from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse
-from proxy.policy.overflow import overflow_chat, overflow_completion
-from proxy.policy.pooling import Pooled, settle_pooling
+from proxy.policy.overflow import overflow_chat, overflow_completion, refuse
 from proxy.policy.reduce import reduce_request
 from proxy.policy.turns import CountItems
 from proxy.settings import PolicySettings, Settings
+
+SIZE_FLOOR = "size"  # the count source of a prompt refused from its size alone: its prompt tokens are a lower bound
 
 UNTRUSTED_TEMPLATE = (  # vLLM's words, then the guard's switch
     "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with "
@@ -63,9 +64,6 @@ class Guard:
             outcome = await self._chat(req, raw, headers, findings)
         elif path.endswith("/completions"):
             outcome = await self._completion(parse_completion(raw, server.max_json_depth), raw, headers, findings)
-        elif path in KINDS:
-            outcome = await self._pooling(parse_pooling(raw, KINDS[path], server.max_json_depth), raw, headers,
-                                          findings)  # fmt: skip
         else:
             outcome = await self._converted(path, raw, headers, findings)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
@@ -78,6 +76,11 @@ class Guard:
         model, policy, choice, limits = self._target(req.model, headers, findings)
         if not policy.trust_request_chat_template and _brings_template(req):
             raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
+        proven = await _by_size(
+            model, [list(verbatim_texts(req.messages))], limits, choice, policy, "messages", findings
+        )
+        if proven is not None:
+            return proven
         started = time.perf_counter()
         prompt_tokens, findings.count_source = await chat_tokens(model, req, self.remote)
         findings.count_s = time.perf_counter() - started
@@ -92,6 +95,10 @@ class Guard:
     ) -> Outcome:
         findings.max_tokens_before = req.requested_output[1]
         model, policy, choice, limits = self._target(req.model, headers, findings)
+        texts = [[p] for p in req.prompts if isinstance(p, str)]
+        proven = await _by_size(model, texts, limits, choice, policy, "prompt", findings)
+        if proven is not None:
+            return proven
         started = time.perf_counter()
         counts, findings.count_source = await completion_tokens(model, req, self.remote)
         findings.count_s = time.perf_counter() - started
@@ -105,12 +112,9 @@ class Guard:
         server = self.settings.server
         if path == "/invocations":
             body = parse_json_object(raw, server.max_json_depth)
-            kind = invocation_kind(body)
-            if kind == "chat":
+            if invocation_kind(body) == "chat":
                 return await self._chat(chat_request(body, server.max_messages), raw, headers, findings)
-            if kind == "completion":
-                return await self._completion(completion_request(body), raw, headers, findings)
-            return await self._pooling(pooling_request(body, kind), raw, headers, findings)
+            return await self._completion(completion_request(body), raw, headers, findings)
         if path == "/v1/responses":
             return await self._responses(parse_responses(raw, server.max_messages, server.max_json_depth), raw,
                                          headers, findings)  # fmt: skip
@@ -157,24 +161,6 @@ class Guard:
         )  # fmt: skip
         return await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
 
-    async def _pooling(
-        self, req: PoolingRequest | ScoringRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
-    ) -> Outcome:
-        """Embeddings, /pooling, /classify, score and rerank: input tokens only (policy/pooling.py)."""
-        model, _, choice, limits = self._target(req.model, headers, findings)
-        started = time.perf_counter()
-        if isinstance(req, PoolingRequest):
-            counts, findings.count_source = await pooling_tokens(model, req, self.remote)
-            pooled = Pooled(req.kind, req.body, raw, counts, req.param, req.truncate_prompt_tokens, req.uncounted)
-        else:
-            queries, documents = await scoring_tokens(model, req)
-            findings.count_source = LOCAL
-            paired = max(queries, default=0) + max(documents, default=0)
-            pooled = Pooled(req.kind, req.body, raw, queries + documents, "input", req.truncate_prompt_tokens,
-                            partial=True, paired=paired)  # fmt: skip
-        findings.count_s = time.perf_counter() - started
-        return settle_pooling(pooled, limits, choice, findings.count_source)
-
     async def _count(self, model: GuardedModel, req: ChatRequest, findings: Findings) -> int:
         started = time.perf_counter()
         prompt_tokens, findings.count_source = await chat_tokens(model, req, self.remote)
@@ -209,6 +195,31 @@ class Guard:
         model = self.registry.resolve(chunked.original.model)
         limits = limits_for(model.name, model.max_model_len, chunked.policy)
         return await reduce_request(model, chunked, answers, limits)
+
+
+async def _by_size(
+    model: GuardedModel, prompts: list[list[str]], limits: Limits, choice: str, policy: PolicySettings, param: str,
+    findings: Findings,
+) -> Outcome | None:  # fmt: skip
+    """A prompt whose size alone proves it cannot fit is refused before it is rendered or encoded (counting/bound.py):
+    its answer costs what reading it costs. Truncation still counts it (in bounded slices) to cut it exactly; chunking
+    is refused when the floor alone needs more parts than it takes (policy/chunk.py)."""
+    if model.tokenizer.native is not None or choice == "truncate":
+        return None  # mistral_common and harmony count with vocabularies of their own
+    ceiling = limits.max_model_len - limits.min_output_tokens
+    floors = [await model.counter.floor_off_loop(texts, ceiling) for texts in prompts]
+    floor = max((f for f in floors if f is not None), default=None)
+    if floor is None:
+        return None
+    findings.count_source = SIZE_FLOOR
+    plan = reject_at_least(floor, limits, param)
+    if choice == "reject":
+        return _as_outcome(plan, {}, b"", 0, SIZE_FLOOR)
+    try:
+        refuse_too_many_parts(floor, policy.chunk_tokens)
+    except CannotChunk as exc:
+        return refuse(plan, f"The chunk policy was not applied: {exc}.")
+    return None
 
 
 def _brings_template(req: ChatRequest) -> bool:

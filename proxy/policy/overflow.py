@@ -15,7 +15,14 @@ from proxy.counting.counter import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.errors import ContextLengthExceeded
 from proxy.policy.choice import output_reserve
-from proxy.policy.chunk import CannotChunk, Split, refuse_unsound, split_chat, split_completion
+from proxy.policy.chunk import (
+    CannotChunk,
+    Split,
+    refuse_too_many_parts,
+    refuse_unsound,
+    split_chat,
+    split_completion,
+)
 from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion
 from proxy.policy.outcome import Chunked, Decision, Forward, Outcome, Refuse
 from proxy.policy.truncate import Truncation, truncate_chat, truncate_completion
@@ -39,7 +46,7 @@ async def overflow_chat(
         return await count_chat(tok, replace(req, messages=messages), counter)
 
     if choice == "truncate":
-        cut = await truncate_chat(tok, req.messages, plan.prompt_tokens, budget, count)
+        cut = await truncate_chat(tok, req.messages, plan.prompt_tokens, budget, count, counter)
         if cut is None:
             return refuse(plan, "Truncation could not make it fit: the kept system prompt and last user message "
                                 "alone are too long.")  # fmt: skip
@@ -48,6 +55,7 @@ async def overflow_chat(
         return Forward(with_changes(trimmed.body, fitted.changes), _truncated(fitted, cut), fitted.cost(limits, req.n))
     try:
         refuse_unsound(req.body, req.n, "chat")
+        refuse_too_many_parts(plan.prompt_tokens, policy.chunk_tokens)
         split = await split_chat(
             tok, req, budget, policy.chunk_tokens, policy.chunk_overlap, policy.chunk_prompt, count
         )
@@ -73,6 +81,7 @@ async def overflow_completion(
         return Forward(with_changes(trimmed.body, fitted.changes), _truncated(fitted, cut), cost)
     try:
         refuse_unsound(req.body, req.n, "completion")
+        refuse_too_many_parts(max(counts), policy.chunk_tokens)
         if len(req.prompts) != 1:
             raise CannotChunk("the chunk policy cannot split a batch of prompts")
         split = await split_completion(tok, req, budget, policy.chunk_tokens, policy.chunk_overlap)

@@ -15,12 +15,14 @@ from typing import Any
 
 from proxy.api.completions import CompletionRequest
 from proxy.counting.count import CountMessages
+from proxy.counting.counter import TokenCounter
 from proxy.counting.ids import char_cut, cut_middle, encode, encode_with_offsets
 from proxy.counting.tokenizer import ModelTokenizer
 
 KEEP_ROLES = ("system", "developer")
 MARKER = "\n[... {cut} tokens cut by token-guard ...]\n"
 MIN_KEEP = 16  # tokens a shortened message keeps at least (head and tail together)
+ENDS_MARGIN = 64  # tokens a long text's encoded ends hold beyond what a cut can keep
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,9 @@ def _is_call_unit(messages: list[Any], unit: list[int]) -> bool:
 
 
 async def truncate_chat(
-    tok: ModelTokenizer, messages: list[Any], prompt_tokens: int, budget: int, count: CountMessages
-) -> Truncation | None:
+    tok: ModelTokenizer, messages: list[Any], prompt_tokens: int, budget: int, count: CountMessages,
+    counter: TokenCounter | None = None,
+) -> Truncation | None:  # fmt: skip
     """The shortest cut that fits `budget` tokens, or None when even the kept messages cannot be made to fit."""
     units = droppable_units(messages)
     low, high = 0, len(units)  # find the fewest oldest units to drop; the count falls as more are dropped
@@ -89,7 +92,7 @@ async def truncate_chat(
     tokens = await count(kept)
     dropped = sum(len(u) for u in units[:low])
     if tokens > budget:
-        shortened = await _shorten(tok, kept, tokens, budget, count)
+        shortened = await _shorten(tok, kept, tokens, budget, count, counter)
         if shortened is None:
             return None
         kept, tokens = shortened
@@ -102,8 +105,9 @@ def _without(messages: list[Any], units: list[list[int]]) -> list[Any]:
 
 
 async def _shorten(
-    tok: ModelTokenizer, messages: list[Any], tokens: int, budget: int, count: CountMessages
-) -> tuple[list[Any], int] | None:
+    tok: ModelTokenizer, messages: list[Any], tokens: int, budget: int, count: CountMessages,
+    counter: TokenCounter | None,
+) -> tuple[list[Any], int] | None:  # fmt: skip
     messages = copy.deepcopy(messages)
     exhausted: set[int] = set()
     for _ in range(3 * len(messages) + 3):  # each pass cuts more or gives up on one message; bounded
@@ -114,20 +118,58 @@ async def _shorten(
             return None
         index, part = target
         text = _text(messages[index], part)
-        ids, starts = await encode_with_offsets(tok, text)
-        keep = len(ids) - (tokens - budget) - len((await encode(tok, [MARKER.format(cut=len(ids))], False))[0]) - 2
+        ends = await _Ends.of(tok, counter, text, budget)
+        keep = ends.total - (tokens - budget) - len((await encode(tok, [MARKER.format(cut=ends.total)], False))[0]) - 2
         if keep < MIN_KEEP:
-            keep = min(MIN_KEEP, len(ids))
+            keep = min(MIN_KEEP, ends.total)
             exhausted.add(index)
-        head_end = char_cut(starts, (keep + 1) // 2, len(text))
-        tail_start = char_cut(starts, len(ids) - keep // 2, len(text))
+        head_end, tail_start = ends.head_end((keep + 1) // 2), ends.tail_start(keep // 2)
         if tail_start <= head_end:
             exhausted.add(index)
             continue
-        cut = len((await encode(tok, [text[head_end:tail_start]], False))[0])
+        cut = await ends.count(text[head_end:tail_start])
         _set_text(messages[index], part, text[:head_end] + MARKER.format(cut=cut) + text[tail_start:])
         tokens = await count(messages)
     return (messages, tokens) if tokens <= budget else None
+
+
+@dataclass(frozen=True)
+class _Ends:
+    """A message text's token count, and where its first and last tokens start. A long text is encoded with offsets
+    only at its two ends (and counted by the memory-bounded counter): the offsets of a whole 30 MB text take
+    gigabytes. Its ends are `reach` tokens' worth of characters long, more than a cut can keep, and an encoding is
+    the same well inside a slice as in the whole text (tokens do not span words)."""
+
+    text_length: int
+    total: int
+    head: list[int]  # start offsets of the text's first tokens
+    tail: list[int]  # start offsets, in the whole text, of its last tokens
+    counter: TokenCounter | None
+    tok: ModelTokenizer
+
+    @classmethod
+    async def of(cls, tok: ModelTokenizer, counter: TokenCounter | None, text: str, budget: int) -> _Ends:
+        reach = counter.max_token_bytes if counter is not None else None  # no token spans more characters
+        end = (budget + ENDS_MARGIN) * reach if reach is not None else None
+        if counter is None or end is None or len(text) <= 2 * end:
+            ids, starts = await encode_with_offsets(tok, text)
+            return cls(len(text), len(ids), starts, starts, None, tok)
+        (total,) = await counter.count([text], False)
+        _, head = await encode_with_offsets(tok, text[:end])
+        _, tail = await encode_with_offsets(tok, text[-end:])
+        return cls(len(text), total, head, [len(text) - end + start for start in tail], counter, tok)
+
+    def head_end(self, keep: int) -> int:
+        return char_cut(self.head, keep, self.text_length)
+
+    def tail_start(self, keep: int) -> int:
+        return char_cut(self.tail, len(self.tail) - keep, self.text_length)
+
+    async def count(self, text: str) -> int:
+        if self.counter is not None:
+            (n,) = await self.counter.count([text], False)
+            return n
+        return len((await encode(self.tok, [text], False))[0])
 
 
 def _longest(messages: list[Any], exhausted: set[int]) -> tuple[int, int | None] | None:

@@ -193,6 +193,17 @@ def test_chunking_without_sound_meaning_falls_back_to_reject_saying_why(proxy: s
     assert isinstance(info.value.body, dict) and info.value.body["code"] == "context_length_exceeded"
 
 
+def test_a_prompt_needing_more_than_64_parts_is_not_chunked(deepseek_dir: Path, sim: Any) -> None:
+    before = sim[1].received
+    with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.chunk_tokens": 16}) as server:
+        with pytest.raises(openai.BadRequestError, match="chunk policy was not applied: the prompt would take more "
+                                                          "than 64 parts of 16 tokens"):  # fmt: skip
+            sdk(server.url, "chunk").chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": document(3000)}], max_tokens=8
+            )
+    assert sim[1].received == before
+
+
 def test_client_disconnect_during_a_chunked_stream_aborts_every_part(deepseek_dir: Path) -> None:
     with simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW, itl_s=0.02) as (sim, stats, _):
         with guard(sim.url, deepseek_dir, **{"model.max_model_len": WINDOW}) as proxy:

@@ -1,0 +1,79 @@
+"""The guard and the simulator in processes of their own, as in production: for tests that measure the guard's memory
+or load it with many clients (in the test's process they would share one interpreter lock with the clients)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from proxy.server.running import bind_socket
+from tests.support.polling import eventually
+from tests.support.servers import MODEL
+
+
+def free_port() -> int:
+    sock = bind_socket()
+    port: int = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident memory now (VmRSS) or at its peak so far (VmHWM), in MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise LookupError(field)
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@dataclass
+class Stack:
+    url: str  # the guard
+    sim_url: str
+    guard_pid: int
+    logs: Path
+
+
+def _start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "proxy", *command], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env=env)  # fmt: skip
+
+
+@contextmanager
+def guard_and_simulator(
+    tokenizer: Path, logs: Path, window: int = 2048, sim_flags: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> Iterator[Stack]:
+    """`token-guard simulate` and `token-guard serve` in front of it, on free loopback ports, stopped on the way out."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16384)), hard))
+    sim_port, guard_port = free_port(), free_port()
+    environ = {**os.environ, **(env or {})}
+    sim = _start(["simulate", "--tokenizer", str(tokenizer), "--model", MODEL, "--profile", "0.31", "--max-model-len",
+                  str(window), "--port", str(sim_port), *sim_flags], logs / "simulator.log", environ)  # fmt: skip
+    sim_url, url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{guard_port}"
+    serve = ["serve", "--upstream", sim_url, "--model", MODEL, "--tokenizer", str(tokenizer), "--max-model-len",
+             str(window), "--port", str(guard_port), "--log-level", "warning"]  # fmt: skip
+    guard = _start(serve, logs / "guard.log", environ)
+    try:
+        assert eventually(lambda: healthy(url), timeout_s=60), (logs / "guard.log").read_text()
+        yield Stack(url, sim_url, guard.pid, logs)
+    finally:
+        for process in (guard, sim):
+            process.terminate()
+            process.wait(timeout=60)
