@@ -13,10 +13,12 @@ from proxy.api.body import parse_json_object, with_changes
 from proxy.api.chat import ChatRequest, chat_request, parse_chat
 from proxy.api.completions import CompletionRequest, completion_request, parse_completion
 from proxy.api.invocations import invocation_kind
+from proxy.api.pooling import KINDS, PoolingRequest, ScoringRequest, parse_pooling, pooling_request
 from proxy.api.responses import LIMIT_FIELD, ResponsesRequest, parse_responses
 from proxy.counting.anthropic import messages_chat
 from proxy.counting.bound import verbatim_texts
 from proxy.counting.count import count_chat
+from proxy.counting.pooling import pooling_tokens, scoring_tokens
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat
 from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
@@ -35,6 +37,7 @@ from proxy.policy.converted import (
 from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion, limits_for, reject_at_least
 from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse
 from proxy.policy.overflow import overflow_chat, overflow_completion, refuse
+from proxy.policy.pooling import Pooled, settle_pooling
 from proxy.policy.reduce import reduce_request
 from proxy.policy.turns import CountItems
 from proxy.settings import PolicySettings, Settings
@@ -64,6 +67,9 @@ class Guard:
             outcome = await self._chat(req, raw, headers, findings)
         elif path.endswith("/completions"):
             outcome = await self._completion(parse_completion(raw, server.max_json_depth), raw, headers, findings)
+        elif path in KINDS:
+            outcome = await self._pooling(parse_pooling(raw, KINDS[path], server.max_json_depth), raw, headers,
+                                          findings)  # fmt: skip
         else:
             outcome = await self._converted(path, raw, headers, findings)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
@@ -112,9 +118,12 @@ class Guard:
         server = self.settings.server
         if path == "/invocations":
             body = parse_json_object(raw, server.max_json_depth)
-            if invocation_kind(body) == "chat":
+            kind = invocation_kind(body)
+            if kind == "chat":
                 return await self._chat(chat_request(body, server.max_messages), raw, headers, findings)
-            return await self._completion(completion_request(body), raw, headers, findings)
+            if kind == "completion":
+                return await self._completion(completion_request(body), raw, headers, findings)
+            return await self._pooling(pooling_request(body, kind), raw, headers, findings)
         if path == "/v1/responses":
             return await self._responses(parse_responses(raw, server.max_messages, server.max_json_depth), raw,
                                          headers, findings)  # fmt: skip
@@ -160,6 +169,24 @@ class Guard:
             message_turn, message_kept,
         )  # fmt: skip
         return await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
+
+    async def _pooling(
+        self, req: PoolingRequest | ScoringRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
+    ) -> Outcome:
+        """Embeddings, /pooling, /classify, score and rerank: input tokens only (policy/pooling.py)."""
+        model, _, choice, limits = self._target(req.model, headers, findings)
+        started = time.perf_counter()
+        if isinstance(req, PoolingRequest):
+            counts, findings.count_source = await pooling_tokens(model, req, self.remote)
+            pooled = Pooled(req.kind, req.body, raw, counts, req.param, req.truncate_prompt_tokens, req.uncounted)
+        else:
+            queries, documents = await scoring_tokens(model, req)
+            findings.count_source = LOCAL
+            paired = max(queries, default=0) + max(documents, default=0)
+            pooled = Pooled(req.kind, req.body, raw, queries + documents, "input", req.truncate_prompt_tokens,
+                            partial=True, paired=paired)  # fmt: skip
+        findings.count_s = time.perf_counter() - started
+        return settle_pooling(pooled, limits, choice, findings.count_source)
 
     async def _count(self, model: GuardedModel, req: ChatRequest, findings: Findings) -> int:
         started = time.perf_counter()
