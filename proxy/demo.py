@@ -134,6 +134,12 @@ async def _tour(url: str, upstream: str) -> None:
         print("\n5. The Anthropic Messages API as Claude Code calls it: max_tokens 32000, a system prompt, tools.")
         await _other_api(client, url, upstream, "/v1/messages", _claude_code(), "max_tokens")
 
+        print(
+            "\n6. Embeddings (client.embeddings.create) of step 3's text and a short one, with the header "
+            "x-token-guard-overflow: truncate."
+        )
+        await _embeddings(client, url, upstream, [essay[0]["content"], hello[0]["content"]])
+
 
 class _Upstream:
     """What the tour asks the simulator directly: vLLM's own count (POST /tokenize) and how many requests it got."""
@@ -189,6 +195,23 @@ async def _other_api(
     usage = response.json()["usage"]
     total = usage["input_tokens"] + usage["output_tokens"]
     print(f"   usage: input {usage['input_tokens']} + output {usage['output_tokens']} = {total} of {WINDOW}")
+
+
+async def _embeddings(client: httpx.AsyncClient, url: str, upstream: str, inputs: list[str]) -> None:
+    """An input longer than the window: vLLM refuses it; the guard has vLLM cut it to the window."""
+    body = {"model": MODEL, "input": inputs, "encoding_format": "float"}
+    direct = await client.post(f"{upstream}/v1/embeddings", json=body)
+    print(f"   straight to vLLM: HTTP {direct.status_code}")
+    print(f"   {_message(direct.json())}")
+    response = await client.post(f"{url}/v1/embeddings", json=body, headers={"x-token-guard-overflow": "truncate"})
+    action, prompt, cut = (
+        response.headers.get(f"x-token-guard-{k}") for k in ("action", "prompt-tokens", "truncated-tokens")
+    )
+    print(f"   through token-guard: HTTP {response.status_code}, action {action}, truncate_prompt_tokens -1 sent, "
+          f"{cut} tokens cut, prompt tokens {prompt}")  # fmt: skip
+    answer = response.json()
+    print(f"   usage: prompt {answer['usage']['prompt_tokens']} for {len(answer['data'])} vectors: the long input "
+          f"keeps its first {WINDOW} tokens, the short one is whole")  # fmt: skip
 
 
 def _claude_code() -> dict[str, Any]:

@@ -118,3 +118,13 @@ def test_step_5_clamps_a_claude_code_request(demo: Run) -> None:
     prompt, limit, window, again = numbers(clamped, text)
     assert (limit, window, again) == (WINDOW - prompt, WINDOW, prompt)
     assert numbers(r"usage: input (\d+) \+ output (\d+) = (\d+) of", text) == (prompt, limit, WINDOW)
+
+
+def test_step_6_truncates_an_embedding_vllm_refuses(demo: Run) -> None:
+    text = step(demo, 6)
+    assert "straight to vLLM: HTTP 400" in text and "maximum context length is 2048 tokens" in text
+    cut, prompt = numbers(r"HTTP 200, action truncate, truncate_prompt_tokens -1 sent, (\d+) tokens cut, prompt tokens "
+                          r"(\d+)", text)  # fmt: skip
+    (used,) = numbers(r"usage: prompt (\d+) for 2 vectors", text)
+    long = numbers(r"A prompt of (\d+) tokens with max_tokens 16", step(demo, 3))[0]
+    assert used == prompt > WINDOW and cut > 0 and cut < long  # the long input cut to the window, the short one whole
