@@ -6,7 +6,9 @@ given as the key or its SHA-256) are accepted too, and the request carries the k
 
 The other prefixes vLLM 0.22+ protects (`/v2`, `/inference`, `/cohere`) are protected too: everything else is passed
 through, with `upstream.api_key` put in, so leaving them open would open the upstream's protected routes to anyone.
-`/invocations` (SageMaker) is protected too: vLLM leaves it open, but it generates like `/v1/chat/completions`.
+`/invocations` (SageMaker) is protected too: vLLM leaves it open, but it generates like `/v1/chat/completions`; and so
+are the pooling routes vLLM leaves open (`/pooling`, `/classify`, `/score`, `/rerank`), which run the model like
+`/v1/embeddings`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from proxy.errors import Unauthorized
 from proxy.server.asgi import Scope
 from proxy.settings.sections import KeySettings
 
-PROTECTED = ("/v1", "/v2", "/inference", "/cohere", "/invocations")
+PROTECTED = ("/v1", "/v2", "/inference", "/cohere", "/invocations", "/pooling", "/classify", "/score", "/rerank")
 REFUSED = Unauthorized("Invalid or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`).")
 
 

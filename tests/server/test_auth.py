@@ -176,6 +176,15 @@ def test_invocations_need_a_key_although_vllm_leaves_them_open(keyed: str) -> No
     assert call(keyed, "POST", "/invocations", "Bearer k1").status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/pooling", "/classify", "/score", "/rerank", "/rerank/"])
+def test_the_pooling_routes_vllm_leaves_open_need_a_key(keyed: str, path: str) -> None:
+    body = {"model": MODEL, "input": "x"} if path in ("/pooling", "/classify") else \
+        {"model": MODEL, "query": "q", "documents": ["d"], "text_1": "q", "text_2": "d"}  # fmt: skip
+    assert httpx.post(keyed + path, json=body).status_code == 401
+    answer = httpx.post(keyed + path, json=body, headers={"Authorization": "Bearer k1"})
+    assert answer.status_code == 200 and "x-token-guard-action" in answer.headers
+
+
 def test_the_upstream_key_replaces_an_x_api_key_too(upstream: tuple[str, HeaderTap], deepseek_dir: Path) -> None:
     flags = {"server.api_keys": "k1", "upstream.api_key": "up-secret"}
     with guard(upstream[0], deepseek_dir, **flags) as server:
