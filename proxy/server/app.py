@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from proxy.api.pooling import KINDS as POOLING_KINDS
 from proxy.check.run import drift_warnings
@@ -22,10 +23,13 @@ from proxy.server.metrics import Metrics
 from proxy.server.quotas import Quotas
 from proxy.server.record import REQUEST_ID, request_id
 from proxy.server.responses import send_error
-from proxy.settings import Settings
+from proxy.settings import AdmissionSettings, Settings
 from proxy.upstream.client import Upstream
 from proxy.upstream.counting import UpstreamCounter
 from proxy.upstream.discovery import discover
+
+if TYPE_CHECKING:
+    from proxy.shared.link import RedisLink
 
 log = logging.getLogger("token_guard.app")
 
@@ -37,11 +41,20 @@ POST = frozenset({"POST"})
 class GuardApp:
     def __init__(self, settings: Settings, registry: ModelRegistry, upstream: Upstream | None = None) -> None:
         self.settings, self.registry = settings, registry
-        self.upstream = upstream or Upstream(settings.upstream, settings.admission, workers=settings.server.workers)
+        self.link = _redis_link(settings.admission)
+        self.upstream = upstream or Upstream(
+            settings.upstream, settings.admission, workers=settings.server.workers, link=self.link
+        )
         self.metrics = Metrics(
             lambda: {name: registry.resolve(name).counter.stats() for name in registry.names},
             lambda: (self.upstream.admission.queued, {r.url: r.budget.tokens for r in self.upstream.replicas}),
         )
+        if self.link is not None:
+            from proxy.server.shared_metrics import SharedState
+            from proxy.upstream.shared_gate import SharedAdmission
+
+            gate = self.upstream.admission
+            self.metrics.registry.register(SharedState(self.link, gate if isinstance(gate, SharedAdmission) else None))
         guard = Guard(settings, registry, UpstreamCounter(self.upstream))
         self.quotas = Quotas(settings)
         handlers = Handlers(guard, registry, self.upstream, self.metrics, settings.server, self.quotas)
@@ -92,17 +105,30 @@ class GuardApp:
             jobs = [_learn_models(self.settings, self.registry, self.upstream), self.upstream.watch_health()]
             if self.upstream.auto_budget:
                 jobs.append(self.upstream.learn_budgets())
+            if self.link is not None:
+                jobs += [self.link.watch(), *self.upstream.shared_jobs()]
             tasks = [group.create_task(_logged(job)) for job in jobs]
             await send({"type": "lifespan.startup.complete"})
             await receive()  # lifespan.shutdown
             for task in tasks:
                 task.cancel()
         await self.upstream.aclose()
+        if self.link is not None:
+            await self.link.aclose()
         await send({"type": "lifespan.shutdown.complete"})
 
 
 def create_app(settings: Settings, registry: ModelRegistry, upstream: Upstream | None = None) -> GuardApp:
     return GuardApp(settings, registry, upstream)
+
+
+def _redis_link(admission: AdmissionSettings) -> RedisLink | None:
+    """The one link to Redis, when guards share state through it (imported only then)."""
+    if admission.redis_url is None:
+        return None
+    from proxy.shared.link import RedisLink
+
+    return RedisLink(admission.redis_url, admission.redis_timeout_ms)
 
 
 async def _refuse(scope: Scope, send: Send) -> None:

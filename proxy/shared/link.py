@@ -37,9 +37,12 @@ class RedisLink:
         self.timeout_s = timeout_ms / 1000
         self.client: redis.Redis = redis.Redis.from_url(
             url,
-            socket_timeout=self.timeout_s,
+            # No socket_timeout: with one, redis-py sends through asyncio.wait_for, which on Python 3.11 can swallow
+            # a cancellation (the client's task goes on as if never cancelled). call() bounds every call instead.
+            socket_timeout=None,
             socket_connect_timeout=self.timeout_s,
-            retry=Retry(NoBackoff(), 0),  # the caller decides what a failure means; no hidden retries
+            # one retry on a fresh connection (a pooled one Redis closed), within the same bound
+            retry=Retry(NoBackoff(), 1),
             max_connections=MAX_CONNECTIONS,
         )
         self.healthy = True
@@ -58,7 +61,8 @@ class RedisLink:
             async with asyncio.timeout(self.timeout_s):
                 result = await factory(self.client)
         except (RedisError, OSError, TimeoutError) as exc:
-            self._failed(exc)
+            if self._failed(exc):
+                await self._forget_connections()
             raise SharedStateUnavailable(f"Redis at {self.where} is unreachable.") from None
         finally:
             if trial:
@@ -83,14 +87,25 @@ class RedisLink:
             await asyncio.sleep(interval_s if self.healthy else PROBE_INTERVAL_S)
             await self.ping()
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException) -> bool:
+        """Count the failure; True when it is the one that flips the link down."""
         self.errors += 1
         self._next_trial = time.monotonic() + PROBE_INTERVAL_S
-        if self.healthy:
-            self.healthy = False
-            reason = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
-            log.warning("Redis at %s is unreachable (%s): shared state is off until it answers again", self.where,
-                        reason)  # fmt: skip
+        if not self.healthy:
+            return False
+        self.healthy = False
+        reason = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+        log.warning("Redis at %s is unreachable (%s): shared state is off until it answers again", self.where,
+                    reason)  # fmt: skip
+        return True
+
+    async def _forget_connections(self) -> None:
+        """Drop every pooled connection, so that none of those to the Redis that went away fails a call after it
+        is back."""
+        try:
+            await self.client.connection_pool.disconnect(inuse_connections=True)
+        except (RedisError, OSError):
+            pass
 
     def _recovered(self) -> None:
         if not self.healthy:

@@ -45,6 +45,7 @@ class Ticket:
     cost: int
     waited_s: float
     released: bool = False
+    lease: str | None = None  # its reservation in the shared budget (admission.redis_url), if it holds one
 
 
 @dataclass(eq=False)
@@ -75,6 +76,12 @@ class Admission:
             return None
         self._reserve(replica, cost)
         return Ticket(replica, cost, 0.0)
+
+    def hold(self, replica: int, cost: int, lease: str) -> Ticket:
+        """A ticket for a request the shared budget admitted: counted here too, unchecked, so that this process's
+        in-flight tokens stay known and its own share stays honest if it must fall back on it."""
+        self._reserve(replica, cost)
+        return Ticket(replica, cost, 0.0, lease=lease)
 
     async def acquire(self, cost: int, exclude: frozenset[int] = frozenset()) -> Ticket:
         started = time.monotonic()

@@ -12,14 +12,19 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from proxy.errors import GuardError, UpstreamConnectTimeout, UpstreamRefused, UpstreamUnavailable
 from proxy.settings import AdmissionSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
 from proxy.upstream.headers import forwardable, outgoing, upstream_auth
 from proxy.upstream.http import HttpClient, UpstreamResponse
+
+if TYPE_CHECKING:
+    from proxy.shared.link import RedisLink
+    from proxy.upstream.shared_gate import SharedAdmission
 
 log = logging.getLogger("token_guard.upstream")
 
@@ -29,7 +34,8 @@ MAX_BACKOFF_S = 30.0
 @dataclass
 class Replica:
     url: str
-    budget: Budget
+    budget: Budget  # this process's share, and its requests in flight
+    whole: Budget = field(default_factory=Budget)  # the whole budget: what guards sharing a Redis divide between them
     failures: int = 0
     down_until: float = 0.0
 
@@ -57,17 +63,27 @@ class Upstream:
         admission: AdmissionSettings | None = None,
         client: HttpClient | None = None,
         workers: int = 1,
+        link: RedisLink | None = None,
     ) -> None:
-        """`workers`: processes serving the same port, each with its own gate: each takes 1/workers of a budget."""
+        """`workers`: processes serving the same port, each with its own gate: each takes 1/workers of a budget.
+        `link`: the Redis that guards share budgets through (admission.redis_url): each reserves from the whole."""
         admission = admission or AdmissionSettings()
         self.workers = workers
         tokens = admission.max_inflight_tokens if isinstance(admission.max_inflight_tokens, int) else 0
-        budget = (_share(tokens, workers), _share(admission.max_inflight_requests, workers))
-        self.replicas = [Replica(url, Budget(*budget)) for url in settings.replicas]
+        whole = (tokens, admission.max_inflight_requests)
+        share = Budget(_share(whole[0], workers), _share(whole[1], workers))
+        self.replicas = [Replica(url, replace(share), Budget(*whole)) for url in settings.replicas]
         self.url = ", ".join(r.url for r in self.replicas)
         self.settings = settings
         self.auto_budget = admission.max_inflight_tokens == "auto"
-        self.admission = Admission([r.budget for r in self.replicas], admission.queue_timeout_s, admission.max_queue)
+        local = Admission([r.budget for r in self.replicas], admission.queue_timeout_s, admission.max_queue)
+        self.admission: Admission | SharedAdmission = local
+        budgeted = self.auto_budget or any(whole)
+        if link is not None and budgeted:  # imported only here: without a Redis, redis is never imported
+            from proxy.upstream.shared_gate import SharedAdmission
+
+            urls, wholes = [r.url for r in self.replicas], [r.whole for r in self.replicas]
+            self.admission = SharedAdmission(local, urls, wholes, link, admission)
         self._client = client or HttpClient(settings)
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
 
@@ -183,6 +199,7 @@ class Upstream:
                 log.warning("replica %s does not expose vllm:cache_config_info; admission by tokens is off for it",
                             replica.url)  # fmt: skip
             else:
+                replica.whole.max_tokens = capacity
                 replica.budget.max_tokens = _share(capacity, self.workers)
                 log.info("replica %s: KV budget %d tokens (from vllm:cache_config_info), %d for this worker",
                          replica.url, capacity, replica.budget.max_tokens)  # fmt: skip
@@ -190,7 +207,13 @@ class Upstream:
     def _by_health(self) -> list[Replica]:
         return sorted(self.replicas, key=lambda r: (not r.budget.available, r.down_until))
 
+    def shared_jobs(self) -> list[Coroutine[Any, Any, None]]:
+        """The shared gate's background work (admission.redis_url): releases, waiters, leases, heartbeat."""
+        return [] if isinstance(self.admission, Admission) else [self.admission.run()]
+
     async def aclose(self) -> None:
+        if not isinstance(self.admission, Admission):
+            await self.admission.aclose()
         await self._client.aclose()
 
 

@@ -1,0 +1,248 @@
+"""The admission gate when guards share a Redis (admission.redis_url): a request reserves from its replica's whole
+budget in Redis (proxy/shared/budget.py) under a lease this process renews while the request runs, and releases it
+at its end. Waiters queue here in FIFO order and are retried when this process frees budget, and on a short poll
+for what other guards free.
+
+Redis unreachable: with admission.redis_failure "open" requests pass the local gate on this process's share of the
+budget; with "closed" they are answered 503. The link's probe brings Redis back without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from proxy.errors import SharedStateUnavailable, TooBusy
+from proxy.settings import AdmissionSettings
+from proxy.shared.budget import SharedBudget
+from proxy.shared.link import RedisLink
+from proxy.shared.presence import Presence
+from proxy.upstream.admission import Admission, Budget, Ticket
+
+POLL_S = 0.02  # how soon a waiter sees budget that another guard freed
+MAX_UNSENT = 10_000  # releases kept per replica while Redis is away (their leases would free them anyway)
+CLOSED = "token-guard cannot reach the store its admission budget is shared through; try again shortly."
+
+
+@dataclass(eq=False)
+class _Waiter:
+    cost: int
+    exclude: frozenset[int]
+    # a ticket, or None: Redis went away while it waited (admit it locally, or refuse it)
+    future: asyncio.Future[Ticket | None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class SharedAdmission:
+    def __init__(
+        self, local: Admission, urls: Sequence[str], whole: Sequence[Budget], link: RedisLink,
+        settings: AdmissionSettings,
+    ) -> None:  # fmt: skip
+        """`local`: this process's gate on its share (counts every ticket, admits when Redis is away); `whole`:
+        each replica's whole budget, shared by every guard."""
+        self.local, self.urls, self.whole, self.link = local, list(urls), list(whole), link
+        self.budget = SharedBudget(link, settings.redis_lease_s)
+        self.presence = Presence(link, settings.redis_lease_s)
+        self.lease_s, self.closed = settings.redis_lease_s, settings.redis_failure == "closed"
+        self.queue_timeout_s, self.max_queue = settings.queue_timeout_s, settings.max_queue
+        self.shared_tokens: dict[str, int] = {}  # each replica's tokens in flight across guards, as last seen
+        self.fallbacks = 0  # requests admitted on the local share while Redis was away
+        self.refusals = 0  # requests answered 503 for it (redis_failure "closed")
+        self._queue: collections.deque[_Waiter] = collections.deque()
+        self._held: dict[str, int] = {}  # lease -> replica, of the reservations running here
+        self._unsent: collections.defaultdict[int, list[str]] = collections.defaultdict(list)
+        self._changed = asyncio.Event()
+        self._ids = itertools.count()
+        self._turn = 0
+
+    @property
+    def budgets(self) -> list[Budget]:
+        return self.local.budgets
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue) + self.local.queued
+
+    def try_acquire(self, cost: int, exclude: frozenset[int] = frozenset()) -> Ticket | None:
+        """Only while Redis is away, on the local share ("open"): a shared reservation always takes a round trip."""
+        if self.link.healthy or self.closed:
+            return None
+        ticket = self.local.try_acquire(cost, exclude)
+        self.fallbacks += ticket is not None
+        return ticket
+
+    async def acquire(self, cost: int, exclude: frozenset[int] = frozenset()) -> Ticket:
+        started = time.monotonic()
+        if not self._queue:
+            try:
+                ticket = await self._reserve(cost, exclude)
+            except SharedStateUnavailable:
+                return await self._without_redis(cost, exclude)
+            if ticket is not None:
+                return ticket
+        elif not self.link.healthy:
+            return await self._without_redis(cost, exclude)
+        if len(self._queue) >= self.max_queue:
+            raise TooBusy(f"token-guard's queue is full ({self.max_queue} requests waiting).", self.retry_after(cost))
+        ticket = await self._wait(_Waiter(cost, exclude))
+        if ticket is None:
+            return await self._without_redis(cost, exclude)
+        ticket.waited_s = time.monotonic() - started
+        return ticket
+
+    def release(self, ticket: Ticket) -> None:
+        if ticket.released:
+            return
+        self.local.release(ticket)
+        if ticket.lease is not None and self._held.pop(ticket.lease, None) is not None:
+            self._unsent[ticket.replica].append(ticket.lease)
+            self._changed.set()
+
+    def wake(self) -> None:
+        self.local.wake()
+        self._changed.set()
+
+    def retry_after(self, cost: int) -> int:
+        return self.local.retry_after(cost + sum(w.cost for w in self._queue))
+
+    async def run(self) -> None:
+        """The background work: send releases, admit waiters, renew leases and this instance's heartbeat."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._pump())
+            group.create_task(self._keep())
+
+    async def aclose(self) -> None:
+        try:
+            await self.presence.leave()
+        except SharedStateUnavailable:
+            pass  # its heartbeat runs out on its own
+
+    async def _reserve(self, cost: int, exclude: frozenset[int]) -> Ticket | None:
+        count = len(self.urls)
+        order = [(self._turn + k) % count for k in range(count)]  # ties go round, to spread idle load
+        candidates = [i for i in order if i not in exclude and self.local.budgets[i].available]
+        lease = f"{self.presence.instance}:{next(self._ids)}"
+        offered = [(self.urls[i], self.whole[i].max_tokens, self.whole[i].max_requests) for i in candidates]
+        call = asyncio.ensure_future(self.budget.reserve(lease, cost, offered))
+        try:
+            got = await asyncio.shield(call)
+        except asyncio.CancelledError:  # the client left while Redis answered: give back what it may have got
+            call.add_done_callback(lambda done: self._abandon(done, candidates, lease, cost))
+            raise
+        return self._admitted(got, candidates, lease, cost)
+
+    def _admitted(self, got: tuple[int, int] | None, candidates: list[int], lease: str, cost: int) -> Ticket | None:
+        if got is None:
+            return None
+        replica = candidates[got[0]]
+        self._turn = (replica + 1) % len(self.urls)
+        self.shared_tokens[self.urls[replica]] = got[1]
+        self._held[lease] = replica
+        return self.local.hold(replica, cost, lease)
+
+    def _abandon(self, done: asyncio.Future[tuple[int, int] | None], candidates: list[int], lease: str,
+                 cost: int) -> None:  # fmt: skip
+        if not done.cancelled() and done.exception() is None:
+            ticket = self._admitted(done.result(), candidates, lease, cost)
+            if ticket is not None:
+                self.release(ticket)
+
+    async def _without_redis(self, cost: int, exclude: frozenset[int]) -> Ticket:
+        if self.closed:
+            self.refusals += 1
+            raise SharedStateUnavailable(CLOSED)
+        self.fallbacks += 1
+        return self.local.try_acquire(cost, exclude) or await self.local.acquire(cost, exclude)
+
+    async def _wait(self, waiter: _Waiter) -> Ticket | None:
+        self._queue.append(waiter)
+        self._changed.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter.future), self.queue_timeout_s)
+        except TimeoutError:
+            if waiter.future.done():  # admitted right at the deadline
+                return waiter.future.result()
+            self._leave(waiter)
+            message = f"token-guard's token budget is in use: the request waited {self.queue_timeout_s:g} s in queue."
+            raise TooBusy(message, self.retry_after(waiter.cost)) from None
+        except asyncio.CancelledError:  # the client went away while queued
+            done = waiter.future.done() and not waiter.future.cancelled()
+            ticket = waiter.future.result() if done else None
+            if ticket is not None:
+                self.release(ticket)  # admitted as it was cancelled
+            else:
+                self._leave(waiter)
+            raise
+
+    def _leave(self, waiter: _Waiter) -> None:
+        waiter.future.cancel()
+        if waiter in self._queue:
+            self._queue.remove(waiter)
+        self._changed.set()
+
+    async def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._changed.clear()
+            await self._send_releases()
+            await self._admit_waiters()
+            poll = loop.call_later(POLL_S, self._changed.set) if self._queue else None  # others' releases
+            try:
+                await self._changed.wait()
+            finally:
+                if poll is not None:
+                    poll.cancel()
+
+    async def _send_releases(self) -> None:
+        unsent, self._unsent = self._unsent, collections.defaultdict(list)
+        for replica, leases in unsent.items():
+            try:
+                await self.budget.release(self.urls[replica], leases)
+            except SharedStateUnavailable:  # kept for when Redis answers again
+                self._unsent[replica] = (leases + self._unsent[replica])[-MAX_UNSENT:]
+
+    async def _admit_waiters(self) -> None:
+        """The head of the queue first, then the next, while they get a reservation (FIFO: no overtaking here)."""
+        while self._queue:
+            head = self._queue[0]
+            if head.future.done():
+                self._queue.popleft()
+                continue
+            try:
+                ticket = await self._reserve(head.cost, head.exclude)
+            except SharedStateUnavailable:
+                self._send_all_local()
+                return
+            if ticket is None:
+                return
+            if self._queue and self._queue[0] is head:
+                self._queue.popleft()
+            if head.future.done():  # it gave up while its reservation was being made
+                self.release(ticket)
+            else:
+                head.future.set_result(ticket)
+
+    def _send_all_local(self) -> None:
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+
+    async def _keep(self) -> None:
+        """Renew this process's leases and heartbeat, three times per lease (and read the totals, for the metrics)."""
+        while True:
+            try:
+                await self.presence.beat()
+                by_replica: collections.defaultdict[int, list[str]] = collections.defaultdict(list)
+                for lease, replica in list(self._held.items()):
+                    by_replica[replica].append(lease)
+                for replica, leases in by_replica.items():
+                    await self.budget.renew(self.urls[replica], leases)
+                for url in self.urls:
+                    self.shared_tokens[url] = (await self.budget.in_flight(url))[0]
+            except SharedStateUnavailable:
+                pass  # the link logged it; leases not renewed in time free their budget for the others
+            await asyncio.sleep(self.lease_s / 3)

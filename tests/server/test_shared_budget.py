@@ -1,0 +1,193 @@
+"""Many guards, one budget: two `token-guard serve --workers 2` processes in front of one simulator share its KV
+budget through a real redis-server. Under a burst through both, the simulator never runs more than the budget; with
+Redis killed mid-way the guards fall back on their own shares ("open") or answer 503 ("closed"), and recover when it
+comes back; a guard killed with reservations held frees them within its lease."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.shared.budget import SharedBudget
+from proxy.shared.link import RedisLink
+from proxy.shared.presence import count_instances
+from tests.support.polling import eventually
+from tests.support.processes import free_port, healthy
+from tests.support.redis import RedisServer, fixture_redis, redis_server  # noqa: F401
+from tests.support.servers import MODEL, simulator
+
+ROOT = Path(__file__).resolve().parents[2]
+WINDOW = 2048
+LEASE_S = 1.0
+HUGE = 10**9  # a KV capacity that never slows the simulator down: it only records what runs at once
+GROUPS: dict[str, int] = {}  # a guard's URL -> its process group
+
+
+@contextmanager
+def serve(upstream: str, tokenizer: Path, logs: Path, redis_url: str, budget: int, guards: int = 1,
+          env: dict[str, str] | None = None) -> Iterator[list[str]]:  # fmt: skip
+    """`guards` processes of `token-guard serve --workers 2` sharing `budget` through `redis_url`, started at once,
+    each in a process group of its own (GROUPS: a guard's URL -> its group, for kill())."""
+    environ = {**os.environ, "TOKEN_GUARD_ADMISSION_MAX_INFLIGHT_TOKENS": str(budget),
+               "TOKEN_GUARD_ADMISSION_REDIS_LEASE_S": str(LEASE_S), **(env or {})}  # fmt: skip
+    started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    try:
+        for _ in range(guards):
+            port = free_port()
+            command = [sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--model", MODEL,
+                       "--tokenizer", str(tokenizer), "--max-model-len", str(WINDOW), "--port", str(port),
+                       "--workers", "2", "--redis-url", redis_url, "--log-level", "warning"]  # fmt: skip
+            log = logs / f"guard-{port}.log"
+            process = subprocess.Popen(command, cwd=ROOT, env=environ, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                       start_new_session=True)  # fmt: skip
+            started.append((f"http://127.0.0.1:{port}", process, log))
+        for url, process, log in started:
+            up = eventually(lambda p=process, u=url: p.poll() is not None or healthy(u), timeout_s=90)  # type: ignore[misc]
+            assert up and process.poll() is None, log.read_text()
+            GROUPS[url] = process.pid
+        yield [url for url, _, _ in started]
+    finally:
+        for _, process, _ in started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+
+
+def kill(url: str) -> None:
+    """SIGKILL the guard serving `url` and its workers, as a node that dies."""
+    os.killpg(GROUPS[url], signal.SIGKILL)
+
+
+def body(max_tokens: int, stream: bool = False) -> dict[str, Any]:
+    messages = [{"role": "user", "content": "Tell me a story about a river."}]
+    return {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "stream": stream}
+
+
+def cost_of(sim_url: str, max_tokens: int) -> int:
+    prompt = httpx.post(f"{sim_url}/tokenize", json={"model": MODEL, "messages": body(0)["messages"]}).json()
+    return int(prompt["count"]) + max_tokens
+
+
+async def burst(urls: list[str], requests: int, max_tokens: int) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
+        calls = [client.post(f"{urls[i % len(urls)]}/v1/chat/completions", json=body(max_tokens))
+                 for i in range(requests)]  # fmt: skip
+        return await asyncio.gather(*calls)
+
+
+def instances(redis_url: str) -> int:
+    async def count() -> int:
+        link = RedisLink(redis_url, 250)
+        try:
+            return await count_instances(link)
+        except Exception:
+            return -1
+        finally:
+            await link.aclose()
+
+    return asyncio.run(count())
+
+
+def reserved(redis_url: str, replica: str) -> tuple[int, int]:
+    async def read() -> tuple[int, int]:
+        link = RedisLink(redis_url, 250)
+        try:
+            return await SharedBudget(link, LEASE_S).in_flight(replica)
+        finally:
+            await link.aclose()
+
+    return asyncio.run(read())
+
+
+def test_two_guards_of_two_workers_share_one_budget_and_fall_back_open(
+    deepseek_dir: Path, redis: RedisServer, tmp_path: Path
+) -> None:
+    with simulator(deepseek_dir, max_model_len=WINDOW, itl_s=0.003, kv_capacity_tokens=HUGE) as (sim, stats, _):
+        cost = cost_of(sim.url, 60)
+        budget = 4 * cost  # each worker's share without Redis would be 2 requests: 8 at once over the four
+        with serve(sim.url, deepseek_dir, tmp_path, redis.url, budget, guards=2) as urls:
+            assert eventually(lambda: instances(redis.url) == 4, timeout_s=10)  # four processes share it
+
+            responses = asyncio.run(burst(urls, 32, 60))
+            assert [r.status_code for r in responses] == [200] * 32
+            assert stats.kv.peak <= budget  # the whole budget, not each process's
+            assert stats.kv.peak > budget // 2  # and used by more than one process at a time
+
+            stats.kv.reset()
+            redis.stop(signal.SIGKILL)  # open: each process admits on its own share
+            responses = asyncio.run(burst(urls, 32, 60))
+            assert [r.status_code for r in responses] == [200] * 32
+            assert stats.kv.peak <= 4 * (budget // 2)
+            scraped = "".join(httpx.get(f"{u}/metrics").text for u in urls for _ in range(4))
+            assert "token_guard_redis_up 0.0" in scraped and "token_guard_admission_local_fallbacks_total" in scraped
+
+            redis.start()  # empty, as after a restart: the guards come back to it without one
+            assert eventually(lambda: instances(redis.url) == 4, timeout_s=10)
+            stats.kv.reset()
+            responses = asyncio.run(burst(urls, 32, 60))
+            assert [r.status_code for r in responses] == [200] * 32
+            assert stats.kv.peak <= budget
+            assert eventually(lambda: reserved(redis.url, sim.url) == (0, 0), timeout_s=10)  # every release landed
+
+
+@dataclass
+class ClosedStack:
+    redis: RedisServer
+    sim_url: str
+    budget: int  # four 20-token answers' worth
+    guards: list[str]
+
+
+@pytest.fixture(scope="module")
+def closed(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClosedStack]:
+    """Two guards (redis_failure "closed") started once for the two tests below; the second kills one of them."""
+    env = {"TOKEN_GUARD_ADMISSION_REDIS_FAILURE": "closed", "TOKEN_GUARD_ADMISSION_REDIS_TIMEOUT_MS": "100"}
+    logs = tmp_path_factory.mktemp("closed")
+    with redis_server() as redis, simulator(deepseek_dir, max_model_len=WINDOW, itl_s=0.02,
+                                            kv_capacity_tokens=HUGE) as (sim, _, _):  # fmt: skip
+        budget = 4 * cost_of(sim.url, 20)
+        with serve(sim.url, deepseek_dir, logs, redis.url, budget, guards=2, env=env) as guards:
+            yield ClosedStack(redis, sim.url, budget, guards)
+
+
+def test_closed_answers_503_while_redis_is_away(closed: ClosedStack) -> None:
+    client = openai.OpenAI(base_url=f"{closed.guards[0]}/v1", api_key="unused", max_retries=0)
+    messages: Any = body(20)["messages"]
+    assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20).choices
+    closed.redis.stop(signal.SIGKILL)
+    for _ in range(4):  # whichever worker answers
+        with pytest.raises(openai.InternalServerError) as refused:
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20)
+        assert refused.value.status_code == 503
+        assert refused.value.body["type"] == "ServiceUnavailableError"  # type: ignore[index]
+        assert "redis" not in refused.value.message.lower()  # nothing about the guard's insides
+    closed.redis.start()
+    assert eventually(lambda: instances(closed.redis.url) == 4, timeout_s=10)
+    assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20).choices
+
+
+def test_a_guard_killed_with_reservations_held_frees_them_within_its_lease(closed: ClosedStack) -> None:
+    doomed, survivor = closed.guards
+    redis_url, sim_url = closed.redis.url, closed.sim_url
+    hold = closed.budget - cost_of(sim_url, 0)  # one stream as costly as the whole budget: 2 s, twice the lease
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{doomed}/v1/chat/completions", json=body(hold, stream=True)) as held:
+            lines = held.iter_lines()  # kept: a dropped generator would close the stream
+            next(lines)  # admitted and streaming: the whole budget is its
+            assert reserved(redis_url, sim_url) == (closed.budget, 1)
+            kill(doomed)
+            answer = client.post(f"{survivor}/v1/chat/completions", json=body(20))
+    assert answer.status_code == 200 and "x-token-guard-queue-ms" in answer.headers  # it waited for the lease
+    assert eventually(lambda: reserved(redis_url, sim_url) == (0, 0), timeout_s=3 * LEASE_S)
