@@ -56,7 +56,7 @@ class GuardApp:
             gate = self.upstream.admission
             self.metrics.registry.register(SharedState(self.link, gate if isinstance(gate, SharedAdmission) else None))
         guard = Guard(settings, registry, UpstreamCounter(self.upstream))
-        self.quotas = Quotas(settings)
+        self.quotas = Quotas(settings, self.link)
         handlers = Handlers(guard, registry, self.upstream, self.metrics, settings.server, self.quotas)
         self._routes: dict[str, tuple[frozenset[str], Handler]] = {
             "/health": (GET, handlers.health),
