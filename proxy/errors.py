@@ -4,12 +4,12 @@
     ├── InvalidRequest              400  a body or field the guard cannot read
     │   ├── ContextLengthExceeded   400  the prompt leaves no room for output
     │   └── CountedUpstreamOnly     400  parts only the upstream can count (images, audio), with no upstream to ask
-    ├── Unauthorized                401  no valid `Authorization: Bearer <key>` (server.api_keys)
-    ├── ModelNotFound               404  a model the guard has no tokenizer for
+    ├── Unauthorized                401  no valid `Authorization: Bearer <key>` (server.api_keys, [[keys]])
+    ├── ModelNotFound               404  a model the guard has no tokenizer for, or the API key may not use
     ├── MethodNotAllowed            405  a guarded path asked with another method than POST
     ├── RequestTimeout              408  the client sent its body too slowly (server.read_timeout_s)
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
-    ├── TooBusy                     429  admission: the queue is full or the wait timed out (with Retry-After)
+    ├── TooBusy                     429  admission's queue is full or the wait timed out; a key over its quota
     ├── NotReady                    503  still learning the upstream's models, or a window not known yet
     ├── SharedStateUnavailable      503  Redis (admission.redis_url) does not answer in time
     ├── UpstreamUnavailable         502  connection reset, broken answer, garbage
