@@ -28,6 +28,9 @@ def decide(model: GuardedModel, rows: Sequence[Row], counter: UpstreamCounter) -
         return "auto", f"auto: the guard agreed with what vLLM charges on all {len(rows)} samples; counted locally"
     where = f"disagreed with what vLLM charges on {len(bad)} of {len(rows)} samples ({', '.join(bad)})"
     mode = model.tokenizer.rendering.mode
+    if not counter.renders and counter.tokenizes is False:
+        return "auto", (f"auto: the guard {where}, but the upstream offers no way to count (no render endpoints, no "
+                        "POST /tokenize); counted locally")  # fmt: skip
     if counter.renders or mode == "hf":
         return "upstream", f"auto: the guard {where}; vLLM counts this model's prompts ({counter.method})"
     return "auto", (

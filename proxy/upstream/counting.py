@@ -58,11 +58,12 @@ def _reasoning_renamed(message: Any) -> Any:
 
 
 class UpstreamCounter:
-    """Counts prompts through the upstream; remembers whether it offers the render endpoints."""
+    """Counts prompts through the upstream; remembers whether it offers the render endpoints and POST /tokenize."""
 
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
         self.renders: bool | None = None  # None: not known yet
+        self.tokenizes: bool | None = None  # POST /tokenize (servers other than vLLM may have neither)
 
     @property
     def method(self) -> str:
@@ -108,6 +109,8 @@ class UpstreamCounter:
             return None
         if render and response.status == 200:
             self.renders = True
+        if path == "/tokenize" and (response.status == 200 or response.status in NOT_OFFERED):
+            self.tokenizes = response.status == 200
         try:
             answer = json.loads(raw)
         except ValueError:

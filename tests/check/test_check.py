@@ -11,8 +11,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from starlette.types import Receive, Scope, Send
 
 from proxy.check.compare import (
     MISMATCH,
@@ -32,9 +35,10 @@ from proxy.check.run import drift_warnings
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
 from proxy.cli import main
 from proxy.counting.registry import ModelRegistry
+from proxy.server.running import ServerThread
 from proxy.settings import load_settings
 from proxy.upstream.client import Upstream
-from tests.support.servers import MODEL, simulator
+from tests.support.servers import MODEL, guard, simulator
 from tests.support.trained import CHATML_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -383,3 +387,40 @@ def test_drift_warnings_never_raise(deepseek_dir: Path) -> None:
         closed.bind(("127.0.0.1", 0))
         (line,), _ = drift(f"http://127.0.0.1:{closed.getsockname()[1]}", deepseek_dir)
     assert "drift check against" in line and "could not run" in line and "connection refused" in line
+
+
+async def _no_tokenize(scope: Scope, receive: Receive, send: Send) -> None:
+    """An OpenAI-compatible server that is not vLLM: no /tokenize, no render endpoints, and usage counted its own way
+    (always 7 prompt tokens), so the guard's counts disagree with it."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    path, body = scope["path"], dict[str, Any]()
+    if path == "/v1/models":
+        status, body = 200, {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 2048}]}
+    elif path == "/health":
+        status, body = 200, {}
+    elif scope["method"] == "POST" and path.endswith("/completions"):
+        status, body = 200, {"id": "x", "object": "chat.completion", "model": MODEL, "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}}  # fmt: skip
+    else:
+        status, body = 404, {"error": {"message": "not here", "type": "NotFoundError", "code": 404}}
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+def test_an_upstream_that_cannot_count_leaves_counting_to_the_guard(deepseek_dir: Path) -> None:
+    with ServerThread(_no_tokenize) as upstream:
+        lines, registry = drift(upstream.url, deepseek_dir)
+        assert len(lines) == 1  # the counts differ, and the check says so
+        model = registry.resolve(MODEL)
+        assert model.count_source == "auto"
+        assert "the upstream offers no way to count" in model.source_reason
+        with guard(upstream.url, deepseek_dir, **{"model.max_model_len": 2048}) as server:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 100_000}
+            response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-token-guard-count-source"] == "local"
+    assert response.headers["x-token-guard-action"] == "clamp"
