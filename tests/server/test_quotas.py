@@ -5,6 +5,7 @@ tokens given back from the answer's usage, a key's model list and output cap, a 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from proxy.counting.registry import ModelRegistry
 from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
+from tests.support.polling import eventually
 from tests.support.servers import MODEL, Tap, simulator, wait_healthy
 
 KEYS = f"""
@@ -215,6 +217,18 @@ def test_every_answer_to_a_keyed_request_tells_its_quota(proxy: str) -> None:
     assert "x-ratelimit-limit-tokens" not in chat(plain, 5).headers
     with pytest.raises(openai.AuthenticationError):
         chat(client(proxy, "sk-unknown"), 5)
+
+
+def test_the_log_line_names_the_key_and_what_it_paid(proxy: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="token_guard.requests")
+    reply = chat(client(proxy, "sk-hashed"), 4, extra_headers={"x-request-id": "quota-log"})
+    total = reply.parse().usage.total_tokens
+
+    def line() -> dict[str, Any]:
+        return next((f for r in caplog.records if (f := getattr(r, "fields", {})).get("request_id") == "quota-log"), {})
+
+    assert eventually(lambda: bool(line()))
+    assert line()["key"] == "hashed" and line()["charged_tokens"] == total
 
 
 def test_metrics_per_key(proxy: str) -> None:
