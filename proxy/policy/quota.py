@@ -38,6 +38,7 @@ class Verdict:
     tokens: Window | None  # None: the key has no such limit
     requests: Window | None
     retry_after_ms: int = 0  # when refused: until both buckets could take the request
+    shared: bool = False  # from the buckets in Redis (else this process's): what is given back goes there too
 
     def headers(self) -> dict[str, str]:
         headers: dict[str, str] = {}

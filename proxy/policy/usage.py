@@ -60,6 +60,7 @@ class Charge:
     tokens: int
     prompt_tokens: int
     forwarded: bool = False  # something reached the upstream
+    shared: bool = False  # charged in Redis (else in this process's buckets)
     tail: AnswerTail = field(default_factory=AnswerTail)
 
     def used(self, status: int | None) -> int:

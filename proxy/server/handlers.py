@@ -156,7 +156,7 @@ class Handlers:
             raise over_quota(key, verdict, tokens or 0)
         if tokens is not None:
             forwarded = isinstance(outcome, Chunked)  # its parts' answers are merged: its reservation stands
-            record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded)
+            record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded, verdict.shared)
 
     async def _tell_quota(self, key: KeySettings | None, record: RequestRecord, tagged: Headers) -> None:
         """Every answer to a keyed request says where its key stands, errors included."""
@@ -171,7 +171,7 @@ class Handlers:
         unused = charge.unused(reply.status)
         record.charged_tokens = charge.tokens - unused
         if unused:
-            await self.quotas.give_back(charge.key, unused)
+            await self.quotas.give_back(charge.key, unused, charge.shared)
 
     def _done(self, record: RequestRecord, reply: Reply) -> None:
         record.client_gone = record.client_gone or (reply.started and not reply.finished)

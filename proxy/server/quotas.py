@@ -48,11 +48,11 @@ class Quotas:
             lambda shared: shared.peek(key.name, limits), lambda now: self.local.peek(key.name, limits, now)
         )
 
-    async def give_back(self, key: KeySettings, amount: int) -> None:
-        """Return what a request did not use; lost when Redis does not answer (the key stays charged: the safe
-        side)."""
+    async def give_back(self, key: KeySettings, amount: int, shared: bool) -> None:
+        """Return what a request did not use to the buckets that charged it (`shared`: Redis); lost when Redis does
+        not answer (the key stays charged: the safe side)."""
         limits = _limits(key)
-        if self.shared is None:
+        if self.shared is None or not shared:
             self.local.give_back(key.name, limits, amount, _now_ms())
             return
         try:

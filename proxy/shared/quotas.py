@@ -83,6 +83,7 @@ class RedisQuotas:
             _window(tokens_limit, tokens_left, tokens_full),
             _window(requests_limit, requests_left, requests_full),
             wait,
+            shared=True,
         )
 
 

@@ -63,15 +63,19 @@ def test_redis_gone_then_back(redis: RedisServer, failure: str) -> None:
     async def run() -> None:
         link = RedisLink(redis.url, 250)
         quotas = Quotas(settings, link)
-        assert (await quotas.charge(key, 900)).allowed
+        charged = await quotas.charge(key, 900)
+        assert charged.allowed and charged.shared
         redis.stop(signal.SIGKILL)
+        await quotas.give_back(key, 100, charged.shared)  # lost while Redis is away: the safe side
         if failure == "closed":
             with pytest.raises(SharedStateUnavailable):
                 await quotas.charge(key, 10)
         else:  # this process's own bucket: full, it knows nothing of what Redis held
             verdict = await quotas.charge(key, 900)
-            assert verdict.allowed and verdict.tokens is not None and verdict.tokens.remaining == 100
-        await quotas.give_back(key, 100)  # lost while Redis is away: the safe side
+            assert verdict.allowed and not verdict.shared and verdict.tokens is not None
+            assert verdict.tokens.remaining == 100
+            await quotas.give_back(key, 800, verdict.shared)  # back where it was charged: this process's bucket
+            assert (await quotas.charge(key, 900)).allowed
         redis.start()
         assert await _back(quotas, key, link)
         assert await link.call(lambda client: client.exists(QUOTAS + "team")) == 1  # charged in Redis again
