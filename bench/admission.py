@@ -33,13 +33,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--itl", type=float, default=0.01, help="simulator inter-token delay, seconds")
     parser.add_argument("--capacity-requests", type=int, default=8, help="KV capacity, in requests' worth")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="guards in front of the simulator: above 1, per-process budgets against one shared "
+                             "through Redis (bench/admission_shared.py)")  # fmt: skip
+    parser.add_argument("--redis-url", help="with --instances: this Redis (default: a redis-server started here)")
+    parser.add_argument("--round-trips", type=int, default=300, help="with --instances: requests timed per side")
 
 
 def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = write_demo_tokenizer_dir(Path(tmp) / "tok")
-        results = [run(args, tokenizer, admission) for admission in (False, True)]
-    print(table(results))
+        if args.instances > 1:
+            from bench import admission_shared
+
+            results = admission_shared.run_instances(args, tokenizer, Path(tmp))
+            print(admission_shared.table(results))
+        else:
+            results = [run(args, tokenizer, admission) for admission in (False, True)]
+            print(table(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
     return 0

@@ -2,8 +2,10 @@
 Redis answers, flipped with one log line each way. The one module that imports redis: its errors become
 `SharedStateUnavailable` here.
 
-While Redis is down, calls fail at once, except one trial every `PROBE_INTERVAL_S`: the first that succeeds brings
-the link back, without a restart and without a burst of slow calls against a Redis that does not answer.
+Redis is down once a connection fails, or after `SLOW_LIMIT` calls in a row ran out of time (one late answer is more
+often this process's own event loop lagging than Redis gone). While it is down, calls fail at once, except one trial
+every `PROBE_INTERVAL_S`: the first that succeeds brings the link back, without a restart and without a burst of slow
+calls against a Redis that does not answer.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any, TypeVar
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.errors import SharedStateUnavailable
 
@@ -27,6 +31,7 @@ log = logging.getLogger("token_guard.redis")
 T = TypeVar("T")
 PREFIX = "token-guard:"  # every key the guards write starts with it
 PROBE_INTERVAL_S = 0.25
+SLOW_LIMIT = 2
 MAX_CONNECTIONS = 64
 
 
@@ -47,6 +52,7 @@ class RedisLink:
         )
         self.healthy = True
         self.errors = 0  # failed calls since start (token_guard_redis_errors_total)
+        self._in_a_row = 0  # failed calls since the last that succeeded
         self._next_trial = 0.0
         self._trying = False
 
@@ -67,6 +73,7 @@ class RedisLink:
         finally:
             if trial:
                 self._trying = False
+        self._in_a_row = 0
         if trial:
             self._recovered()
         return result
@@ -90,8 +97,11 @@ class RedisLink:
     def _failed(self, exc: BaseException) -> bool:
         """Count the failure; True when it is the one that flips the link down."""
         self.errors += 1
+        self._in_a_row += 1
         self._next_trial = time.monotonic() + PROBE_INTERVAL_S
-        if not self.healthy:
+        late = isinstance(exc, TimeoutError | RedisTimeoutError)  # (the built-in TimeoutError is an OSError)
+        gone = (not late and isinstance(exc, RedisConnectionError | OSError)) or self._in_a_row >= SLOW_LIMIT
+        if not self.healthy or not gone:
             return False
         self.healthy = False
         reason = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from proxy.shared.link import RedisLink
 from proxy.shared.presence import Presence
 from proxy.upstream.admission import Admission, Budget, Ticket
 
+log = logging.getLogger("token_guard.admission")
+
 POLL_S = 0.02  # how soon a waiter sees budget that another guard freed
 MAX_UNSENT = 10_000  # releases kept per replica while Redis is away (their leases would free them anyway)
 CLOSED = "token-guard cannot reach the store its admission budget is shared through; try again shortly."
@@ -32,6 +35,7 @@ CLOSED = "token-guard cannot reach the store its admission budget is shared thro
 class _Waiter:
     cost: int
     exclude: frozenset[int]
+    arrived: int  # arrival order: a waiter whose quick try failed takes its place by it, not behind later ones
     # a ticket, or None: Redis went away while it waited (admit it locally, or refuse it)
     future: asyncio.Future[Ticket | None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -56,6 +60,8 @@ class SharedAdmission:
         self._unsent: collections.defaultdict[int, list[str]] = collections.defaultdict(list)
         self._changed = asyncio.Event()
         self._ids = itertools.count()
+        self._arrivals = itertools.count()
+        self._trying: set[int] = set()  # arrivals whose quick try (a reservation with nobody queued) is in flight
         self._turn = 0
 
     @property
@@ -75,19 +81,23 @@ class SharedAdmission:
         return ticket
 
     async def acquire(self, cost: int, exclude: frozenset[int] = frozenset()) -> Ticket:
-        started = time.monotonic()
-        if not self._queue:
+        started, arrived = time.monotonic(), next(self._arrivals)
+        if not self._queue and not self._trying:  # nobody before it: one round trip, in this task
+            self._trying.add(arrived)
             try:
                 ticket = await self._reserve(cost, exclude)
             except SharedStateUnavailable:
                 return await self._without_redis(cost, exclude)
+            finally:
+                self._trying.discard(arrived)
+                self._changed.set()  # the waiters behind it may go now
             if ticket is not None:
                 return ticket
         elif not self.link.healthy:
             return await self._without_redis(cost, exclude)
         if len(self._queue) >= self.max_queue:
             raise TooBusy(f"token-guard's queue is full ({self.max_queue} requests waiting).", self.retry_after(cost))
-        ticket = await self._wait(_Waiter(cost, exclude))
+        ticket = await self._wait(_Waiter(cost, exclude, arrived))
         if ticket is None:
             return await self._without_redis(cost, exclude)
         ticket.waited_s = time.monotonic() - started
@@ -126,11 +136,12 @@ class SharedAdmission:
         candidates = [i for i in order if i not in exclude and self.local.budgets[i].available]
         lease = f"{self.presence.instance}:{next(self._ids)}"
         offered = [(self.urls[i], self.whole[i].max_tokens, self.whole[i].max_requests) for i in candidates]
-        call = asyncio.ensure_future(self.budget.reserve(lease, cost, offered))
         try:
-            got = await asyncio.shield(call)
+            got = await self.budget.reserve(lease, cost, offered)
         except asyncio.CancelledError:  # the client left while Redis answered: give back what it may have got
-            call.add_done_callback(lambda done: self._abandon(done, candidates, lease, cost))
+            for replica in candidates:  # (releasing a reservation never made changes nothing)
+                self._unsent[replica].append(lease)
+            self._changed.set()
             raise
         return self._admitted(got, candidates, lease, cost)
 
@@ -143,13 +154,6 @@ class SharedAdmission:
         self._held[lease] = replica
         return self.local.hold(replica, cost, lease)
 
-    def _abandon(self, done: asyncio.Future[tuple[int, int] | None], candidates: list[int], lease: str,
-                 cost: int) -> None:  # fmt: skip
-        if not done.cancelled() and done.exception() is None:
-            ticket = self._admitted(done.result(), candidates, lease, cost)
-            if ticket is not None:
-                self.release(ticket)
-
     async def _without_redis(self, cost: int, exclude: frozenset[int]) -> Ticket:
         if self.closed:
             self.refusals += 1
@@ -158,7 +162,10 @@ class SharedAdmission:
         return self.local.try_acquire(cost, exclude) or await self.local.acquire(cost, exclude)
 
     async def _wait(self, waiter: _Waiter) -> Ticket | None:
-        self._queue.append(waiter)
+        place = len(self._queue)
+        while place and self._queue[place - 1].arrived > waiter.arrived:
+            place -= 1
+        self._queue.insert(place, waiter)
         self._changed.set()
         try:
             return await asyncio.wait_for(asyncio.shield(waiter.future), self.queue_timeout_s)
@@ -187,8 +194,11 @@ class SharedAdmission:
         loop = asyncio.get_running_loop()
         while True:
             self._changed.clear()
-            await self._send_releases()
-            await self._admit_waiters()
+            try:
+                await self._send_releases()
+                await self._admit_waiters()
+            except Exception:  # a bug must not leave the waiters without their pump
+                log.exception("shared admission: unexpected error; the queue goes on")
             poll = loop.call_later(POLL_S, self._changed.set) if self._queue else None  # others' releases
             try:
                 await self._changed.wait()
@@ -211,6 +221,8 @@ class SharedAdmission:
             if head.future.done():
                 self._queue.popleft()
                 continue
+            if self._trying and min(self._trying) < head.arrived:  # an earlier arrival's quick try is in flight
+                return
             try:
                 ticket = await self._reserve(head.cost, head.exclude)
             except SharedStateUnavailable:

@@ -165,3 +165,20 @@ def test_a_waiter_that_leaves_takes_nothing(redis: RedisServer) -> None:
             assert await a.budget.in_flight(URL) == (0, 0)
 
     asyncio.run(run())
+
+
+def test_clients_that_leave_while_redis_answers_leave_nothing_reserved(redis: RedisServer) -> None:
+    async def run() -> None:
+        async with gate(redis, tokens=10**6) as a:
+            for step in range(40):  # cancelled at every point of the round trip, before it and after it
+                task = asyncio.ensure_future(a.acquire(10))
+                await asyncio.sleep(step * 0.00005)
+                task.cancel()
+                try:
+                    a.release(await task)  # it had its ticket before the cancel landed
+                except asyncio.CancelledError:
+                    pass
+            assert await until(lambda: not a._unsent)
+            assert await a.budget.in_flight(URL) == (0, 0) and a.local.budgets[0].tokens == 0
+
+    asyncio.run(run())

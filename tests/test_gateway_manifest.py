@@ -1,0 +1,88 @@
+"""The Kubernetes gateway example (deploy/kubernetes/token-guard-gateway.yaml): guard replicas in front of a vLLM
+Service sharing one budget through the Redis beside them. Its settings load, the Redis URL names the Redis Service
+and port, the probes and ports agree with the image, and the Services select what they should."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+from proxy.settings import ServerSettings, load_settings
+from tests.test_packaging import image_env, image_user
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "deploy" / "kubernetes" / "token-guard-gateway.yaml"
+
+
+def objects() -> dict[tuple[str, str], dict[str, Any]]:
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(MANIFEST.read_text()) if doc}
+
+
+def container(deployment: str, name: str) -> dict[str, Any]:
+    spec = objects()["Deployment", deployment]["spec"]["template"]["spec"]
+    found: list[dict[str, Any]] = [c for c in spec["containers"] if c["name"] == name]
+    assert len(found) == 1
+    return found[0]
+
+
+def guard() -> dict[str, Any]:
+    return container("llm-gateway", "token-guard")
+
+
+def env_of(c: dict[str, Any]) -> dict[str, str]:
+    return {item["name"]: str(item["value"]) for item in c.get("env", [])}
+
+
+def named_port(c: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    (number,) = [p["containerPort"] for p in c["ports"] if p["name"] == port]
+    assert isinstance(number, int)
+    return number
+
+
+def test_the_guards_settings_load_and_share_a_budget_through_redis() -> None:
+    settings = load_settings(environ=env_of(guard()))
+    admission = settings.admission
+    assert admission.redis_url and admission.max_inflight_tokens not in (0, "0")
+    assert settings.server.host == "0.0.0.0" and settings.server.workers > 1
+    assert urlparse(settings.upstream.url).hostname == "vllm"  # the vLLM Service, not a pod
+    assert objects()["Deployment", "llm-gateway"]["spec"]["replicas"] > 1
+
+
+def test_the_redis_url_names_the_redis_service_and_its_port() -> None:
+    url = urlparse(load_settings(environ=env_of(guard())).admission.redis_url or "")
+    host = str(url.hostname)
+    service = objects()["Service", host]
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == url.port
+    redis = container(host, "redis")
+    assert named_port(redis, port["targetPort"]) == url.port == 6379
+    labels = objects()["Deployment", host]["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert redis["args"][:4] == ["--save", "", "--appendonly", "no"]  # leases of seconds: nothing kept on disk
+
+
+def test_probes_ports_and_the_service_agree_with_the_image() -> None:
+    c = guard()
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = c[kind]["httpGet"]
+        assert probe["path"] == ("/livez" if kind == "livenessProbe" else "/health")
+        assert named_port(c, probe["port"]) == ServerSettings().port
+    service = objects()["Service", "llm-gateway"]
+    deployment = objects()["Deployment", "llm-gateway"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert all(named_port(c, p["targetPort"]) == ServerSettings().port for p in service["spec"]["ports"])
+
+
+def test_resources_and_security() -> None:
+    for c in (guard(), container("token-guard-redis", "redis")):
+        assert c["resources"]["requests"] and c["resources"]["limits"]
+        assert c["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert str(guard()["securityContext"]["runAsUser"]) == image_user().partition(":")[0]
+    mounts = {m["name"]: m for m in guard()["volumeMounts"]}
+    assert mounts["models"]["readOnly"] is True
+    assert image_env()["HF_HOME"].startswith("/tmp/") and mounts["tmp"]["mountPath"] == "/tmp"
