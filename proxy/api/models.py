@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -30,3 +32,16 @@ def parse_models(payload: object) -> list[ModelCard]:
                 )
             )
     return cards
+
+
+def only_models(raw: bytes, allowed: Collection[str]) -> bytes | None:
+    """A `GET /v1/models` answer with only the models in `allowed` (an API key's own, as OpenAI lists them); None
+    when it is not a model list."""
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        return None
+    kept = [m for m in payload["data"] if isinstance(m, dict) and m.get("id") in allowed]
+    return json.dumps({**payload, "data": kept}, ensure_ascii=False, separators=(",", ":")).encode()

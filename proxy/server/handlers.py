@@ -20,7 +20,7 @@ from proxy.server.disconnect import ClientWatch
 from proxy.server.metrics import Metrics
 from proxy.server.quotas import Quotas, over_quota
 from proxy.server.record import REQUEST_ID, RequestRecord, log_fields, log_line, request_id
-from proxy.server.relay import relay, relay_error
+from proxy.server.relay import relay, relay_error, relay_listed
 from proxy.server.responses import internal_error, send_error
 from proxy.settings import ServerSettings
 from proxy.settings.sections import KeySettings
@@ -46,7 +46,11 @@ class Handlers:
         await self._handle(scope, receive, send, guarded=True)
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._handle(scope, receive, send, guarded=False)
+        """Relayed unchanged; except that a key held to some models ([[keys]] models) sees only those in
+        GET /v1/models, as OpenAI lists the models a key may use."""
+        key = named_key(scope)
+        listed = key.models if key is not None and scope["path"] == "/v1/models" else None
+        await self._handle(scope, receive, send, guarded=False, listed=listed)
 
     async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Readiness: the models are known and an upstream replica answers its own /health."""
@@ -66,7 +70,9 @@ class Handlers:
     async def metrics_text(self, scope: Scope, receive: Receive, send: Send) -> None:
         await Reply(send).whole(200, [], self.metrics.exposition(), METRICS_TYPE)
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send, guarded: bool) -> None:
+    async def _handle(
+        self, scope: Scope, receive: Receive, send: Send, guarded: bool, listed: tuple[str, ...] | None = None
+    ) -> None:
         incoming, reply = Incoming(scope), Reply(send)
         record = RequestRecord(request_id(incoming.header(REQUEST_ID)), incoming.method, incoming.path, guarded)
         tagged: Headers = [(REQUEST_ID, record.request_id.encode())]
@@ -79,7 +85,7 @@ class Handlers:
                 if guarded:
                     await self._guard(reply, incoming, body, headers, record, tagged)
                 else:
-                    await self._forward(reply, incoming, body, headers, record, tagged, None)
+                    await self._forward(reply, incoming, body, headers, record, tagged, None, listed)
         except ClientGone:
             record.client_gone = True
             if not reply.started:
@@ -105,6 +111,7 @@ class Handlers:
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
         tagged: Headers,
     ) -> None:  # fmt: skip
+        incoming.leave_if_gone()  # nothing is counted for a client that left while its request waited its turn
         outcome = await self.guard.handle(incoming.path, body, headers, record.findings)
         if record.findings.api_key is not None and record.findings.api_key.limited:
             await self._charge(record.findings.api_key, outcome, record, tagged)
@@ -112,6 +119,7 @@ class Handlers:
         if isinstance(outcome, Forward):
             await self._forward(reply, incoming, outcome.body, headers, record, extra, outcome.cost)
         elif isinstance(outcome, Chunked):
+            incoming.leave_if_gone()  # counting and cutting took a while: no parts for a client that left meanwhile
             fanout = outcome.policy.max_fanout
             runner = PartRunner(self.upstream, incoming.path, headers, fanout, self.metrics.fanout)
             await answer_chunked(reply, outcome, runner, self.guard, extra)
@@ -122,8 +130,9 @@ class Handlers:
 
     async def _forward(
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
-        extra: Headers, cost: int | None,
+        extra: Headers, cost: int | None, listed: tuple[str, ...] | None = None,
     ) -> None:  # fmt: skip
+        incoming.leave_if_gone()  # nor sent upstream, where vLLM would start on it only to be told to abort
         opened = await self.upstream.open(incoming.method, incoming.target, headers, body, cost)
         upstream = opened.response
         if record.charge is not None:
@@ -137,6 +146,8 @@ class Handlers:
                 extra = [*extra, (QUEUE_HEADER, str(round(opened.ticket.waited_s * 1000)).encode())]
             if upstream.status >= 500 and not upstream.is_sse:
                 await relay_error(reply, upstream, extra, record)
+            elif listed is not None and upstream.status == 200 and not upstream.is_sse:
+                await relay_listed(reply, upstream, extra, record, listed)
             else:
                 await relay(reply, upstream, extra, record)
         finally:

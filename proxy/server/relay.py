@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+from proxy.api.models import only_models
 from proxy.errors import GuardError
 from proxy.server.asgi import Headers, Reply
 from proxy.server.record import RequestRecord
@@ -54,6 +55,22 @@ async def relay(reply: Reply, upstream: UpstreamResponse, extra: Headers, record
     finally:
         record.upstream_s = time.perf_counter() - record.started
     await reply.end()
+
+
+async def relay_listed(
+    reply: Reply, upstream: UpstreamResponse, extra: Headers, record: RequestRecord, allowed: tuple[str, ...]
+) -> None:
+    """A model list read whole, and relayed with only the models an API key may use."""
+    try:
+        raw = await upstream.read()
+    finally:
+        record.upstream_s = time.perf_counter() - record.started
+    listed = only_models(raw, allowed)
+    content_type = b"application/json" if listed is not None else upstream.content_type.encode("latin-1")
+    headers = [
+        (k, v) for k, v in relayed_headers(upstream, extra) if k.lower() not in (b"content-type", b"content-length")
+    ]
+    await reply.whole(upstream.status, headers, raw if listed is None else listed, content_type)
 
 
 async def relay_error(reply: Reply, upstream: UpstreamResponse, extra: Headers, record: RequestRecord) -> None:

@@ -201,6 +201,13 @@ def test_a_model_the_key_may_not_use_is_not_found(proxy: str) -> None:
     }  # fmt: skip
 
 
+def test_a_key_lists_only_its_models(proxy: str) -> None:
+    assert [m.id for m in client(proxy, "sk-capped").models.list()] == [MODEL]
+    assert [m.id for m in client(proxy, "sk-elsewhere").models.list()] == []
+    assert [m.id for m in client(proxy, "sk-hashed").models.list()] == [MODEL]  # a key without a list sees all
+    assert [m.id for m in client(proxy, "plain").models.list()] == [MODEL]
+
+
 def test_every_answer_to_a_keyed_request_tells_its_quota(proxy: str) -> None:
     oai = client(proxy, "sk-hashed")
     overflow = httpx.post(f"{proxy}/v1/chat/completions", headers={"Authorization": "Bearer sk-hashed"},
