@@ -14,6 +14,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
+CLIENT_GONE = "token_guard.client_gone"  # scope key: a callable, true once the client has closed its connection
 
 JSON = b"application/json"
 
@@ -25,7 +26,7 @@ class ClientGone(Exception):
 class Incoming:
     """One request's line and headers, as received."""
 
-    __slots__ = ("method", "path", "target", "raw_headers")
+    __slots__ = ("method", "path", "target", "raw_headers", "client_gone")
 
     def __init__(self, scope: Scope) -> None:
         self.method: str = scope["method"]
@@ -34,6 +35,13 @@ class Incoming:
         query: bytes = scope["query_string"]
         self.target = (raw_path + b"?" + query if query else raw_path).decode("latin-1")  # path and query, untouched
         self.raw_headers: Headers = scope["headers"]
+        self.client_gone: Callable[[], bool] = scope.get(CLIENT_GONE, _never)
+
+    def leave_if_gone(self) -> None:
+        """ClientGone when the client has already closed its connection (the server says so at once, see
+        protocol.py; under another server this never raises and ClientWatch notices a moment later)."""
+        if self.client_gone():
+            raise ClientGone()
 
     def header(self, name: bytes) -> str | None:
         """The first value of a header (`name` in lower case, as ASGI gives them)."""
@@ -111,3 +119,7 @@ class Reply:
 
 def encode_headers(headers: dict[str, str]) -> Headers:
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+def _never() -> bool:
+    return False

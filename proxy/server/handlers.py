@@ -111,6 +111,7 @@ class Handlers:
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
         tagged: Headers,
     ) -> None:  # fmt: skip
+        incoming.leave_if_gone()  # nothing is counted for a client that left while its request waited its turn
         outcome = await self.guard.handle(incoming.path, body, headers, record.findings)
         if record.findings.api_key is not None and record.findings.api_key.limited:
             await self._charge(record.findings.api_key, outcome, record, tagged)
@@ -118,6 +119,7 @@ class Handlers:
         if isinstance(outcome, Forward):
             await self._forward(reply, incoming, outcome.body, headers, record, extra, outcome.cost)
         elif isinstance(outcome, Chunked):
+            incoming.leave_if_gone()  # counting and cutting took a while: no parts for a client that left meanwhile
             fanout = outcome.policy.max_fanout
             runner = PartRunner(self.upstream, incoming.path, headers, fanout, self.metrics.fanout)
             await answer_chunked(reply, outcome, runner, self.guard, extra)
@@ -130,6 +132,7 @@ class Handlers:
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
         extra: Headers, cost: int | None, listed: tuple[str, ...] | None = None,
     ) -> None:  # fmt: skip
+        incoming.leave_if_gone()  # nor sent upstream, where vLLM would start on it only to be told to abort
         opened = await self.upstream.open(incoming.method, incoming.target, headers, body, cost)
         upstream = opened.response
         if record.charge is not None:

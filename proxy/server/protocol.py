@@ -17,6 +17,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.errors import GuardError, InvalidRequest, RequestTimeout
+from proxy.server.asgi import CLIENT_GONE
 
 
 class HeaderTooLarge(GuardError):
@@ -64,6 +65,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and cycle.scope is self.scope:
+            # Known at once, where the app could only learn it from a receive() that runs after its own next step:
+            # a request whose client left while it waited for its turn is not counted, nor forwarded.
+            self.scope[CLIENT_GONE] = lambda: bool(cycle.disconnected)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

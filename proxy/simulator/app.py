@@ -108,7 +108,7 @@ class Endpoints:
             return error_response(error, anthropic=True)
 
     async def _generate(self, request: Request, planner: Planner, anthropic: bool = False) -> Response:
-        tracker = self.stats.start()
+        tracker = self.stats.start(request.headers.get("x-request-id"))
         try:
             return await self._run(request, planner, tracker, anthropic)
         except BaseException:

@@ -8,6 +8,7 @@ The server runs in its own thread in tests, so updates and snapshots take a lock
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ from proxy.simulator.kv import KvCache
 
 Outcome = Literal["completed", "aborted", "rejected"]
 MAX_BODIES = 200
+MAX_ABORTS = 10_000
 
 
 class SimulatorStats:
@@ -28,12 +30,14 @@ class SimulatorStats:
         self.active = 0
         self.tokens_generated = 0
         self.requests: deque[Any] = deque(maxlen=MAX_BODIES)
+        # (x-request-id, time.monotonic()) of each abort: when the client's leaving reached the server
+        self.aborts: deque[tuple[str, float]] = deque(maxlen=MAX_ABORTS)
 
-    def start(self) -> RequestTracker:
+    def start(self, request_id: str | None = None) -> RequestTracker:
         with self._lock:
             self.received += 1
             self.active += 1
-        return RequestTracker(self)
+        return RequestTracker(self, request_id)
 
     def record_body(self, body: Any) -> None:
         with self._lock:
@@ -43,11 +47,13 @@ class SimulatorStats:
         with self._lock:
             self.tokens_generated += count
 
-    def _finish(self, outcome: Outcome, kv_tokens: int) -> None:
+    def _finish(self, outcome: Outcome, kv_tokens: int, request_id: str | None) -> None:
         self.kv.release(kv_tokens)
         with self._lock:
             self.active -= 1
             setattr(self, outcome, getattr(self, outcome) + 1)
+            if outcome == "aborted" and request_id is not None:
+                self.aborts.append((request_id, time.monotonic()))
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -63,6 +69,7 @@ class SimulatorStats:
                 "peak_running_tokens": self.kv.peak,
                 "preemptions": self.kv.preemptions,
                 "requests": list(self.requests),
+                "aborts": list(self.aborts),
             }
 
     def reset(self) -> None:
@@ -70,14 +77,16 @@ class SimulatorStats:
         with self._lock:
             self.received = self.completed = self.aborted = self.rejected = self.tokens_generated = 0
             self.requests.clear()
+            self.aborts.clear()
         self.kv.reset()
 
 
 class RequestTracker:
     """One request's lifecycle: the first outcome recorded wins, so nothing is counted twice."""
 
-    def __init__(self, stats: SimulatorStats) -> None:
+    def __init__(self, stats: SimulatorStats, request_id: str | None = None) -> None:
         self._stats = stats
+        self.request_id = request_id
         self.outcome: Outcome | None = None
         self.kv_tokens = 0
 
@@ -92,4 +101,4 @@ class RequestTracker:
     def finish(self, outcome: Outcome) -> None:
         if self.outcome is None:
             self.outcome = outcome
-            self._stats._finish(outcome, self.kv_tokens)
+            self._stats._finish(outcome, self.kv_tokens, self.request_id)

@@ -42,9 +42,8 @@ class Stats:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def __getattr__(self, name: str) -> int:
-        value: int = httpx.get(self.url + "/sim/stats", timeout=30).json()[name]
-        return value
+    def __getattr__(self, name: str) -> Any:
+        return httpx.get(self.url + "/sim/stats", timeout=30).json()[name]
 
 
 @pytest.fixture(scope="module")
@@ -88,12 +87,15 @@ def test_a_thousand_concurrent_streams_all_complete(stack: tuple[str, Stats, int
     assert eventually(lambda: stats.active == 0)
 
 
-async def leave_at_random(session: aiohttp.ClientSession, url: str, i: int, rng: random.Random) -> int | None:
+async def leave_at_random(
+    session: aiohttp.ClientSession, url: str, i: int, rng: random.Random, left: dict[str, float], seed: int
+) -> int | None:
     """One client that goes away at a random point; the status if it saw one. The kinds: a stream left after a
     while (before its first byte or mid-stream), a long prompt left while counted or waiting, a stream left after a
     few chunks, a chunked request left mid-fan-out; with 400 requests admitted at a time, many leave while queued."""
     kind = i % 4
-    headers = {"x-token-guard-overflow": "chunk"} if kind == 3 else {}
+    request_id = f"soak-{seed}-{i}"  # the guard forwards it: the simulator notes it with the time of each abort
+    headers = {"x-request-id": request_id, **({"x-token-guard-overflow": "chunk"} if kind == 3 else {})}
     request = body(i, stream=kind != 1, words=1500 if kind == 1 else 3000 if kind == 3 else 20)
     request["max_tokens"] = 64 if kind == 3 else 400  # about 2 s of tokens: clients leave mid-way
     chunks_read = rng.randint(1, 30)
@@ -113,6 +115,7 @@ async def leave_at_random(session: aiohttp.ClientSession, url: str, i: int, rng:
         await asyncio.wait_for(go(), timeout=rng.uniform(0.001, 3.0))
     except TimeoutError:
         pass  # went away while queued, while counted, before the first byte, or mid-stream
+    left[request_id] = time.monotonic()  # the connection is closed by now (the connector keeps none open)
     return status
 
 
@@ -121,11 +124,12 @@ def leaving_burst(url: str, stats: Stats, seed: int) -> None:
     the admission budget and the parts in flight back to zero."""
     received, aborted = stats.received, stats.aborted
     rng = random.Random(seed)
+    left_at: dict[str, float] = {}
 
     async def run() -> list[int | None]:
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
         async with aiohttp.ClientSession(connector=connector) as session:
-            return await asyncio.gather(*(leave_at_random(session, url, i, rng) for i in range(CLIENTS)))
+            return await asyncio.gather(*(leave_at_random(session, url, i, rng, left_at, seed) for i in range(CLIENTS)))
 
     statuses = asyncio.run(run())
     left = time.monotonic()
@@ -146,15 +150,34 @@ def leaving_burst(url: str, stats: Stats, seed: int) -> None:
     assert eventually(drained, timeout_s=60)
     assert stats.active == 0  # and nothing was sent upstream after that
     assert stats.aborted - aborted > CLIENTS // 10  # many left after their request reached vLLM, and vLLM was told
+    # How long after each client left its upstream request was aborted (the simulator's clock and ours are the
+    # machine's monotonic clock); the guard, the simulator and 1,000 clients share two cores here.
+    delays = sorted(max(0.0, at - left_at[rid]) for rid, at in stats.aborts if rid in left_at)
+    assert delays
+    print(f"soak: {len(delays)} upstream aborts after their client left: p50 {delays[len(delays) // 2]:.2f} s, "
+          f"p99 {delays[int(len(delays) * 0.99)]:.2f} s, max {delays[-1]:.2f} s, "
+          f"{sum(d > 1 for d in delays)} over 1 s")  # fmt: skip
+
+
+def settled_rss(url: str, pid: int) -> float:
+    """The guard's RSS once it has finished with the work of clients that left (its loop answers at once again)."""
+
+    def idle() -> bool:
+        started = time.monotonic()
+        httpx.get(url + "/livez", timeout=60)
+        return time.monotonic() - started < 0.05
+
+    assert eventually(lambda: idle() and idle() and idle(), timeout_s=120)
+    return rss_mb(pid)
 
 
 def test_a_thousand_clients_leaving_at_random_points_leave_nothing_behind(stack: tuple[str, Stats, int]) -> None:
     url, stats, pid = stack
-    before = rss_mb(pid)
+    before = settled_rss(url, pid)
     leaving_burst(url, stats, seed=7)
-    first = rss_mb(pid)
+    first = settled_rss(url, pid)
     leaving_burst(url, stats, seed=8)
-    second = rss_mb(pid)
+    second = settled_rss(url, pid)
     # The first burst of 1,000 concurrent requests raises the allocator's high-water mark once (it keeps freed
     # arenas); a leak would grow with every burst. The caches are bounded apart (4 + 2 MB here).
     print(f"soak: the guard's RSS {before:.0f} MB before, {first:.0f} MB after one burst, {second:.0f} MB after two")
