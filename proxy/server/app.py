@@ -106,7 +106,7 @@ class GuardApp:
             if self.upstream.auto_budget:
                 jobs.append(self.upstream.learn_budgets())
             if self.link is not None:
-                jobs += [self.link.watch(), *self.upstream.shared_jobs()]
+                jobs += [self.link.watch(), *(self.upstream.shared_jobs() or [_heartbeat(self.link, self.settings)])]
             tasks = [group.create_task(_logged(job)) for job in jobs]
             await send({"type": "lifespan.startup.complete"})
             await receive()  # lifespan.shutdown
@@ -129,6 +129,13 @@ def _redis_link(admission: AdmissionSettings) -> RedisLink | None:
     from proxy.shared.link import RedisLink
 
     return RedisLink(admission.redis_url, admission.redis_timeout_ms)
+
+
+async def _heartbeat(link: RedisLink, settings: Settings) -> None:
+    """This instance's heartbeat in Redis when no shared budget keeps one (`token-guard check` counts them)."""
+    from proxy.shared.presence import Presence
+
+    await Presence(link, settings.admission.redis_lease_s).run()
 
 
 async def _refuse(scope: Scope, send: Send) -> None:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import socket
 
+from proxy.errors import SharedStateUnavailable
 from proxy.shared.link import PREFIX, RedisLink
 
 INSTANCES = PREFIX + "instances"  # a sorted set: instance id -> when its entry expires (Redis ms)
@@ -39,6 +41,15 @@ class Presence:
         """Renew this instance's entry; how many instances are alive. Raises SharedStateUnavailable."""
         self.alive = int(await self._beat([INSTANCES], [self.instance, self.ttl_ms]))
         return self.alive
+
+    async def run(self) -> None:
+        """Beat three times per time to live, for as long as the instance runs (through Redis going and coming)."""
+        while True:
+            try:
+                await self.beat()
+            except SharedStateUnavailable:
+                pass  # the link logged it; the entry comes back with Redis
+            await asyncio.sleep(self.ttl_ms / 3000)
 
     async def leave(self) -> None:
         await self.link.call(lambda client: client.zrem(INSTANCES, self.instance))

@@ -27,7 +27,7 @@ from proxy.shared.presence import count_instances
 from tests.support.polling import eventually
 from tests.support.processes import free_port, healthy
 from tests.support.redis import RedisServer, fixture_redis, redis_server  # noqa: F401
-from tests.support.servers import MODEL, simulator
+from tests.support.servers import MODEL, guard, simulator
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW = 2048
@@ -205,3 +205,14 @@ def test_a_guard_killed_with_reservations_held_frees_them_within_its_lease(close
             answer = client.post(f"{survivor}/v1/chat/completions", json=body(20))
     assert answer.status_code == 200 and "x-token-guard-queue-ms" in answer.headers  # it waited for the lease
     assert eventually(lambda: reserved(redis_url, sim_url) == (0, 0), timeout_s=3 * LEASE_S)
+
+
+def test_a_guard_with_redis_and_no_budget_counts_itself_and_reserves_nothing(
+    deepseek_dir: Path, redis: RedisServer
+) -> None:
+    with simulator(deepseek_dir, max_model_len=WINDOW) as (sim, _, _):
+        with guard(sim.url, deepseek_dir, **{"admission.redis_url": redis.url}) as proxy:
+            assert eventually(lambda: instances(redis.url) == 1, timeout_s=10)  # its heartbeat, for `check`
+            assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body(5)).status_code == 200
+            assert reserved(redis.url, sim.url) == (0, 0)  # no budget: the local gate only counts and routes
+            assert "token_guard_redis_up 1.0" in httpx.get(f"{proxy.url}/metrics").text
