@@ -7,6 +7,7 @@ are built from them when /metrics is scraped. Each instance has its own registry
 from __future__ import annotations
 
 import bisect
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -187,6 +188,12 @@ class Metrics:
         parts = GaugeMetricFamily("token_guard_fanout_parts_in_flight", "Parts of chunked requests running now")
         parts.add_metric([], self.fanout.value)
         yield parts
+        blocks = GaugeMetricFamily(
+            "token_guard_python_allocated_blocks",
+            "Memory blocks Python's allocator holds now: a leak grows it, the allocator keeping freed pages does not",
+        )
+        blocks.add_metric([], sys.getallocatedblocks())
+        yield blocks
 
 
 class _Families(Collector):
