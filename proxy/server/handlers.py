@@ -22,6 +22,7 @@ from proxy.server.quotas import Quotas, over_quota
 from proxy.server.record import REQUEST_ID, RequestRecord, log_fields, log_line, request_id
 from proxy.server.relay import relay, relay_error, relay_listed
 from proxy.server.responses import internal_error, send_error
+from proxy.server.turnstile import Turnstile
 from proxy.settings import ServerSettings
 from proxy.settings.sections import KeySettings
 from proxy.upstream.client import Upstream
@@ -31,6 +32,7 @@ log = logging.getLogger("token_guard.app")
 requests_log = logging.getLogger("token_guard.requests")
 
 QUEUE_HEADER = b"x-token-guard-queue-ms"
+HEAVY_BYTES = 8192  # bodies larger than this take turns on the event loop (turnstile.py); small ones never wait
 METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -41,6 +43,7 @@ class Handlers:
     ) -> None:  # fmt: skip
         self.guard, self.registry, self.upstream, self.metrics, self.quotas = guard, registry, upstream, metrics, quotas
         self.max_body_bytes, self.read_timeout_s = server.max_body_bytes, server.read_timeout_s
+        self.turnstile = Turnstile()
 
     async def guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._handle(scope, receive, send, guarded=True)
@@ -111,6 +114,8 @@ class Handlers:
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
         tagged: Headers,
     ) -> None:  # fmt: skip
+        if len(body) > HEAVY_BYTES:  # a large prompt's counting holds the loop for milliseconds: take turns
+            await self.turnstile.enter()
         incoming.leave_if_gone()  # nothing is counted for a client that left while its request waited its turn
         outcome = await self.guard.handle(incoming.path, body, headers, record.findings)
         if record.findings.api_key is not None and record.findings.api_key.limited:
