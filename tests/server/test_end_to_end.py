@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,25 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.server.running import ServerThread
 from tests.corpus import CHAT_CASES
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, Tap, guard, simulator
+from tests.support.servers import MODEL, guard, simulator
 
 WINDOW = 2048
 WORDS = ["alpha", "beta", "gamma", "東京", "🎉", "def f(x):", "\n", "  indented", "end."]
-
-
-@pytest.fixture(scope="module")
-def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
-    with simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def proxy(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path) -> Iterator[str]:
-    with guard(sim[0].url, deepseek_dir) as server:  # max_model_len is discovered from the upstream
-        yield server.url
 
 
 @pytest.fixture

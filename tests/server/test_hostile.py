@@ -16,18 +16,12 @@ import pytest
 
 from proxy.server.running import ServerThread
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, Tap, guard, simulator
+from tests.support.servers import MODEL, Tap, guard
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 JSON_HEADERS = {"content-type": "application/json"}
 LEAKS = ("Traceback", 'File "', "site-packages", "/usr/", "/home/", "/root/", "proxy/")
-
-
-@pytest.fixture(scope="module")
-def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
-    with simulator(deepseek_dir, profile="0.31", max_model_len=2048) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -5,38 +5,18 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from proxy.server.running import ServerThread
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, Tap, guard, simulator
+from tests.support.servers import MODEL
 
 WINDOW = 2048
 SYSTEM = {"role": "system", "content": "Be brief."}
 TRUNCATE = {"x-token-guard-overflow": "truncate"}
-
-
-@pytest.fixture(scope="module")
-def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
-    with simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def proxy(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path) -> Iterator[str]:
-    with guard(sim[0].url, deepseek_dir) as server:
-        yield server.url
-
-
-@pytest.fixture
-def oai(proxy: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def essay(words: int) -> str:

@@ -23,12 +23,6 @@ HUGE = "{{ 'x' * 4000000000 }}"  # 4 GB of text
 
 
 @pytest.fixture(scope="module")
-def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
-    with simulator(deepseek_dir, profile="0.31", max_model_len=2048) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
 def strict(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path) -> Iterator[str]:
     with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": 2048}) as server:
         yield server.url
