@@ -15,9 +15,13 @@ import collections
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from proxy.errors import TooBusy
+
+T = TypeVar("T")
 
 RATE_WINDOW_S = 60.0
 
@@ -140,20 +144,10 @@ class Admission:
 
     async def _wait(self, waiter: _Waiter) -> int:
         self._queue.append(waiter)
-        try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), self.queue_timeout_s)
-        except TimeoutError:
-            if waiter.future.done():  # admitted right at the deadline
-                return waiter.future.result()
-            self._leave(waiter)
-            message = f"token-guard's token budget is in use: the request waited {self.queue_timeout_s:g} s in queue."
-            raise TooBusy(message, self.retry_after(waiter.cost)) from None
-        except asyncio.CancelledError:  # the client went away while queued
-            if waiter.future.done() and not waiter.future.cancelled():
-                self.release(Ticket(waiter.future.result(), waiter.cost, 0.0))  # admitted as it was cancelled
-            else:
-                self._leave(waiter)
-            raise
+        return await wait_in_queue(
+            waiter.future, self.queue_timeout_s, lambda: self._leave(waiter),
+            lambda replica: self.release(Ticket(replica, waiter.cost, 0.0)), lambda: self.retry_after(waiter.cost),
+        )  # fmt: skip
 
     def _leave(self, waiter: _Waiter) -> None:
         waiter.future.cancel()
@@ -180,6 +174,28 @@ class Admission:
 
 
 CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
+
+
+async def wait_in_queue(
+    admitted: asyncio.Future[T], timeout_s: float, leave: Callable[[], None], give_back: Callable[[T], None],
+    retry_after: Callable[[], int],
+) -> T:  # fmt: skip
+    """A queued request's wait for `admitted`: 429 (TooBusy) at the deadline, after leaving the queue; when the
+    client goes away meanwhile, it leaves the queue, or gives back what it was admitted with as it went."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(admitted), timeout_s)
+    except TimeoutError:
+        if admitted.done():  # admitted right at the deadline
+            return admitted.result()
+        leave()
+        message = f"token-guard's token budget is in use: the request waited {timeout_s:g} s in queue."
+        raise TooBusy(message, retry_after()) from None
+    except asyncio.CancelledError:  # the client went away while queued
+        if admitted.done() and not admitted.cancelled():
+            give_back(admitted.result())  # admitted as it was cancelled
+        else:
+            leave()
+        raise
 
 
 def kv_capacity(metrics_text: str) -> int | None:

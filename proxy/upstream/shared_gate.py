@@ -22,7 +22,7 @@ from proxy.settings import AdmissionSettings
 from proxy.shared.budget import SharedBudget
 from proxy.shared.link import RedisLink
 from proxy.shared.presence import Presence
-from proxy.upstream.admission import Admission, Budget, Ticket
+from proxy.upstream.admission import Admission, Budget, Ticket, wait_in_queue
 
 log = logging.getLogger("token_guard.admission")
 
@@ -167,22 +167,15 @@ class SharedAdmission:
             place -= 1
         self._queue.insert(place, waiter)
         self._changed.set()
-        try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), self.queue_timeout_s)
-        except TimeoutError:
-            if waiter.future.done():  # admitted right at the deadline
-                return waiter.future.result()
-            self._leave(waiter)
-            message = f"token-guard's token budget is in use: the request waited {self.queue_timeout_s:g} s in queue."
-            raise TooBusy(message, self.retry_after(waiter.cost)) from None
-        except asyncio.CancelledError:  # the client went away while queued
-            done = waiter.future.done() and not waiter.future.cancelled()
-            ticket = waiter.future.result() if done else None
+
+        def give_back(ticket: Ticket | None) -> None:
             if ticket is not None:
-                self.release(ticket)  # admitted as it was cancelled
-            else:
+                self.release(ticket)
+            else:  # told to go local as it left: nothing was reserved
                 self._leave(waiter)
-            raise
+
+        return await wait_in_queue(waiter.future, self.queue_timeout_s, lambda: self._leave(waiter), give_back,
+                                   lambda: self.retry_after(waiter.cost))  # fmt: skip
 
     def _leave(self, waiter: _Waiter) -> None:
         waiter.future.cancel()

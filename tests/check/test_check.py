@@ -186,13 +186,6 @@ def drifted_upstream(deepseek_dir: Path, chatml_template: Path) -> Iterator[str]
         yield server.url
 
 
-@pytest.fixture(autouse=True)
-def no_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in os.environ:
-        if name.startswith("TOKEN_GUARD_"):
-            monkeypatch.delenv(name)
-
-
 def run_check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(["check", "--log-level", "warning", *args])
     out, err = capsys.readouterr()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,13 +21,6 @@ from tests.support.servers import MODEL, simulator
 def upstream(deepseek_dir: Path) -> Iterator[str]:
     with simulator(deepseek_dir) as (server, _, _):
         yield server.url
-
-
-@pytest.fixture(autouse=True)
-def no_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in os.environ:
-        if name.startswith("TOKEN_GUARD_"):
-            monkeypatch.delenv(name)
 
 
 def beat(url: str, guards: int) -> None:
