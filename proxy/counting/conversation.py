@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterator, Mapping
+from functools import lru_cache
 from typing import Any, Literal
 
 import jinja2
@@ -179,6 +180,7 @@ def _parse_tool_call_arguments(conversation: list[dict[str, Any]]) -> None:
 # --- content-format detection: the same walk over the template's syntax tree that vLLM's "auto" mode does ---
 
 
+@lru_cache(maxsize=64)  # a parse costs milliseconds; bounded, since requests may bring templates of their own
 def detect_content_format(chat_template: str) -> ContentFormat:
     try:
         ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(chat_template)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -63,12 +62,7 @@ class ModelTokenizer:
         return self.chat_template
 
     def content_format(self, template: str) -> ContentFormat:
-        return _content_format(template)
-
-
-@lru_cache(maxsize=64)  # bounded: requests may bring templates of their own
-def _content_format(template: str) -> ContentFormat:
-    return detect_content_format(template)
+        return detect_content_format(template)
 
 
 def load_tokenizer(
