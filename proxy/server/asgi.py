@@ -14,7 +14,9 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
-CLIENT_GONE = "token_guard.client_gone"  # scope key: a callable, true once the client has closed its connection
+CLIENT_GONE = "token_guard.client_gone"  # scope key: a callable, when (time.monotonic()) the client closed its
+# connection, or None while it is open
+ON_GONE = "token_guard.on_gone"  # scope key: a list of callbacks the server calls the moment the connection closes
 
 JSON = b"application/json"
 
@@ -26,7 +28,7 @@ class ClientGone(Exception):
 class Incoming:
     """One request's line and headers, as received."""
 
-    __slots__ = ("method", "path", "target", "raw_headers", "client_gone")
+    __slots__ = ("method", "path", "target", "raw_headers", "client_gone", "on_gone")
 
     def __init__(self, scope: Scope) -> None:
         self.method: str = scope["method"]
@@ -35,12 +37,13 @@ class Incoming:
         query: bytes = scope["query_string"]
         self.target = (raw_path + b"?" + query if query else raw_path).decode("latin-1")  # path and query, untouched
         self.raw_headers: Headers = scope["headers"]
-        self.client_gone: Callable[[], bool] = scope.get(CLIENT_GONE, _never)
+        self.client_gone: Callable[[], float | None] = scope.get(CLIENT_GONE, _never)
+        self.on_gone: list[Callable[[], None]] | None = scope.get(ON_GONE)  # None: the server does not call back
 
     def leave_if_gone(self) -> None:
         """ClientGone when the client has already closed its connection (the server says so at once, see
         protocol.py; under another server this never raises and ClientWatch notices a moment later)."""
-        if self.client_gone():
+        if self.client_gone() is not None:
             raise ClientGone()
 
     def header(self, name: bytes) -> str | None:
@@ -121,5 +124,5 @@ def encode_headers(headers: dict[str, str]) -> Headers:
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
-def _never() -> bool:
-    return False
+def _never() -> float | None:
+    return None

@@ -2,9 +2,10 @@
 vLLM abort the generation and free its KV cache.
 
 `ClientWatch` works like `asyncio.timeout()`: inside its block, a client disconnect cancels the task running the
-block, and the block ends with `ClientGone` instead of the CancelledError. One watcher task per request waits on the
-ASGI receive channel; it lives exactly as long as the block (cancelled on the way out), so nothing is orphaned, and
-the relay loop pays nothing per chunk for being watched.
+block, and the block ends with `ClientGone` instead of the CancelledError. Under the guard's own protocol
+(protocol.py) the server calls the watch back the moment the connection closes, in that very callback; under any
+other server one watcher task per request waits on the ASGI receive channel, which hears of it a loop turn or two
+later. Either way the watch lives exactly as long as the block, and the relay loop pays nothing per chunk for it.
 """
 
 from __future__ import annotations
@@ -17,21 +18,30 @@ from proxy.server.asgi import ClientGone, Message, Receive
 
 
 class ClientWatch:
-    def __init__(self, receive: Receive, answered: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self, receive: Receive, answered: Callable[[], bool] = lambda: False,
+        on_gone: list[Callable[[], None]] | None = None,
+    ) -> None:  # fmt: skip
         self._receive = receive
         self._answered = answered  # the server reports a disconnect after the last byte too: that one is no news
+        self._on_gone = on_gone  # the server's callbacks for this request's connection closing, when it has them
         self._task: asyncio.Task[object] | None = None
         self._watcher: asyncio.Future[Message] | None = None
         self.gone = False
 
     async def __aenter__(self) -> ClientWatch:
         self._task = asyncio.current_task()
-        self._listen()
+        if self._on_gone is not None:
+            self._on_gone.append(self._left)
+        else:
+            self._listen()
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._on_gone is not None and self._left in self._on_gone:
+            self._on_gone.remove(self._left)
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.cancel()
@@ -49,6 +59,10 @@ class ClientWatch:
             return
         if watcher.result()["type"] != "http.disconnect":
             self._listen()  # the rest of a body nobody read: keep listening
-        elif not self._answered() and self._task is not None:
+        else:
+            self._left()
+
+    def _left(self) -> None:
+        if not self.gone and not self._answered() and self._task is not None and not self._task.done():
             self.gone = True
             self._task.cancel()

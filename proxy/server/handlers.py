@@ -84,13 +84,15 @@ class Handlers:
             body = await read_body(receive, incoming, self.max_body_bytes, self.read_timeout_s)
             headers = incoming.headers()
             headers["x-request-id"] = record.request_id  # vLLM makes it the response id
-            async with ClientWatch(receive, lambda: reply.finished):
+            async with ClientWatch(receive, lambda: reply.finished, incoming.on_gone):
                 if guarded:
                     await self._guard(reply, incoming, body, headers, record, tagged)
                 else:
                     await self._forward(reply, incoming, body, headers, record, tagged, None, listed)
-        except ClientGone:
+        except ClientGone:  # its upstream request, parts or place in the queue are given up by now
             record.client_gone = True
+            left = incoming.client_gone()
+            record.cancel_s = time.monotonic() - left if left is not None else None
             if not reply.started:
                 log.info("client went away before its answer began (%s); upstream work cancelled", incoming.path)
         except GuardError as exc:

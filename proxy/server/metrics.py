@@ -24,6 +24,7 @@ TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 13107
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 COUNT_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 CHUNK_BUCKETS = (2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
+CANCEL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 ME = ("model", "endpoint")
 
@@ -61,6 +62,13 @@ DEFINITIONS = {
     ),
     "disconnects": Definition(
         "token_guard_client_disconnects", "Clients that went away before their answer ended", ("endpoint",)
+    ),
+    "cancel": Definition(
+        "token_guard_cancel_seconds",
+        "From a client's connection closing to the guard having given up its work: upstream request closed (which "
+        "makes vLLM abort), chunk parts cancelled, or place in the admission queue left",
+        ("endpoint",),
+        CANCEL_BUCKETS,
     ),
     "key_tokens": Definition(
         "token_guard_key_tokens_charged", "Tokens charged to each named API key, after what went unused", ("key",)
@@ -149,6 +157,8 @@ class Metrics:
             self.add("upstream_errors", (record.upstream_error,))
         if record.client_gone:
             self.add("disconnects", (record.endpoint,))
+        if record.cancel_s is not None:
+            self.observe_value("cancel", (record.endpoint,), record.cancel_s)
         if record.queue_s is not None:
             self.observe_value("queue_wait", labels, record.queue_s)
         if found.api_key is not None:

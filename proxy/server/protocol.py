@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.errors import GuardError, InvalidRequest, RequestTimeout
-from proxy.server.asgi import CLIENT_GONE
+from proxy.server.asgi import CLIENT_GONE, ON_GONE
+
+log = logging.getLogger("token_guard.server")
 
 
 class HeaderTooLarge(GuardError):
@@ -36,14 +41,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._header_bytes = 0  # received since the current request's headers began, while they are incomplete
         self._in_request = False
+        self._lost_at: float | None = None  # when the connection closed (time.monotonic())
+        self._on_gone: list[Callable[[], None]] = []  # the current request's, called when the connection closes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost_at = time.monotonic()
         self._disarm()
         super().connection_lost(exc)
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and not cycle.response_complete:
+            # In this callback, not a loop turn or two later through the ASGI receive channel: on a busy loop every
+            # turn is long, and the upstream request is only closed once the request's task is cancelled.
+            for callback in self._on_gone:
+                try:
+                    callback()
+                except Exception:  # one broken callback must not keep the others from their client's news
+                    log.exception("a client-gone callback failed")
 
     def data_received(self, data: bytes) -> None:
         waiting = self._deadline is not None
@@ -68,8 +85,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         cycle = getattr(self, "cycle", None)
         if cycle is not None and cycle.scope is self.scope:
             # Known at once, where the app could only learn it from a receive() that runs after its own next step:
-            # a request whose client left while it waited for its turn is not counted, nor forwarded.
-            self.scope[CLIENT_GONE] = lambda: bool(cycle.disconnected)
+            # a request whose client left while it waited for its turn is not counted, nor forwarded. The time it
+            # left measures how long the guard takes to cancel its upstream work (token_guard_cancel_seconds).
+            self.scope[CLIENT_GONE] = lambda: self._lost_at if cycle.disconnected else None
+            self._on_gone = self.scope[ON_GONE] = []
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

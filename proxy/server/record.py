@@ -27,6 +27,7 @@ class RequestRecord:
     upstream_s: float | None = None
     upstream_error: str | None = None
     client_gone: bool = False
+    cancel_s: float | None = None  # from the client's connection closing to its upstream work cancelled
     total_s: float | None = None
     charge: Charge | None = None  # what the request's key was charged, settled when its answer ends
     charged_tokens: int | None = None  # what the key paid in the end
@@ -69,6 +70,7 @@ def log_fields(record: RequestRecord) -> dict[str, object]:
         "upstream_s": record.upstream_s,
         "upstream_error": record.upstream_error,
         "client_gone": record.client_gone,
+        "cancel_s": record.cancel_s,
         "total_s": record.total_s,
     }
     return {k: _round(v) for k, v in fields.items() if v not in (None, False)}

@@ -92,16 +92,26 @@ def test_one_structured_line_per_request(stack: tuple[str, Any], caplog: pytest.
     assert "log-me" in record.getMessage() and "action=clamp" in record.getMessage()
 
 
-def test_client_disconnects_are_counted(deepseek_dir: Path) -> None:
+def test_client_disconnects_are_counted_with_how_long_the_guard_took_to_cancel(deepseek_dir: Path) -> None:
     with simulator(deepseek_dir, profile="0.31", max_model_len=2048, itl_s=0.02) as (sim, stats, _):
         with guard(sim.url, deepseek_dir, **{"model.max_model_len": 2048}) as proxy:
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 500, "stream": True}
-            with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as response:
-                next(response.iter_lines())
-            assert eventually(lambda: stats.aborted == 1)
-            assert eventually(
-                lambda: metric(httpx.get(f"{proxy.url}/metrics").text, "token_guard_client_disconnects_total") == 1
-            )
+            for stream in (True, False):  # left mid-stream, and while waiting for a whole answer
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 500,
+                        "stream": stream}  # fmt: skip
+                if stream:
+                    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as response:
+                        next(response.iter_lines())
+                else:
+                    with pytest.raises(httpx.ReadTimeout):
+                        httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=0.5)
+            assert eventually(lambda: stats.aborted == 2)
+
+            def counted() -> bool:
+                text = httpx.get(f"{proxy.url}/metrics").text
+                return (metric(text, "token_guard_client_disconnects_total") == 2
+                        and metric(text, "token_guard_cancel_seconds_count") == 2)  # fmt: skip
+
+            assert eventually(counted)  # each with the time its cancelling took (figures: tests/server/test_soak.py)
 
 
 def test_a_finished_answer_is_not_counted_as_a_disconnect(stack: tuple[str, Any]) -> None:
@@ -111,3 +121,4 @@ def test_a_finished_answer_is_not_counted_as_a_disconnect(stack: tuple[str, Any]
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": stream}
         assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 200
     assert metric(httpx.get(f"{url}/metrics").text, "token_guard_client_disconnects_total") == before
+    assert metric(httpx.get(f"{url}/metrics").text, "token_guard_cancel_seconds_count") == 0

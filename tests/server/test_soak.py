@@ -41,6 +41,16 @@ def metric(text: str, name: str) -> float:
                or line.startswith(name + "{"))  # fmt: skip
 
 
+def cancel_buckets(url: str) -> dict[str, float]:
+    """The guard's token_guard_cancel_seconds histogram: upper bound -> clients whose work it gave up within it."""
+    found: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("token_guard_cancel_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            found[bound] = found.get(bound, 0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
 class Stats:
     """The simulator's counters, read from its /sim/stats."""
 
@@ -127,7 +137,7 @@ async def leave_at_random(
 def leaving_burst(url: str, stats: Stats, seed: int) -> None:
     """1,000 clients leaving at random points; then nothing may be left: no 5xx, every upstream request ended,
     the admission budget and the parts in flight back to zero."""
-    received, aborted = stats.received, stats.aborted
+    received, aborted, cancels = stats.received, stats.aborted, cancel_buckets(url)
     rng = random.Random(seed)
     left_at: dict[str, float] = {}
 
@@ -159,9 +169,16 @@ def leaving_burst(url: str, stats: Stats, seed: int) -> None:
     # machine's monotonic clock); the guard, the simulator and 1,000 clients share two cores here.
     delays = sorted(max(0.0, at - left_at[rid]) for rid, at in stats.aborts if rid in left_at)
     assert delays
-    print(f"soak: {len(delays)} upstream aborts after their client left: p50 {delays[len(delays) // 2]:.2f} s, "
-          f"p99 {delays[int(len(delays) * 0.99)]:.2f} s, max {delays[-1]:.2f} s, "
+    print(f"soak: {len(delays)} upstream aborts after their client left, as the simulator saw them: p50 "
+          f"{delays[len(delays) // 2]:.2f} s, p99 {delays[int(len(delays) * 0.99)]:.2f} s, max {delays[-1]:.2f} s, "
           f"{sum(d > 1 for d in delays)} over 1 s")  # fmt: skip
+    # The guard's own part: from each client's connection closing to its upstream request closed (its histogram)
+    now = cancel_buckets(url)
+    within = {bound: now[bound] - cancels.get(bound, 0) for bound in now}
+    assert within["+Inf"] > 0
+    shares = [f"{within[b] / within['+Inf']:.1%} within {float(b) * 1000:g} ms" for b in ("0.001", "0.01", "0.1")]
+    print(f"soak: the guard gave up the work of {within['+Inf']:.0f} clients that left: {', '.join(shares)}, "
+          f"{within['1.0'] / within['+Inf']:.1%} within 1 s")  # fmt: skip
 
 
 def settled_memory(url: str, pid: int) -> tuple[float, float]:
