@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
@@ -106,6 +107,20 @@ class ServerThread:
         if not self.url:
             raise RuntimeError("server did not start within 60 s")
         return self
+
+    def hold(self, seconds: float) -> None:
+        """Keep the server's event loop busy for `seconds` from now, as a burst of work would (what arrives meanwhile
+        is handled all in the next turns); returns once the hold has begun."""
+        if self._loop is None:
+            raise RuntimeError("the server is not running")
+        begun = threading.Event()
+
+        def busy() -> None:
+            begun.set()
+            time.sleep(seconds)
+
+        self._loop.call_soon_threadsafe(busy)
+        begun.wait(timeout=60)
 
     def stop(self) -> None:
         if self._loop is not None and self._stop is not None and not self._loop.is_closed():
