@@ -52,6 +52,7 @@ class RedisLink:
         )
         self.healthy = True
         self.errors = 0  # failed calls since start (token_guard_redis_errors_total)
+        self.calls = 0  # calls sent since start, answered or not
         self._in_a_row = 0  # failed calls since the last that succeeded
         self._next_trial = 0.0
         self._trying = False
@@ -63,6 +64,7 @@ class RedisLink:
             if self._trying or time.monotonic() < self._next_trial:
                 raise SharedStateUnavailable(f"Redis at {self.where} is unreachable.")
             self._trying = True
+        self.calls += 1
         try:
             async with asyncio.timeout(self.timeout_s):
                 result = await factory(self.client)
