@@ -53,6 +53,7 @@ class RedisLink:
         self.healthy = True
         self.errors = 0  # failed calls since start (token_guard_redis_errors_total)
         self.calls = 0  # calls sent since start, answered or not
+        self.outages = 0  # times it went down since start
         self._in_a_row = 0  # failed calls since the last that succeeded
         self._next_trial = 0.0
         self._trying = False
@@ -106,6 +107,7 @@ class RedisLink:
         if not self.healthy or not gone:
             return False
         self.healthy = False
+        self.outages += 1
         reason = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
         log.warning("Redis at %s is unreachable (%s): shared state is off until it answers again", self.where,
                     reason)  # fmt: skip

@@ -34,6 +34,7 @@ class SharedCredit:
         self.blocks = [Block() for _ in self.urls]
         self._due = asyncio.Event()
         self._turn = 0
+        self._outages = 0  # the link's, as of Redis's last word on the blocks: an outage since voids them
 
     @property
     def block_id(self) -> str:
@@ -41,6 +42,10 @@ class SharedCredit:
 
     def admit(self, cost: int, exclude: frozenset[int]) -> Ticket | None:
         """A ticket on a block that holds `cost`, or None (and a block that could have held it is asked for)."""
+        if self.budget.link.outages != self._outages:  # Redis may have lost them (a restart): ask it again first
+            self.forget()
+            self._due.set()
+            return None
         allowed = [i for i in range(len(self.urls)) if i not in exclude and self.local.budgets[i].available]
         now = time.monotonic()
         replica = pick(self.blocks, self.whole, cost, allowed, self._turn, now)
@@ -83,6 +88,7 @@ class SharedCredit:
 
     async def tend(self) -> None:
         """One pass: each block resized towards what it should hold. Raises SharedStateUnavailable."""
+        outages = self.budget.link.outages
         for replica, block in enumerate(self.blocks):
             wish = block.wish(self._size(replica), time.monotonic())
             if not block.held and wish == (0, 0):
@@ -97,6 +103,7 @@ class SharedCredit:
             self.seen[self.urls[replica]] = tokens
             if wanted and block.wish(size, now) != size:
                 self._due.set()  # others want budget: what is unused goes back at once
+        self._outages = outages
 
     async def aclose(self) -> None:
         """Give every block back. Raises SharedStateUnavailable (their leases free them then)."""
