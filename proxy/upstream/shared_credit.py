@@ -32,6 +32,7 @@ class SharedCredit:
         self.budget, self.presence, self.local = budget, presence, local
         self.urls, self.whole, self.share, self.seen = list(urls), list(whole), share, seen
         self.blocks = [Block() for _ in self.urls]
+        self.admitted = 0  # requests admitted on credit (token_guard_admission_credit_total)
         self._due = asyncio.Event()
         self._turn = 0
         self._outages = 0  # the link's, as of Redis's last word on the blocks: an outage since voids them
@@ -55,6 +56,7 @@ class SharedCredit:
             return None
         self._turn = (replica + 1) % len(self.urls)
         self.blocks[replica].take(cost, now)
+        self.admitted += 1
         return self.local.hold(replica, cost, credit=True)
 
     def give(self, ticket: Ticket) -> None:
