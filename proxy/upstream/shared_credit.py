@@ -36,6 +36,7 @@ class SharedCredit:
         self._due = asyncio.Event()
         self._turn = 0
         self._outages = 0  # the link's, as of Redis's last word on the blocks: an outage since voids them
+        self._unsure = False  # a call about the blocks failed: Redis may hold them still, so it is told again
 
     @property
     def block_id(self) -> str:
@@ -66,14 +67,16 @@ class SharedCredit:
             self._due.set()
 
     def forget(self) -> None:
-        """Redis may have lost the blocks (it went away): admit on none until it answers for them again."""
+        """Redis may have lost the blocks (it went away), or kept them (a call that ran out of time): admit on none
+        until it answers for them again, and tell it what they should be then."""
+        self._unsure = True
         for block in self.blocks:
             block.holds((0, 0), False, time.monotonic())
 
     async def run(self) -> None:
-        """Tend the blocks when asked to, and while any is held, every CHECK_S."""
+        """Tend the blocks when asked to, and while any is held (or may be), every CHECK_S."""
         while True:
-            held = any(block.held for block in self.blocks)
+            held = self._unsure or any(block.held for block in self.blocks)
             try:
                 async with asyncio.timeout(CHECK_S if held else None):
                     await self._due.wait()
@@ -90,10 +93,10 @@ class SharedCredit:
 
     async def tend(self) -> None:
         """One pass: each block resized towards what it should hold. Raises SharedStateUnavailable."""
-        outages = self.budget.link.outages
+        outages, unsure, self._unsure = self.budget.link.outages, self._unsure, False  # a failure forgets again
         for replica, block in enumerate(self.blocks):
             wish = block.wish(self._size(replica), time.monotonic())
-            if not block.held and wish == (0, 0):
+            if not block.held and wish == (0, 0) and not unsure:
                 continue
             block.shrink(wish)
             whole = self.whole[replica]
@@ -109,7 +112,7 @@ class SharedCredit:
 
     async def aclose(self) -> None:
         """Give every block back. Raises SharedStateUnavailable (their leases free them then)."""
-        held = [replica for replica, block in enumerate(self.blocks) if block.held]
+        held = [replica for replica, block in enumerate(self.blocks) if block.held or self._unsure]
         self.forget()
         for replica in held:
             await self.budget.release(self.urls[replica], [self.block_id])

@@ -109,6 +109,20 @@ def test_credit_goes_back_when_idle(redis: RedisServer) -> None:
     asyncio.run(run())
 
 
+def test_credit_forgotten_after_a_failed_call_is_still_given_back(redis: RedisServer) -> None:
+    async def run() -> None:
+        async with gate(redis, tokens=1000, running=False, redis_block_share=SHARE) as a:
+            await with_block(a)
+            a.credit.forget()  # as after a call that ran out of time: Redis may hold the block still
+            assert a.credit.admit(10, frozenset()) is None  # nothing is admitted on it meanwhile
+            a.credit.blocks[0].drawn_at = float("-inf")  # and long idle since
+            assert await a.budget.in_flight(URL) == (500, 1)
+            await a.credit.tend()  # not held here, not wished for, but Redis is told so
+            assert await a.budget.in_flight(URL) == (0, 0)
+
+    asyncio.run(run())
+
+
 def test_an_oversized_request_elsewhere_gets_the_credit_back_and_runs_alone(redis: RedisServer) -> None:
     async def run() -> None:
         async with gate(redis, tokens=100, redis_block_share=SHARE) as holder, gate(redis, tokens=100) as other:
