@@ -1,6 +1,7 @@
 """Metrics of the state shared through Redis (admission.redis_url), read when scraped: whether this instance
-reaches Redis, its failed calls, how many guards share the Redis, each replica's tokens in flight across them, and
-the requests this instance admitted on its own share, or refused, while Redis was away."""
+reaches Redis, its failed calls, how many guards share the Redis, each replica's tokens in flight across them, the
+requests this instance admitted on its credit (no round trip), and those it admitted on its own share, or refused,
+while Redis was away."""
 
 from __future__ import annotations
 
@@ -45,4 +46,8 @@ class SharedState(Collector):
             "token_guard_admission_redis_refusals", "Requests answered 503 while Redis was away (redis_failure closed)"
         )
         refused.add_metric([], gate.refusals)
-        return [alive, tokens, local, refused]
+        credit = CounterMetricFamily(
+            "token_guard_admission_credit", "Requests admitted on this process's credit, without a Redis round trip"
+        )
+        credit.add_metric([], gate.credit.admitted)
+        return [alive, tokens, local, refused, credit]

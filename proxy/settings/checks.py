@@ -77,6 +77,16 @@ def lease_seconds(value: Any) -> float:
     return number
 
 
+def fraction(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("a number from 0 to 1") from None
+    if isinstance(value, bool) or not 0 <= number <= 1:
+        raise ValueError("a number from 0 to 1")
+    return number
+
+
 def log_level(value: Any) -> str:
     levels = ("critical", "error", "warning", "info", "debug")
     if not isinstance(value, str) or value.lower() not in levels:

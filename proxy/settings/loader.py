@@ -74,6 +74,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "redis_failure": v.choice(*REDIS_FAILURE_MODES),
         "redis_timeout_ms": v.integer(1, 60_000),
         "redis_lease_s": v.lease_seconds,
+        "redis_block_share": v.fraction,
     },
     "policy": {
         "min_output_tokens": v.integer(1),

@@ -52,6 +52,9 @@ class AdmissionSettings:
     redis_failure: str = "open"  # Redis unreachable: "open" admits on this process's share, "closed" answers 503
     redis_timeout_ms: int = 250  # the longest any one Redis call may take
     redis_lease_s: float = 30.0  # a reservation not renewed for this long is dropped (its guard died)
+    # Credit in blocks: each process may hold this share of a replica's whole budget, divided by the processes sharing
+    # it, and admits requests that fit in it without a round trip to Redis; 0: every request takes the round trip.
+    redis_block_share: float = 0.5
 
 
 REDIS_FAILURE_MODES = ("open", "closed")

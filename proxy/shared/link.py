@@ -52,6 +52,8 @@ class RedisLink:
         )
         self.healthy = True
         self.errors = 0  # failed calls since start (token_guard_redis_errors_total)
+        self.calls = 0  # calls sent since start, answered or not
+        self.outages = 0  # times it went down since start
         self._in_a_row = 0  # failed calls since the last that succeeded
         self._next_trial = 0.0
         self._trying = False
@@ -63,6 +65,7 @@ class RedisLink:
             if self._trying or time.monotonic() < self._next_trial:
                 raise SharedStateUnavailable(f"Redis at {self.where} is unreachable.")
             self._trying = True
+        self.calls += 1
         try:
             async with asyncio.timeout(self.timeout_s):
                 result = await factory(self.client)
@@ -104,6 +107,7 @@ class RedisLink:
         if not self.healthy or not gone:
             return False
         self.healthy = False
+        self.outages += 1
         reason = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
         log.warning("Redis at %s is unreachable (%s): shared state is off until it answers again", self.where,
                     reason)  # fmt: skip

@@ -50,6 +50,7 @@ class Ticket:
     waited_s: float
     released: bool = False
     lease: str | None = None  # its reservation in the shared budget (admission.redis_url), if it holds one
+    credit: bool = False  # admitted on this process's block of the shared budget (proxy/upstream/credit.py)
 
 
 @dataclass(eq=False)
@@ -81,11 +82,12 @@ class Admission:
         self._reserve(replica, cost)
         return Ticket(replica, cost, 0.0)
 
-    def hold(self, replica: int, cost: int, lease: str) -> Ticket:
-        """A ticket for a request the shared budget admitted: counted here too, unchecked, so that this process's
-        in-flight tokens stay known and its own share stays honest if it must fall back on it."""
+    def hold(self, replica: int, cost: int, lease: str | None = None, credit: bool = False) -> Ticket:
+        """A ticket for a request the shared budget admitted (by a reservation, or on credit): counted here too,
+        unchecked, so that this process's in-flight tokens stay known and its own share stays honest if it must fall
+        back on it."""
         self._reserve(replica, cost)
-        return Ticket(replica, cost, 0.0, lease=lease)
+        return Ticket(replica, cost, 0.0, lease=lease, credit=credit)
 
     async def acquire(self, cost: int, exclude: frozenset[int] = frozenset()) -> Ticket:
         started = time.monotonic()

@@ -1,7 +1,8 @@
-"""The admission gate when guards share a Redis (admission.redis_url): a request reserves from its replica's whole
-budget in Redis (proxy/shared/budget.py) under a lease this process renews while the request runs, and releases it
-at its end. Waiters queue here in FIFO order and are retried when this process frees budget, and on a short poll
-for what other guards free.
+"""The admission gate when guards share a Redis (admission.redis_url). A request that fits in this process's credit
+(blocks of the budget it holds in Redis, proxy/upstream/shared_credit.py) is admitted at once, with no round trip.
+Any other reserves from its replica's whole budget in Redis (proxy/shared/budget.py) under a lease this process
+renews while the request runs, and releases it at its end. Waiters queue here in FIFO order and are retried when
+this process frees budget, and on a short poll for what other guards free.
 
 Redis unreachable: with admission.redis_failure "open" requests pass the local gate on this process's share of the
 budget; with "closed" they are answered 503. The link's probe brings Redis back without a restart.
@@ -23,6 +24,7 @@ from proxy.shared.budget import SharedBudget
 from proxy.shared.link import RedisLink
 from proxy.shared.presence import Presence
 from proxy.upstream.admission import Admission, Budget, Ticket, wait_in_queue
+from proxy.upstream.shared_credit import SharedCredit
 
 log = logging.getLogger("token_guard.admission")
 
@@ -53,6 +55,8 @@ class SharedAdmission:
         self.lease_s, self.closed = settings.redis_lease_s, settings.redis_failure == "closed"
         self.queue_timeout_s, self.max_queue = settings.queue_timeout_s, settings.max_queue
         self.shared_tokens: dict[str, int] = {}  # each replica's tokens in flight across guards, as last seen
+        self.credit = SharedCredit(self.budget, self.presence, local, urls, whole, settings.redis_block_share,
+                                   self.shared_tokens)  # fmt: skip
         self.fallbacks = 0  # requests admitted on the local share while Redis was away
         self.refusals = 0  # requests answered 503 for it (redis_failure "closed")
         self._queue: collections.deque[_Waiter] = collections.deque()
@@ -73,20 +77,26 @@ class SharedAdmission:
         return len(self._queue) + self.local.queued
 
     def try_acquire(self, cost: int, exclude: frozenset[int] = frozenset()) -> Ticket | None:
-        """Only while Redis is away, on the local share ("open"): a shared reservation always takes a round trip."""
-        if self.link.healthy or self.closed:
+        """A ticket at once: on credit when nobody here waits before it, or while Redis is away on the local share
+        ("open"). None: the round trip decides."""
+        if self.link.healthy:
+            return None if self._queue else self.credit.admit(cost, exclude)
+        if self.closed:
             return None
         ticket = self.local.try_acquire(cost, exclude)
         self.fallbacks += ticket is not None
         return ticket
 
     async def acquire(self, cost: int, exclude: frozenset[int] = frozenset()) -> Ticket:
+        if self.link.healthy and not self._queue and (ticket := self.credit.admit(cost, exclude)) is not None:
+            return ticket
         started, arrived = time.monotonic(), next(self._arrivals)
         if not self._queue and not self._trying:  # nobody before it: one round trip, in this task
             self._trying.add(arrived)
             try:
                 ticket = await self._reserve(cost, exclude)
             except SharedStateUnavailable:
+                self.credit.forget()
                 return await self._without_redis(cost, exclude)
             finally:
                 self._trying.discard(arrived)
@@ -107,6 +117,8 @@ class SharedAdmission:
         if ticket.released:
             return
         self.local.release(ticket)
+        if ticket.credit:
+            self.credit.give(ticket)
         if ticket.lease is not None and self._held.pop(ticket.lease, None) is not None:
             self._unsent[ticket.replica].append(ticket.lease)
             self._changed.set()
@@ -123,12 +135,14 @@ class SharedAdmission:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._pump())
             group.create_task(self._keep())
+            group.create_task(self.credit.run())
 
     async def aclose(self) -> None:
         try:
+            await self.credit.aclose()
             await self.presence.leave()
         except SharedStateUnavailable:
-            pass  # its heartbeat runs out on its own
+            pass  # its heartbeat and its blocks' leases run out on their own
 
     async def _reserve(self, cost: int, exclude: frozenset[int]) -> Ticket | None:
         count = len(self.urls)
@@ -220,6 +234,7 @@ class SharedAdmission:
                 ticket = await self._reserve(head.cost, head.exclude)
             except SharedStateUnavailable:
                 self._send_all_local()
+                self.credit.forget()
                 return
             if ticket is None:
                 return

@@ -1,7 +1,8 @@
 """Many guards, one budget: two `token-guard serve --workers 2` processes in front of one simulator share its KV
 budget through a real redis-server. Under a burst through both, the simulator never runs more than the budget; with
 Redis killed mid-way the guards fall back on their own shares ("open") or answer 503 ("closed"), and recover when it
-comes back; a guard killed with reservations held frees them within its lease."""
+comes back; a guard killed with reservations held frees them within its lease. With a budget large enough for blocks
+of credit, requests are admitted on credit, the budget still holds, and the credit goes back once they stop."""
 
 from __future__ import annotations
 
@@ -91,11 +92,15 @@ async def burst(urls: list[str], requests: int, max_tokens: int) -> list[httpx.R
         return await asyncio.gather(*calls)
 
 
-def fallbacks(urls: list[str]) -> float:
-    """Requests admitted on a local share, summed over one scrape of each guard (a scrape reaches one worker)."""
-    name = "token_guard_admission_local_fallbacks_total "
+def counted(urls: list[str], name: str) -> float:
+    """A counter summed over one scrape of each guard (a scrape reaches one worker)."""
     texts = [httpx.get(f"{url}/metrics").text for url in urls]
     return sum(float(line.rsplit(" ", 1)[1]) for text in texts for line in text.splitlines() if line.startswith(name))
+
+
+def fallbacks(urls: list[str]) -> float:
+    """Requests admitted on a local share."""
+    return counted(urls, "token_guard_admission_local_fallbacks_total ")
 
 
 def instances(redis_url: str) -> int:
@@ -154,6 +159,25 @@ def test_two_guards_of_two_workers_share_one_budget_and_fall_back_open(
             assert [r.status_code for r in responses] == [200] * 32
             assert stats.kv.peak <= budget
             assert eventually(lambda: reserved(redis.url, sim.url) == (0, 0), timeout_s=10)  # every release landed
+
+
+def test_credit_admits_without_a_round_trip_within_the_budget_and_goes_back(
+    deepseek_dir: Path, redis: RedisServer, tmp_path: Path
+) -> None:
+    with simulator(deepseek_dir, max_model_len=WINDOW, itl_s=0.003, kv_capacity_tokens=HUGE) as (sim, stats, _):
+        budget = 16 * cost_of(sim.url, 60)  # each of the four processes' blocks: two requests' worth
+        with serve(sim.url, deepseek_dir, tmp_path, redis.url, budget, guards=2) as urls:
+            assert eventually(lambda: instances(redis.url) == 4, timeout_s=10)
+            with httpx.Client(timeout=60) as client:
+                for url in urls * 8:  # one at a time: after its first, a process has credit for the next
+                    assert client.post(f"{url}/v1/chat/completions", json=body(60)).status_code == 200
+            assert eventually(lambda: counted(urls, "token_guard_admission_credit_total ") > 0, timeout_s=10)
+
+            stats.kv.reset()
+            responses = asyncio.run(burst(urls, 64, 60))  # four times what the budget holds at once
+            assert [r.status_code for r in responses] == [200] * 64
+            assert budget // 2 < stats.kv.peak <= budget  # blocks and reservations together never exceed it
+            assert eventually(lambda: reserved(redis.url, sim.url) == (0, 0), timeout_s=10)  # idle: credit goes back
 
 
 @dataclass

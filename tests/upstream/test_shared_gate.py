@@ -26,8 +26,9 @@ URL = "http://replica:8000"
 async def gate(redis: RedisServer, tokens: int = 100, share: int = 50, running: bool = True,
                **settings: Any) -> AsyncIterator[SharedAdmission]:  # fmt: skip
     """One guard's gate on a replica whose whole budget is `tokens` (`share` of it its own, for when Redis is away);
-    `running`: its background work runs, as the app runs it (when not: a guard that stopped renewing)."""
-    options = {"redis_lease_s": 30.0, "queue_timeout_s": 5.0, **settings}
+    `running`: its background work runs, as the app runs it (when not: a guard that stopped renewing). Without
+    credit unless asked (redis_block_share): every request takes the round trip, so each test sees what it looks at."""
+    options = {"redis_lease_s": 30.0, "queue_timeout_s": 5.0, "redis_block_share": 0.0, **settings}
     admission = AdmissionSettings(max_inflight_tokens=tokens, redis_url=redis.url, **options)
     link = RedisLink(redis.url, 2000)  # generous: a late answer on a loaded machine is the link tests' business
     local = Admission([Budget(share)], admission.queue_timeout_s, admission.max_queue)
@@ -73,9 +74,10 @@ def test_two_guards_share_one_budget(redis: RedisServer) -> None:
     asyncio.run(run())
 
 
-def test_an_oversized_request_runs_alone_and_the_queue_is_fifo(redis: RedisServer) -> None:
+@pytest.mark.parametrize("block_share", [0.0, 0.5])
+def test_an_oversized_request_runs_alone_and_the_queue_is_fifo(redis: RedisServer, block_share: float) -> None:
     async def run() -> list[int]:
-        async with gate(redis) as a:
+        async with gate(redis, redis_block_share=block_share) as a:
             held = await a.acquire(100)
             order: list[int] = []
 
