@@ -181,6 +181,45 @@ class TokenCounter:
             return self.floor(texts, ceiling)
         return await asyncio.to_thread(self.floor, texts, ceiling)
 
+    async def at_least(self, texts: Sequence[str], ceiling: int) -> int | None:
+        """A lower bound of the tokens of any prompt that holds these texts verbatim, proven by counting them exactly
+        only until the count passes `ceiling` (None if it never does, or the texts cannot be cut exactly): the
+        floor() of a vocabulary with long tokens proves little, and an exact count of a 30 MB prompt takes seconds.
+
+        Counted are the parts the splitter cuts each text into between its added tokens, but not the first and last
+        part of each: a part's tokens are the same alone as in its whole text (the splitter's rule), and inside a
+        prompt only the edges of a text meet other characters (the template's, a trimmed space, an added token's
+        stripped whitespace). The texts are read in growing prefixes, so a prompt far over the ceiling costs about
+        the ceiling's worth of encoding."""
+        if self.splitter is None:
+            return None
+        total = 0
+        for text in texts:
+            reach = 16 * (ceiling + 1) + 2 * self.splitter.slice_chars  # most texts take ~4 characters a token
+            while True:
+                prefix = text[:reach]
+                counted = await self._interior_tokens(prefix, ceiling - total)
+                if total + counted > ceiling:
+                    return total + counted
+                if len(prefix) == len(text):
+                    total += counted
+                    break
+                reach *= 4
+        return None
+
+    async def _interior_tokens(self, text: str, enough: int) -> int:
+        """The tokens of the interior parts of `text` (as at_least() takes them), stopping once past `enough`."""
+        splitter = self.splitter
+        assert splitter is not None
+        cut = self.segmenter.cut
+        parts = await asyncio.to_thread(lambda: [p for s in cut(text).texts for p in splitter.split(s)[1:-1]])
+        counted = 0
+        for batch in _batches(parts, BATCH_CHARS):
+            counted += sum(await self._encode_lengths(batch, add_special_tokens=False))
+            if counted > enough:
+                break
+        return counted
+
 
 def _batches(texts: list[str], limit: int) -> Iterable[list[str]]:
     batch: list[str] = []

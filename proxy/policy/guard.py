@@ -24,7 +24,7 @@ from proxy.counting.responses import responses_chat
 from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
 from proxy.errors import InvalidRequest, ModelNotFound
 from proxy.policy.choice import choose_policy
-from proxy.policy.chunk import CannotChunk, refuse_too_many_parts
+from proxy.policy.chunk import MAX_PARTS, CannotChunk, refuse_too_many_parts
 from proxy.policy.converted import (
     Converted,
     count_answer,
@@ -43,6 +43,7 @@ from proxy.policy.turns import CountItems
 from proxy.settings import PolicySettings, Settings
 
 SIZE_FLOOR = "size"  # the count source of a prompt refused from its size alone: its prompt tokens are a lower bound
+FAR_OVER = 16  # characters a token: a prompt longer than this many times the window is counted only until proven over
 
 UNTRUSTED_TEMPLATE = (  # vLLM's words, then the guard's switch
     "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with "
@@ -234,19 +235,31 @@ async def _by_size(
     if model.tokenizer.native is not None or choice == "truncate":
         return None  # mistral_common and harmony count with vocabularies of their own
     ceiling = limits.max_model_len - limits.min_output_tokens
-    floors = [await model.counter.floor_off_loop(texts, ceiling) for texts in prompts]
-    floor = max((f for f in floors if f is not None), default=None)
+    floor = await _proven_over(model, prompts, ceiling)
     if floor is None:
         return None
     findings.count_source = SIZE_FLOOR
-    plan = reject_at_least(floor, limits, param)
     if choice == "reject":
-        return _as_outcome(plan, {}, b"", 0, SIZE_FLOOR)
+        return _as_outcome(reject_at_least(floor, limits, param), {}, b"", 0, SIZE_FLOOR)
+    most = MAX_PARTS * policy.chunk_tokens  # more than this many tokens are not chunked
+    if floor <= most:
+        floor = await _proven_over(model, prompts, most) or floor
     try:
         refuse_too_many_parts(floor, policy.chunk_tokens)
     except CannotChunk as exc:
-        return refuse(plan, f"The chunk policy was not applied: {exc}.")
+        return refuse(reject_at_least(floor, limits, param), f"The chunk policy was not applied: {exc}.")
     return None
+
+
+async def _proven_over(model: GuardedModel, prompts: list[list[str]], ceiling: int) -> int | None:
+    """The most tokens the prompts' verbatim texts prove one of them has, when above `ceiling`: from their size
+    (TokenCounter.floor), else, for texts far longer than could fit, by counting them only until the count passes it
+    (TokenCounter.at_least)."""
+    counter = model.counter
+    floors = [await counter.floor_off_loop(texts, ceiling) for texts in prompts]
+    floors += [await counter.at_least(texts, ceiling) for texts, floor in zip(prompts, floors, strict=True)
+               if floor is None and sum(len(t) for t in texts) > FAR_OVER * ceiling]  # fmt: skip
+    return max((f for f in floors if f is not None), default=None)
 
 
 def _brings_template(req: ChatRequest) -> bool:

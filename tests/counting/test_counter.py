@@ -223,6 +223,31 @@ def test_the_size_floor_never_exceeds_the_real_count(guard_tok: ModelTokenizer, 
     assert floor is None or floor <= reference_chat_count(reference, case)
 
 
+@PROPERTY
+@given(text=TEXT, lead=LEAD, tail=TAIL, copies=st.integers(2, 40))
+def test_counting_until_proven_never_exceeds_the_real_count(guard_tok: ModelTokenizer, reference: Any, text: str,
+                                                            lead: str, tail: str, copies: int) -> None:  # fmt: skip
+    # Split four ways from 64 characters on, so that texts this short have interior parts; a ceiling of 0 makes any
+    # interior count the answer: it must stay below the count of a prompt that holds the texts.
+    counter = eager_counter(guard_tok)
+    system = "Be brief." + tail
+    case = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": lead + text * copies}]}
+    proven = asyncio.run(counter.at_least(list(verbatim_texts(case["messages"])), ceiling=0))
+    assert proven is None or proven <= reference_chat_count(reference, case)
+
+
+def test_a_huge_prompt_is_proven_too_long_by_counting_only_its_start(guard_tok: ModelTokenizer) -> None:
+    recorder = Recorder(guard_tok.backend)
+    counter = TokenCounter(recorder, CountingSettings(), cores=2)
+    recorder.calls.clear()
+    huge = LONG_TEXT * 20_000  # about 50 MB
+    proven = asyncio.run(counter.at_least([huge], ceiling=2048))
+    assert proven is not None and 2048 < proven <= len(guard_tok.backend.encode(huge[:1_000_000]).ids)
+    assert sum(n for _, n in recorder.calls) <= 8  # a few slices encoded, not the 460 of the whole text
+    short = LONG_TEXT * 2  # shorter than the ceiling's worth of tokens: nothing is proven
+    assert asyncio.run(counter.at_least([short], ceiling=2048)) is None
+
+
 def test_a_huge_prompt_is_proven_too_long_from_its_size(guard_tok: ModelTokenizer) -> None:
     counter = TokenCounter(guard_tok.backend, CountingSettings(), cores=4)
     assert counter.max_token_bytes is not None and counter.max_token_bytes < 1024

@@ -53,6 +53,19 @@ def test_a_31_mb_prompt_is_refused_from_its_size_in_bounded_memory(stack: Stack)
     assert rss_mb(stack.guard_pid) < AFTER_MB
 
 
+def test_a_31_mb_prompt_is_not_chunked_once_counting_its_start_proves_it_needs_too_many_parts(stack: Stack) -> None:
+    # This vocabulary has tokens of up to 256 bytes: the size floor alone proves the prompt over the window but not
+    # over 64 parts; counting the text's start until it passes 64 x 2048 tokens does, without counting all of it.
+    response = post(stack, varied_words(31, seed=3), **{"x-token-guard-overflow": "chunk"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "However, your request has at least " in error["message"]
+    assert "The chunk policy was not applied: the prompt would take more than 64 parts" in error["message"]
+    assert response.headers["x-token-guard-count-source"] == "size"
+    assert int(response.headers["x-token-guard-prompt-tokens"]) > 64 * 2048
+    assert rss_mb(stack.guard_pid, "VmHWM") < PEAK_MB
+
+
 def test_a_3_mb_prompt_is_truncated_exactly_in_bounded_memory(stack: Stack) -> None:
     response = post(stack, varied_words(3, seed=2), **{"x-token-guard-overflow": "truncate"})
     assert response.status_code == 200, response.text
