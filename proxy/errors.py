@@ -41,6 +41,10 @@ class GuardError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt whole, whatever the subclass's __init__, when raised in a child process (counting/isolated.py).
+        return (_rebuilt, (type(self), self.message, dict(self.__dict__)))
+
     def json_bytes(self) -> bytes:
         return json.dumps(self.body(), ensure_ascii=False, separators=(",", ":")).encode()
 
@@ -140,4 +144,11 @@ def first_error(error: BaseException) -> BaseException:
     about when several concurrent parts of its request failed."""
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]
+    return error
+
+
+def _rebuilt(kind: type[GuardError], message: str, state: dict[str, Any]) -> GuardError:
+    error = kind.__new__(kind)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
     return error

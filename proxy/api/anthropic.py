@@ -33,7 +33,13 @@ class MessagesRequest:
 def parse_messages(
     raw: bytes, count_only: bool = False, max_messages: int = MAX_MESSAGES, max_depth: int = MAX_DEPTH
 ) -> MessagesRequest:
-    body = parse_json_object(raw, max_depth)
+    return messages_request(parse_json_object(raw, max_depth), count_only, max_messages)
+
+
+def messages_request(
+    body: dict[str, Any], count_only: bool = False, max_messages: int = MAX_MESSAGES
+) -> MessagesRequest:
+    """A Messages API request from a body already parsed."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidRequest("'messages' must be an array of message objects.", param="messages")

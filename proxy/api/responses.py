@@ -32,7 +32,11 @@ class ResponsesRequest:
 
 
 def parse_responses(raw: bytes, max_items: int = MAX_ITEMS, max_depth: int = MAX_DEPTH) -> ResponsesRequest:
-    body = parse_json_object(raw, max_depth)
+    return responses_request(parse_json_object(raw, max_depth), max_items)
+
+
+def responses_request(body: dict[str, Any], max_items: int = MAX_ITEMS) -> ResponsesRequest:
+    """A Responses API request from a body already parsed."""
     items = body.get("input")
     if isinstance(items, list):
         if len(items) > max_items:

@@ -1,8 +1,14 @@
-"""Chat templates that come with a request (trusted only by `policy.trust_request_chat_template`) rendered in a child
-process, with a time and a memory limit: a template can loop for minutes or build gigabytes of text, and no hook
-inside Jinja bounds every loop. The event loop only waits on a future; a template over its time is answered with a
-400 and its process killed, so the work stops too. One render at a time: request templates are rare and each is
-bounded, so a queue is cheaper than a pool of processes.
+"""Work that runs in a child process, so that the event loop only waits on a future:
+
+- chat templates that come with a request (trusted only by `policy.trust_request_chat_template`), with a time and a
+  memory limit: a template can loop for minutes or build gigabytes of text, and no hook inside Jinja bounds every
+  loop. A template over its time is answered with a 400 and its process killed, so the work stops too;
+- the parse of the largest request bodies: json.loads holds the interpreter lock for the whole parse (about 90 ms
+  for 31 MB; no thread helps), and the guard would answer nothing meanwhile, not even /livez. The parsed object comes
+  back pickled, which costs a fraction of parsing (the text is copied, not scanned).
+
+Each kind has one long-lived child, spawned on first use; calls queue for it (both are rare, and each is bounded, so
+a queue is cheaper than a pool of processes).
 """
 
 from __future__ import annotations
@@ -12,54 +18,64 @@ import atexit
 import multiprocessing
 import multiprocessing.pool
 import resource
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from proxy.api.body import parse_json_object
 from proxy.counting.templates import RenderArgs, TemplateError, render
+from proxy.errors import InvalidRequest
+
+T = TypeVar("T")
 
 TIME_LIMIT_S = 2.0  # the longest a request's template may render
-MEMORY_LIMIT_MB = 1024  # the child process's address space
+MEMORY_LIMIT_MB = 1024  # the template child's address space
+LARGE_BODY_BYTES = 4 * 2**20  # bodies from this size are parsed in the child: ~10 ms of parse and more
+PARSE_TIME_LIMIT_S = 30.0  # far above what the largest body takes (~0.1 s), queue included
+PARSE_MEMORY_LIMIT_MB = 2048  # a 32 MiB body of many small values takes a few hundred MB as Python objects
 
 
-class IsolatedRenderer:
-    def __init__(self, time_limit_s: float = TIME_LIMIT_S, memory_limit_mb: int = MEMORY_LIMIT_MB) -> None:
-        self.time_limit_s, self.memory_limit_mb = time_limit_s, memory_limit_mb
+class ChildProcess:
+    """One spawned worker process with an address-space limit; `call` runs a function in it within a time limit."""
+
+    def __init__(self, memory_limit_mb: int) -> None:
+        self.memory_limit_mb = memory_limit_mb
         self._pool: multiprocessing.pool.Pool | None = None
         self._turn: asyncio.Lock | None = None
         self._closing_registered = False
 
-    async def render(self, args: RenderArgs) -> str:
-        """As templates.render(*args), always in the sandbox; TemplateError when it fails or runs out of time or
-        memory."""
+    async def call(self, fn: Callable[..., T], args: tuple[Any, ...], time_limit_s: float, stop_on_cancel: bool) -> T:
+        """fn(*args) in the child; TimeoutError (and the child killed) past `time_limit_s`. A call whose caller is
+        cancelled kills the child when `stop_on_cancel` (the work may be endless), else runs to its end unheard."""
         if self._turn is None:
             self._turn = asyncio.Lock()
         async with self._turn:
             pool = self._pool if self._pool is not None else await asyncio.to_thread(self._start)
             loop = asyncio.get_running_loop()
-            done: asyncio.Future[str] = loop.create_future()
+            done: asyncio.Future[T] = loop.create_future()
 
-            def finished(text: str) -> None:
-                loop.call_soon_threadsafe(_settle, done, text, None)
+            def finished(result: T) -> None:
+                loop.call_soon_threadsafe(_settle, done, result, None)
 
             def failed(error: BaseException) -> None:
                 loop.call_soon_threadsafe(_settle, done, None, error)
 
-            source, _, conversation, tools, generation_prompt, continue_final, variables = args
-            sandboxed = (source, False, conversation, tools, generation_prompt, continue_final, dict(variables))
-            pool.apply_async(render, sandboxed, callback=finished, error_callback=failed)
+            pool.apply_async(fn, args, callback=finished, error_callback=failed)
             try:
-                return await asyncio.wait_for(asyncio.shield(done), self.time_limit_s)
+                return await asyncio.wait_for(asyncio.shield(done), time_limit_s)
             except TimeoutError:
                 await self._kill()
-                raise TemplateError(f"the request's chat template took longer than {self.time_limit_s:g} s to "
-                                    "render") from None  # fmt: skip
-            except asyncio.CancelledError:  # the client left: its render must not hold the next one's turn
-                if not done.done():
+                raise
+            except asyncio.CancelledError:
+                if stop_on_cancel and not done.done():  # the next call must not wait behind it
                     await asyncio.shield(self._kill())
+                elif not done.done():  # bounded work: let it end before the next call starts
+                    await asyncio.shield(asyncio.wait([done], timeout=time_limit_s))
                 raise
 
     def _start(self) -> multiprocessing.pool.Pool:
         context = multiprocessing.get_context("spawn")  # not a fork of a process holding tokenizers and sockets
         pool = context.Pool(1, initializer=_limit_memory, initargs=(self.memory_limit_mb,))
-        pool.apply(_ready)  # started and its imports done: the time limit is the template's alone
+        pool.apply(_ready)  # started and its imports done: the time limit is the work's alone
         if self._pool is None and not self._closing_registered:
             atexit.register(self.close)  # before the interpreter tears down what Pool.__del__ needs
             self._closing_registered = True
@@ -77,13 +93,54 @@ class IsolatedRenderer:
             self._pool = None
 
 
-def _settle(done: asyncio.Future[str], text: str | None, error: BaseException | None) -> None:
+class IsolatedRenderer:
+    def __init__(self, time_limit_s: float = TIME_LIMIT_S, memory_limit_mb: int = MEMORY_LIMIT_MB) -> None:
+        self.time_limit_s = time_limit_s
+        self.child = ChildProcess(memory_limit_mb)
+
+    async def render(self, args: RenderArgs) -> str:
+        """As templates.render(*args), always in the sandbox; TemplateError when it fails or runs out of time or
+        memory."""
+        source, _, conversation, tools, generation_prompt, continue_final, variables = args
+        sandboxed = (source, False, conversation, tools, generation_prompt, continue_final, dict(variables))
+        try:
+            return await self.child.call(render, sandboxed, self.time_limit_s, stop_on_cancel=True)
+        except TimeoutError:
+            raise TemplateError(f"the request's chat template took longer than {self.time_limit_s:g} s to "
+                                "render") from None  # fmt: skip
+
+    def close(self) -> None:
+        self.child.close()
+
+
+class BodyParser:
+    def __init__(self, time_limit_s: float = PARSE_TIME_LIMIT_S, memory_limit_mb: int = PARSE_MEMORY_LIMIT_MB) -> None:
+        self.time_limit_s = time_limit_s
+        self.child = ChildProcess(memory_limit_mb)
+
+    async def parse(self, raw: bytes, max_depth: int) -> dict[str, Any]:
+        """As api/body.parse_json_object: small bodies here, large ones in the child."""
+        if len(raw) < LARGE_BODY_BYTES:
+            return parse_json_object(raw, max_depth)
+        try:
+            return await self.child.call(parse_json_object, (raw, max_depth), self.time_limit_s, stop_on_cancel=False)
+        except TimeoutError:
+            raise InvalidRequest(f"The request body could not be read within {self.time_limit_s:g} s.") from None
+        except MemoryError:
+            raise InvalidRequest(f"The request body takes more than {self.child.memory_limit_mb} MB to "
+                                 "read.") from None  # fmt: skip
+
+    def close(self) -> None:
+        self.child.close()
+
+
+def _settle(done: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if done.done():
         return
     if error is not None:
         done.set_exception(error)
     else:
-        done.set_result(text or "")
+        done.set_result(result)
 
 
 def _ready() -> bool:
@@ -97,3 +154,5 @@ def _limit_memory(megabytes: int) -> None:
 
 RENDERER = IsolatedRenderer()
 """The process's one renderer of request templates (its child process starts on first use)."""
+PARSER = BodyParser()
+"""The process's one parser of the largest bodies (its child process starts on first use)."""

@@ -8,16 +8,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.api.anthropic import MessagesRequest, parse_messages
-from proxy.api.body import parse_json_object, with_changes
-from proxy.api.chat import ChatRequest, chat_request, parse_chat
-from proxy.api.completions import CompletionRequest, completion_request, parse_completion
+from proxy.api.anthropic import MessagesRequest, messages_request
+from proxy.api.body import with_changes
+from proxy.api.chat import ChatRequest, chat_request
+from proxy.api.completions import CompletionRequest, completion_request
 from proxy.api.invocations import invocation_kind
-from proxy.api.pooling import KINDS, PoolingRequest, ScoringRequest, parse_pooling, pooling_request
-from proxy.api.responses import LIMIT_FIELD, ResponsesRequest, parse_responses
+from proxy.api.pooling import KINDS, PoolingRequest, ScoringRequest, pooling_request
+from proxy.api.responses import LIMIT_FIELD, ResponsesRequest, responses_request
 from proxy.counting.anthropic import messages_chat
 from proxy.counting.bound import verbatim_texts
 from proxy.counting.count import count_chat
+from proxy.counting.isolated import PARSER
 from proxy.counting.pooling import pooling_tokens, scoring_tokens
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat
@@ -63,16 +64,15 @@ class Guard:
     async def handle(self, path: str, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
         """`findings.api_key`, when set, is the client's named key: its models and output cap apply."""
         server = self.settings.server
+        body = await PARSER.parse(raw, server.max_json_depth)  # the largest in a child process: the loop goes on
         if path.endswith("/chat/completions"):
-            req = parse_chat(raw, server.max_messages, server.max_json_depth)
-            outcome = await self._chat(req, raw, headers, findings)
+            outcome = await self._chat(chat_request(body, server.max_messages), raw, headers, findings)
         elif path.endswith("/completions"):
-            outcome = await self._completion(parse_completion(raw, server.max_json_depth), raw, headers, findings)
+            outcome = await self._completion(completion_request(body), raw, headers, findings)
         elif path in KINDS:
-            outcome = await self._pooling(parse_pooling(raw, KINDS[path], server.max_json_depth), raw, headers,
-                                          findings)  # fmt: skip
+            outcome = await self._pooling(pooling_request(body, KINDS[path]), raw, headers, findings)
         else:
-            outcome = await self._converted(path, raw, headers, findings)
+            outcome = await self._converted(path, body, raw, headers, findings)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
         findings.decision = outcome.decision
@@ -114,11 +114,12 @@ class Guard:
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
         return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)), findings.count_source)
 
-    async def _converted(self, path: str, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
+    async def _converted(
+        self, path: str, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+    ) -> Outcome:
         """The endpoints whose requests vLLM renders as chat (or hands to chat or completions: /invocations)."""
         server = self.settings.server
         if path == "/invocations":
-            body = parse_json_object(raw, server.max_json_depth)
             kind = invocation_kind(body)
             if kind == "chat":
                 return await self._chat(chat_request(body, server.max_messages), raw, headers, findings)
@@ -126,10 +127,9 @@ class Guard:
                 return await self._completion(completion_request(body), raw, headers, findings)
             return await self._pooling(pooling_request(body, kind), raw, headers, findings)
         if path == "/v1/responses":
-            return await self._responses(parse_responses(raw, server.max_messages, server.max_json_depth), raw,
-                                         headers, findings)  # fmt: skip
+            return await self._responses(responses_request(body, server.max_messages), raw, headers, findings)
         count_only = path.endswith("/count_tokens")
-        req = parse_messages(raw, count_only, server.max_messages, server.max_json_depth)
+        req = messages_request(body, count_only, server.max_messages)
         return await self._messages(req, raw, headers, findings, count_only)
 
     async def _responses(

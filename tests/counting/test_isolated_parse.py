@@ -1,0 +1,67 @@
+"""The largest request bodies are parsed in a child process (counting/isolated.py), so that the event loop keeps
+answering: the result and the errors are the same as parsing here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from proxy.api.body import parse_json_object
+from proxy.counting.isolated import LARGE_BODY_BYTES, BodyParser
+from proxy.errors import InvalidRequest
+
+
+@pytest.fixture(scope="module")
+def parser() -> Iterator[BodyParser]:
+    parser = BodyParser()
+    yield parser
+    parser.close()
+
+
+def large(content: str = "word " * (LARGE_BODY_BYTES // 5)) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 3}).encode()
+
+
+def test_a_large_body_parsed_in_the_child_is_the_body_parsed_here(parser: BodyParser) -> None:
+    raw = large("naïve 東京 🎉 " * (LARGE_BODY_BYTES // 20))
+    assert len(raw) >= LARGE_BODY_BYTES
+    assert asyncio.run(parser.parse(raw, 64)) == parse_json_object(raw, 64)
+
+
+def test_the_loop_keeps_turning_while_the_child_parses(parser: BodyParser) -> None:
+    raw = large()
+
+    async def run() -> int:
+        turns = 0
+        parsing = asyncio.ensure_future(parser.parse(raw, 64))
+        while not parsing.done():
+            await asyncio.sleep(0)
+            turns += 1
+        await parsing
+        return turns
+
+    assert asyncio.run(run()) > 1  # parsed here, the parse would have been done within the first turn
+
+
+@pytest.mark.parametrize(
+    ("raw", "message", "kind"),
+    [
+        (large()[:-1], "The request body is not valid JSON", InvalidRequest),
+        (b"[" * 100 + large() + b"]" * 100, "nested too deeply", InvalidRequest),
+        (b'["' + b"x" * LARGE_BODY_BYTES + b'"]', "must be a JSON object", InvalidRequest),
+        (large("a\\ud800b" + "c" * LARGE_BODY_BYTES).replace(b"\\\\ud800", b"\\ud800"), "lone surrogate",
+         InvalidRequest),
+    ],
+)  # fmt: skip
+def test_a_large_body_the_child_refuses_is_refused_with_the_same_error(
+    parser: BodyParser, raw: bytes, message: str, kind: type[Exception]
+) -> None:
+    with pytest.raises(kind) as here:
+        parse_json_object(raw, 64)
+    with pytest.raises(kind) as there:
+        asyncio.run(parser.parse(raw, 64))
+    assert message in there.value.args[0]
+    assert (type(there.value), there.value.body()) == (type(here.value), here.value.body())  # type: ignore[attr-defined]
