@@ -18,6 +18,7 @@ from proxy.counting.count import CountMessages
 from proxy.counting.counter import TokenCounter
 from proxy.counting.ids import char_cut, cut_middle, encode, encode_with_offsets
 from proxy.counting.tokenizer import ModelTokenizer
+from proxy.errors import GuardError
 
 KEEP_ROLES = ("system", "developer")
 MARKER = "\n[... {cut} tokens cut by token-guard ...]\n"
@@ -89,7 +90,7 @@ async def truncate_chat(
         else:
             low = middle + 1
     kept = _without(messages, units[:low])
-    tokens = await count(kept)
+    tokens = await count(kept) if low else prompt_tokens  # nothing dropped: the count is the one already made
     dropped = sum(len(u) for u in units[:low])
     if tokens > budget:
         shortened = await _shorten(tok, kept, tokens, budget, count, counter)
@@ -119,29 +120,51 @@ async def _shorten(
         index, part = target
         text = _text(messages[index], part)
         ends = await _Ends.of(tok, counter, text, budget)
-        keep = ends.total - (tokens - budget) - len((await encode(tok, [MARKER.format(cut=ends.total)], False))[0]) - 2
+        total = ends.total
+        rest = tokens - total if total is not None else await _rest(messages, index, part, text, count)
+        if rest is None:  # the template refuses the message without its text: count the text itself
+            total = await ends.count(text)
+            rest = tokens - total
+        most = total if total is not None else len(text)  # the marker's number has at most as many digits
+        keep = budget - rest - len((await encode(tok, [MARKER.format(cut=most)], False))[0]) - 2
         if keep < MIN_KEEP:
-            keep = min(MIN_KEEP, ends.total)
+            keep = min(MIN_KEEP, most)
             exhausted.add(index)
         head_end, tail_start = ends.head_end((keep + 1) // 2), ends.tail_start(keep // 2)
         if tail_start <= head_end:
             exhausted.add(index)
             continue
-        cut = await ends.count(text[head_end:tail_start])
+        # What the cut takes: how much shorter the prompt is without the middle (counting the middle itself would
+        # take seconds for a 30 MB text, and the prompt's count is known already)
+        _set_text(messages[index], part, text[:head_end] + text[tail_start:])
+        cut = tokens - await count(messages)
         _set_text(messages[index], part, text[:head_end] + MARKER.format(cut=cut) + text[tail_start:])
         tokens = await count(messages)
     return (messages, tokens) if tokens <= budget else None
 
 
+async def _rest(messages: list[Any], index: int, part: int | None, text: str, count: CountMessages) -> int | None:
+    """The tokens of the prompt without this text (its message kept, empty): what a cut of a long text must leave
+    room for, counted without the text, which takes seconds at 30 MB. None when the template refuses it empty."""
+    _set_text(messages[index], part, "")
+    try:
+        return await count(messages)
+    except GuardError:
+        return None
+    finally:
+        _set_text(messages[index], part, text)
+
+
 @dataclass(frozen=True)
 class _Ends:
-    """A message text's token count, and where its first and last tokens start. A long text is encoded with offsets
-    only at its two ends (and counted by the memory-bounded counter): the offsets of a whole 30 MB text take
-    gigabytes. Its ends are `reach` tokens' worth of characters long, more than a cut can keep, and an encoding is
-    the same well inside a slice as in the whole text (tokens do not span words)."""
+    """Where a message text's first and last tokens start, and for a short text its token count. A long text is
+    encoded with offsets only at its two ends, and not counted whole (that takes seconds at 30 MB; what a cut takes is
+    counted from the prompt without it): the offsets of a whole 30 MB text take gigabytes. Its ends are `reach`
+    tokens' worth of characters long, more than a cut can keep, and an encoding is the same well inside a slice as
+    in the whole text (tokens do not span words)."""
 
     text_length: int
-    total: int
+    total: int | None  # the text's tokens; None for a long text (not counted whole: its cut is counted instead)
     head: list[int]  # start offsets of the text's first tokens
     tail: list[int]  # start offsets, in the whole text, of its last tokens
     counter: TokenCounter | None
@@ -154,10 +177,9 @@ class _Ends:
         if counter is None or end is None or len(text) <= 2 * end:
             ids, starts = await encode_with_offsets(tok, text)
             return cls(len(text), len(ids), starts, starts, None, tok)
-        (total,) = await counter.count([text], False)
         _, head = await encode_with_offsets(tok, text[:end])
         _, tail = await encode_with_offsets(tok, text[-end:])
-        return cls(len(text), total, head, [len(text) - end + start for start in tail], counter, tok)
+        return cls(len(text), None, head, [len(text) - end + start for start in tail], counter, tok)
 
     def head_end(self, keep: int) -> int:
         return char_cut(self.head, keep, self.text_length)
