@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import openai
 import pytest
 
 from proxy.counting.registry import ModelRegistry
+from proxy.policy.quota import duration
 from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
@@ -62,6 +65,17 @@ max_output_tokens = 7
 name = "hashed"
 key_sha256 = "{hashlib.sha256(b"sk-hashed").hexdigest()}"
 tokens_per_minute = 1000000
+
+[[keys]]
+name = "peeked"
+key = "sk-peeked"
+tokens_per_minute = 50000
+requests_per_minute = 50
+
+[[keys]]
+name = "free"
+key = "sk-free"
+max_output_tokens = 100
 """
 RATE_HEADERS = [f"x-ratelimit-{kind}-{what}" for what in ("tokens", "requests") for kind in ("limit", "remaining",
                                                                                              "reset")]  # fmt: skip
@@ -90,10 +104,23 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def proxy(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, config: Path) -> Iterator[str]:
+def served(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, config: Path) -> Iterator[ServerThread]:
     with keyed_guard(sim[0].url, deepseek_dir, config) as server:
         wait_healthy(server.url)
-        yield server.url
+        yield server
+
+
+@pytest.fixture(scope="module")
+def proxy(served: ServerThread) -> str:
+    return served.url
+
+
+@pytest.fixture
+def frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard's buckets (this process's, no Redis here) on a stopped clock: nothing refills while a test looks,
+    so what a key was charged and given back shows exactly in its remaining tokens."""
+    now = time.monotonic() * 1000
+    monkeypatch.setattr("proxy.server.quotas._now_ms", lambda: now)
 
 
 def client(proxy: str, key: str) -> openai.OpenAI:
@@ -254,3 +281,53 @@ def count_tokens(proxy: str, key: str) -> httpx.Response:
     response = httpx.post(f"{proxy}/v1/messages/count_tokens", headers={"x-api-key": key}, json=body)
     assert response.status_code == 200
     return response
+
+
+def told(answer: httpx.Response | Any) -> dict[str, str]:
+    return {name: answer.headers[name] for name in RATE_HEADERS if name in answer.headers}
+
+
+def test_pass_through_answers_tell_the_quota_and_charge_nothing(proxy: str, frozen: None) -> None:
+    """GET /v1/models, /tokenize (an open route: the key is not needed, but named) and a route vLLM does not have:
+    all carry the six headers, from a look that charges neither tokens nor a request."""
+    auth = {"Authorization": "Bearer sk-peeked"}
+    charged = chat(client(proxy, "sk-peeked"), 10)
+    total = charged.parse().usage.total_tokens  # what the key pays once the answer ended: its usage
+    models = httpx.get(f"{proxy}/v1/models", headers=auth)
+    tokenize = httpx.post(f"{proxy}/tokenize", headers=auth, json={"model": MODEL, "prompt": "Hi"})
+    elsewhere = httpx.get(f"{proxy}/v1/not-a-route", headers=auth)  # the upstream's own 404, relayed
+    assert (models.status_code, tokenize.status_code, elsewhere.status_code) == (200, 200, 404)
+    bucket = {**told(charged), "x-ratelimit-remaining-tokens": str(50000 - total),
+              "x-ratelimit-reset-tokens": duration(math.ceil(total * 60000 / 50000))}  # fmt: skip
+    assert len(bucket) == 6 and bucket["x-ratelimit-remaining-requests"] == "49"
+    for answer in (models, tokenize, elsewhere):
+        assert told(answer) == bucket
+    again = chat(client(proxy, "sk-peeked"), 10)
+    assert again.headers["x-ratelimit-remaining-requests"] == "48"  # the looks took no request of the 50
+    listed = httpx.get(f"{proxy}/v1/models", headers={"Authorization": "Bearer sk-capped"})  # its list, filtered
+    assert listed.json()["data"] and told(listed)["x-ratelimit-limit-tokens"] == "1000000"
+
+
+def test_clients_without_a_limited_key_get_no_quota_headers_and_cost_no_look(
+    served: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quotas = served.app.quotas
+    looks: list[str] = []
+    peek = quotas.peek
+
+    async def counted(key: Any) -> Any:
+        looks.append(key.name)
+        return await peek(key)
+
+    monkeypatch.setattr(quotas, "peek", counted)
+    url = served.url
+    for key in ("plain", "sk-free"):  # nameless; named without limits
+        answers = [httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}),
+                   httpx.post(f"{url}/tokenize", headers={"Authorization": f"Bearer {key}"},
+                              json={"model": MODEL, "prompt": "Hi"}),
+                   chat(client(url, key), 3)]  # fmt: skip
+        assert all(told(answer) == {} for answer in answers)
+    assert told(httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": "Hi"})) == {}  # no key at all
+    assert looks == []
+    assert told(httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sk-peeked"}))
+    assert looks == ["peeked"]  # one look for a limited key
