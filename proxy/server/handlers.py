@@ -133,7 +133,9 @@ class Handlers:
             incoming.leave_if_gone()  # counting and cutting took a while: no parts for a client that left meanwhile
             fanout = outcome.policy.max_fanout
             runner = PartRunner(self.upstream, incoming.path, headers, fanout, self.metrics.fanout)
-            await answer_chunked(reply, outcome, runner, self.guard, extra)
+            usage = await answer_chunked(reply, outcome, runner, self.guard, extra)
+            if record.charge is not None and usage is not None:
+                record.charge.merged = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
         elif isinstance(outcome, Answer):  # answered by the guard itself (count_tokens)
             await reply.whole(200, extra, outcome.body)
         else:
@@ -177,7 +179,7 @@ class Handlers:
             record.quota_limited = True
             raise over_quota(key, verdict, tokens or 0)
         if tokens is not None:
-            forwarded = isinstance(outcome, Chunked)  # its parts' answers are merged: its reservation stands
+            forwarded = isinstance(outcome, Chunked)  # its parts' summed usage settles it once the merged answer ends
             record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded, verdict.shared)
 
     async def _tell_quota(self, key: KeySettings | None, record: RequestRecord, tagged: Headers) -> None:

@@ -22,6 +22,7 @@ from proxy.policy.quota import duration
 from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
+from tests.server.test_policies import document
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, Tap, simulator, wait_healthy
 
@@ -71,6 +72,11 @@ name = "peeked"
 key = "sk-peeked"
 tokens_per_minute = 50000
 requests_per_minute = 50
+
+[[keys]]
+name = "chunky"
+key = "sk-chunky"
+tokens_per_minute = 1000000
 
 [[keys]]
 name = "free"
@@ -331,3 +337,47 @@ def test_clients_without_a_limited_key_get_no_quota_headers_and_cost_no_look(
     assert looks == []
     assert told(httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sk-peeked"}))
     assert looks == ["peeked"]  # one look for a limited key
+
+
+def filler_word(proxy: str) -> str:
+    """A word the simulator writes a few tokens into every answer: a stop string that ends each part early."""
+    text = (
+        client(proxy, "plain")
+        .chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=30)
+        .choices[0]
+        .message.content
+    )
+    assert text is not None
+    return text.split()[3]
+
+
+def remaining(proxy: str, key: str) -> int:
+    return int(httpx.get(f"{proxy}/v1/models", headers={"Authorization": f"Bearer {key}"}).headers[
+        "x-ratelimit-remaining-tokens"])  # fmt: skip
+
+
+def test_a_chunked_request_pays_what_its_parts_used(proxy: str, frozen: None) -> None:
+    """Parts that stop early give back their unused output, streamed or not, usage asked for or not: the key pays
+    its parts' prompt + completion tokens, not the input + output cap reserved."""
+    oai = openai.OpenAI(base_url=f"{proxy}/v1", api_key="sk-chunky", max_retries=0, timeout=120,
+                        default_headers={"x-token-guard-overflow": "chunk"})  # fmt: skip
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}],
+                            "max_tokens": 200, "stop": [filler_word(proxy)]}  # fmt: skip
+    before = remaining(proxy, "sk-chunky")
+    whole = oai.chat.completions.with_raw_response.create(**body)
+    parts = int(whole.headers["x-token-guard-chunks"])
+    usage = whole.parse().usage
+    assert whole.headers["x-token-guard-action"] == "chunk" and parts >= 2 and usage is not None
+    assert usage.completion_tokens < 200 * parts  # every part stopped early
+    reserved = before - int(whole.headers["x-ratelimit-remaining-tokens"])
+    assert reserved == usage.prompt_tokens + 200 * parts  # charged: every part's input and output cap
+    used = usage.prompt_tokens + usage.completion_tokens
+    assert remaining(proxy, "sk-chunky") == before - used
+    for options in ({"include_usage": True}, None):
+        start = remaining(proxy, "sk-chunky")
+        streamed: dict[str, Any] = {**body, "stream": True, **({"stream_options": options} if options else {})}
+        with oai.chat.completions.with_streaming_response.create(**streamed) as stream:
+            assert stream.headers["x-token-guard-action"] == "chunk"
+            events = [line for line in stream.iter_lines() if line.startswith("data:")]
+        assert ('"usage":{' in events[-2]) == bool(options)  # the usage chunk only when asked for
+        assert remaining(proxy, "sk-chunky") == start - used  # the same parts, the same usage
