@@ -381,3 +381,28 @@ def test_a_chunked_request_pays_what_its_parts_used(proxy: str, frozen: None) ->
             events = [line for line in stream.iter_lines() if line.startswith("data:")]
         assert ('"usage":{' in events[-2]) == bool(options)  # the usage chunk only when asked for
         assert remaining(proxy, "sk-chunky") == start - used  # the same parts, the same usage
+
+
+def test_a_reduced_chunked_request_pays_its_parts_and_the_combining_request(
+    sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, config: Path, frozen: None
+) -> None:
+    """chunk_merge = "reduce": the usage summed over the parts and the request that combines their answers, which
+    was not reserved up front (the key pays it afterwards), streamed or not."""
+    with keyed_guard(sim[0].url, deepseek_dir, config, **{"policy.chunk_merge": "reduce"}) as server:
+        wait_healthy(server.url)
+        oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-chunky", max_retries=0, timeout=120,
+                            default_headers={"x-token-guard-overflow": "chunk"})  # fmt: skip
+        body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}],
+                                "max_tokens": 24}  # fmt: skip
+        before = remaining(server.url, "sk-chunky")
+        whole = oai.chat.completions.with_raw_response.create(**body)
+        usage = whole.parse().usage
+        assert whole.headers["x-token-guard-merge"] == "reduce" and usage is not None
+        parts = int(whole.headers["x-token-guard-chunks"])
+        assert usage.completion_tokens == 24 * (parts + 1)  # the parts' and the combining request's
+        used = usage.prompt_tokens + usage.completion_tokens
+        assert remaining(server.url, "sk-chunky") == before - used
+        with oai.chat.completions.with_streaming_response.create(**body, stream=True) as stream:
+            assert stream.headers["x-token-guard-merge"] == "reduce"
+            assert any(line.startswith("data:") for line in stream.iter_lines())
+        assert remaining(server.url, "sk-chunky") == before - 2 * used
