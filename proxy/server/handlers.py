@@ -186,11 +186,9 @@ class Handlers:
         """Every answer to a keyed request says where its key stands, errors and pass-through routes included."""
         if key is None or not key.limited or record.quota_told:
             return
-        try:
-            tagged.extend(encode_headers((await self.quotas.peek(key)).headers()))
-        except GuardError:  # Redis gone with redis_failure "closed": the answer goes out without them
-            return
-        record.quota_told = True
+        told = await self.quotas.told(key)
+        tagged.extend(encode_headers(told))
+        record.quota_told = bool(told)
 
     async def _settle(self, charge: Charge, record: RequestRecord, reply: Reply) -> None:
         unused = charge.unused(reply.status)

@@ -294,19 +294,22 @@ def told(answer: httpx.Response | Any) -> dict[str, str]:
 
 
 def test_pass_through_answers_tell_the_quota_and_charge_nothing(proxy: str, frozen: None) -> None:
-    """GET /v1/models, /tokenize (an open route: the key is not needed, but named) and a route vLLM does not have:
-    all carry the six headers, from a look that charges neither tokens nor a request."""
+    """GET /v1/models, /tokenize (an open route: the key is not needed, but named), a route vLLM does not have and a
+    method a guarded route does not take: all carry the six headers, from a look that charges neither tokens nor a
+    request."""
     auth = {"Authorization": "Bearer sk-peeked"}
     charged = chat(client(proxy, "sk-peeked"), 10)
     total = charged.parse().usage.total_tokens  # what the key pays once the answer ended: its usage
     models = httpx.get(f"{proxy}/v1/models", headers=auth)
     tokenize = httpx.post(f"{proxy}/tokenize", headers=auth, json={"model": MODEL, "prompt": "Hi"})
     elsewhere = httpx.get(f"{proxy}/v1/not-a-route", headers=auth)  # the upstream's own 404, relayed
-    assert (models.status_code, tokenize.status_code, elsewhere.status_code) == (200, 200, 404)
+    wrong_method = httpx.get(f"{proxy}/v1/chat/completions", headers=auth)  # the guard's own 405
+    statuses = [a.status_code for a in (models, tokenize, elsewhere, wrong_method)]
+    assert statuses == [200, 200, 404, 405]
     bucket = {**told(charged), "x-ratelimit-remaining-tokens": str(50000 - total),
               "x-ratelimit-reset-tokens": duration(math.ceil(total * 60000 / 50000))}  # fmt: skip
     assert len(bucket) == 6 and bucket["x-ratelimit-remaining-requests"] == "49"
-    for answer in (models, tokenize, elsewhere):
+    for answer in (models, tokenize, elsewhere, wrong_method):
         assert told(answer) == bucket
     again = chat(client(proxy, "sk-peeked"), 10)
     assert again.headers["x-ratelimit-remaining-requests"] == "48"  # the looks took no request of the 50
@@ -331,6 +334,7 @@ def test_clients_without_a_limited_key_get_no_quota_headers_and_cost_no_look(
         answers = [httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}),
                    httpx.post(f"{url}/tokenize", headers={"Authorization": f"Bearer {key}"},
                               json={"model": MODEL, "prompt": "Hi"}),
+                   httpx.get(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}),
                    chat(client(url, key), 3)]  # fmt: skip
         assert all(told(answer) == {} for answer in answers)
     assert told(httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": "Hi"})) == {}  # no key at all
