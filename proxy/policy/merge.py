@@ -23,6 +23,11 @@ def sum_usage(usages: list[dict[str, Any] | None]) -> dict[str, int]:
     return {key: sum(int((u or {}).get(key) or 0) for u in usages) for key in USAGE_KEYS}
 
 
+def told_usage(usages: list[dict[str, Any] | None]) -> dict[str, int] | None:
+    """The summed usage when every answer told its own; None when one did not (what it used is unknown)."""
+    return sum_usage(usages) if all(isinstance(u, dict) for u in usages) else None
+
+
 def merged_finish(reasons: list[str | None]) -> str | None:
     return "length" if "length" in reasons else reasons[-1]
 
@@ -73,6 +78,8 @@ class StreamMerger:
         self.usages: list[dict[str, Any] | None] = list(prior_usage or [])  # e.g. the parts before a reduce step
         self.reasons: list[str | None] = []
         self._started: set[int] = set()
+        self._expected = len(self.usages) + parts  # one usage per part, and per prior answer
+        self._finished = False
 
     def feed(self, part: int, chunk: dict[str, Any]) -> list[bytes]:
         if self.created is None:
@@ -104,7 +111,13 @@ class StreamMerger:
         out.append(sse({**chunk, "choices": [choice]}))
         return out
 
+    def usage(self) -> dict[str, int] | None:
+        """The summed usage once the stream has finished and every part told its usage; None before, or when one
+        did not (a part that failed, or whose usage was not asked for)."""
+        return told_usage(self.usages) if self._finished and len(self.usages) == self._expected else None
+
     def finish(self) -> list[bytes]:
+        self._finished = True
         out = []
         if self.include_usage:
             usage = sum_usage(self.usages)

@@ -111,7 +111,8 @@ def _chunked(kind: str, req: ChatRequest | CompletionRequest, plan: Plan, split:
              bodies: list[dict[str, Any]], costs: list[int], policy: PolicySettings) -> Chunked:  # fmt: skip
     options = req.body.get("stream_options")
     include_usage = req.stream and isinstance(options, dict) and bool(options.get("include_usage"))
-    if include_usage:  # each part must report its usage so that the merged usage chunk can sum them
-        bodies = [{**b, "stream_options": {**b["stream_options"], "include_usage": True}} for b in bodies]
+    if req.stream:  # each part reports its usage, asked for or not: the merged usage chunk and the key's quota sum them
+        asked = options if isinstance(options, dict) else {}
+        bodies = [{**b, "stream_options": {**asked, "include_usage": True}} for b in bodies]
     decision = Decision("chunk", plan.prompt_tokens, chunk_tokens=tuple(split.prompt_tokens))
     return Chunked(kind, bodies, costs, decision, req.stream, include_usage, policy, req)

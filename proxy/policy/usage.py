@@ -5,9 +5,11 @@ key before it was forwarded (exact input + the output cap reserved) are settled 
                             include_usage), Anthropic's message_delta, Responses' response.completed
     a stream without one    the counted input + one token per event relayed (vLLM sends a token per event, a few
                             with speculative decoding: an estimate, close and cheap)
+    a chunked request       its parts' usage summed (policy/merge.py: what its merged answer says), once that
+                            answer ended, streamed or not
     never forwarded         nothing (refused by admission, or the upstream could not be reached)
     an error answer         the counted input
-    anything else           the reservation stands (e.g. chunked requests, whose parts' answers are merged)
+    anything else           the reservation stands (e.g. a chunked answer its client left part way)
 
 Only the end of the answer is kept (usage comes last in every shape vLLM writes), so this costs a bounded copy."""
 
@@ -61,11 +63,14 @@ class Charge:
     prompt_tokens: int
     forwarded: bool = False  # something reached the upstream
     shared: bool = False  # charged in Redis (else in this process's buckets)
+    merged: int | None = None  # a chunked request's input + output from its parts' summed usage, once it ended
     tail: AnswerTail = field(default_factory=AnswerTail)
 
     def used(self, status: int | None) -> int:
         if not self.forwarded:
             return 0
+        if self.merged is not None:
+            return self.merged
         usage = self.tail.usage()
         if usage is not None:
             given, output = usage

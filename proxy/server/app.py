@@ -16,8 +16,8 @@ from proxy.check.run import drift_warnings
 from proxy.counting.registry import ModelRegistry
 from proxy.errors import GuardError, MethodNotAllowed
 from proxy.policy.guard import Guard
-from proxy.server.asgi import Receive, Reply, Scope, Send
-from proxy.server.auth import REFUSED, ApiKeys
+from proxy.server.asgi import Receive, Reply, Scope, Send, encode_headers
+from proxy.server.auth import REFUSED, ApiKeys, named_key
 from proxy.server.handlers import Handlers
 from proxy.server.metrics import Metrics
 from proxy.server.quotas import Quotas
@@ -96,7 +96,7 @@ class GuardApp:
         if route is None or scope["method"] == "OPTIONS":  # CORS preflight goes through, as vLLM answers it
             return self._passthrough
         if scope["method"] not in route[0]:
-            return _not_allowed(route[0])
+            return _not_allowed(route[0], self.quotas)
         return route[1]
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -145,11 +145,15 @@ async def _refuse(scope: Scope, send: Send) -> None:
     await send_error(Reply(send), REFUSED, headers, scope["path"])
 
 
-def _not_allowed(methods: frozenset[str]) -> Handler:
+def _not_allowed(methods: frozenset[str], quotas: Quotas) -> Handler:
     async def answer(scope: Scope, receive: Receive, send: Send) -> None:
         allowed = ", ".join(sorted(methods))
         error = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use {allowed}.")
-        await send_error(Reply(send), error, [(b"allow", allowed.encode())], scope["path"])
+        headers = [(b"allow", allowed.encode())]
+        key = named_key(scope)
+        if key is not None and key.limited:  # every answer to a limited key tells its quota
+            headers += encode_headers(await quotas.told(key))
+        await send_error(Reply(send), error, headers, scope["path"])
 
     return answer
 

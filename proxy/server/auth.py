@@ -2,7 +2,8 @@
 checked as vLLM 0.11+ checks it (scheme in any case, SHA-256 digests compared in constant time, several keys). The
 key may also come as `x-api-key: <key>`, the header Anthropic's SDKs and Claude Code send. Named keys (`[[keys]]`,
 given as the key or its SHA-256) are accepted too, and the request carries the key's settings on to the handler
-(scope["token_guard.key"]) for its quotas.
+(scope["token_guard.key"]) for its quotas. On the open routes (`/tokenize`, ...) no key is needed, but a named key
+sent anyway is still recognised, so that the answer tells its quota.
 
 The other prefixes vLLM 0.22+ protects (`/v2`, `/inference`, `/cohere`) are protected too: everything else is passed
 through, with `upstream.api_key` put in, so leaving them open would open the upstream's protected routes to anyone.
@@ -46,7 +47,11 @@ class ApiKeys:
     def allows(self, scope: Scope) -> bool:
         """True when the request may pass: no keys are configured, its path is open, or it carries a valid key. A
         named key is put in the scope (KEY_SCOPE)."""
-        if not self or not _protected(scope):
+        if not self:
+            return True
+        if not _protected(scope):  # open to all; a named key sent anyway is still known, so its answer tells its quota
+            if self._named and (sent := self._given(scope)) is not None:
+                self._name(scope, sent)
             return True
         given = self._given(scope)
         if given is None:
@@ -54,13 +59,17 @@ class ApiKeys:
         matched = False
         for digest in self._digests:  # every key is compared, so the time taken says nothing about which matched
             matched |= hmac.compare_digest(given, digest)
+        return self._name(scope, given) or matched
+
+    def _name(self, scope: Scope, given: bytes) -> bool:
+        """Put the named key whose digest is `given` in the scope (KEY_SCOPE); false when there is none."""
         found = None
         for digest, key in self._named:
             if hmac.compare_digest(given, digest):
                 found = key
         if found is not None:
             scope[KEY_SCOPE] = found
-        return matched or found is not None
+        return found is not None
 
     def _given(self, scope: Scope) -> bytes | None:
         """The SHA-256 of the key the request carries."""

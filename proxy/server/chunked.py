@@ -11,7 +11,7 @@ from typing import Any
 
 from proxy.errors import GuardError
 from proxy.policy.guard import Guard
-from proxy.policy.merge import StreamMerger, merge_answers, sum_usage
+from proxy.policy.merge import StreamMerger, merge_answers, sum_usage, told_usage
 from proxy.policy.outcome import Chunked
 from proxy.server.asgi import Headers, Reply
 from proxy.server.responses import internal_error, send_error
@@ -21,15 +21,19 @@ from proxy.upstream.parts import PartFailed, PartRunner
 log = logging.getLogger("token_guard.chunked")
 
 
-async def answer_chunked(reply: Reply, chunked: Chunked, runner: PartRunner, guard: Guard, headers: Headers) -> None:
+async def answer_chunked(
+    reply: Reply, chunked: Chunked, runner: PartRunner, guard: Guard, headers: Headers
+) -> dict[str, int] | None:
+    """Answer it; the usage of its merged answer (what its parts used, summed) once that answer ended, else None."""
     if chunked.stream and chunked.policy.chunk_merge == "concat":  # part 1's tokens go out as they are generated
         merger = StreamMerger(chunked.kind, len(chunked.bodies), chunked.policy.chunk_separator, chunked.include_usage)
         await _stream(reply, runner.stream(chunked.bodies, chunked.costs, merger), headers)
-        return
+        return merger.usage()
     try:
-        await _merged(reply, runner, chunked, guard, headers)
+        return await _merged(reply, runner, chunked, guard, headers)
     except (PartFailed, GuardError) as exc:
         await failed(reply, exc, headers)
+        return None
 
 
 async def failed(reply: Reply, exc: Exception, headers: Headers) -> None:
@@ -50,10 +54,13 @@ async def _stream(reply: Reply, body: AsyncGenerator[bytes, None], headers: Head
     await send_stream(reply, headers, body, early)
 
 
-async def _merged(reply: Reply, runner: PartRunner, chunked: Chunked, guard: Guard, headers: Headers) -> None:
+async def _merged(
+    reply: Reply, runner: PartRunner, chunked: Chunked, guard: Guard, headers: Headers
+) -> dict[str, int] | None:
     bodies = [_non_streaming(b) for b in chunked.bodies] if chunked.stream else chunked.bodies
     answers = await runner.answers(bodies, chunked.costs)
     merged = merge_answers(chunked.kind, answers, chunked.policy.chunk_separator)
+    usages = [a.get("usage") for a in answers]
     if chunked.policy.chunk_merge == "reduce":
         reduce = await guard.reduce(chunked, answers)
         if reduce is None:
@@ -62,19 +69,20 @@ async def _merged(reply: Reply, runner: PartRunner, chunked: Chunked, guard: Gua
             headers = [*headers, (b"x-token-guard-merge", b"reduce")]
             reduce_body, reduce_cost = reduce
             if chunked.stream:
-                prior = [a.get("usage") for a in answers]
-                merger = StreamMerger(chunked.kind, 1, "", chunked.include_usage, prior)
+                merger = StreamMerger(chunked.kind, 1, "", chunked.include_usage, usages)
                 streamed = {**reduce_body, "stream": True, "stream_options": {"include_usage": True}}
                 await _stream(reply, runner.stream([streamed], [reduce_cost], merger), headers)
-                return
+                return merger.usage()
             (final,) = await runner.answers([reduce_body], [reduce_cost])
             merged = merge_answers(chunked.kind, [final], "")
-            merged["usage"] = sum_usage([a.get("usage") for a in [*answers, final]])
+            usages.append(final.get("usage"))
+            merged["usage"] = sum_usage(usages)
     if chunked.stream:  # the client asked for a stream: one merged answer as a stream of chunks
         merger = StreamMerger(chunked.kind, 1, "", chunked.include_usage)
         await send_stream(reply, headers, _replay(merger, merged))
-        return
+        return told_usage(usages)
     await reply.whole(200, headers, json.dumps(merged, ensure_ascii=False, separators=(",", ":")).encode())
+    return told_usage(usages)
 
 
 def _non_streaming(body: dict[str, Any]) -> dict[str, Any]:

@@ -50,7 +50,9 @@ class Handlers:
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Relayed unchanged; except that a key held to some models ([[keys]] models) sees only those in
-        GET /v1/models, as OpenAI lists the models a key may use."""
+        GET /v1/models, as OpenAI lists the models a key may use, and that a limited key's answer carries its
+        x-ratelimit-* headers from a look at its buckets: pass-through requests are not metered (nor counted in
+        requests_per_minute), as OpenAI counts only requests to its metered endpoints."""
         key = named_key(scope)
         listed = key.models if key is not None and scope["path"] == "/v1/models" else None
         await self._handle(scope, receive, send, guarded=False, listed=listed)
@@ -79,7 +81,7 @@ class Handlers:
         incoming, reply = Incoming(scope), Reply(send)
         record = RequestRecord(request_id(incoming.header(REQUEST_ID)), incoming.method, incoming.path, guarded)
         tagged: Headers = [(REQUEST_ID, record.request_id.encode())]
-        key = record.findings.api_key = named_key(scope) if guarded else None
+        key = record.findings.api_key = named_key(scope)
         try:
             body = await read_body(receive, incoming, self.max_body_bytes, self.read_timeout_s)
             headers = incoming.headers()
@@ -88,6 +90,8 @@ class Handlers:
                 if guarded:
                     await self._guard(reply, incoming, body, headers, record, tagged)
                 else:
+                    if key is not None and key.limited:  # a look at its quota, charged nothing; none for the rest
+                        await self._tell_quota(key, record, tagged)
                     await self._forward(reply, incoming, body, headers, record, tagged, None, listed)
         except ClientGone:  # its upstream request, parts or place in the queue are given up by now
             record.client_gone = True
@@ -129,7 +133,9 @@ class Handlers:
             incoming.leave_if_gone()  # counting and cutting took a while: no parts for a client that left meanwhile
             fanout = outcome.policy.max_fanout
             runner = PartRunner(self.upstream, incoming.path, headers, fanout, self.metrics.fanout)
-            await answer_chunked(reply, outcome, runner, self.guard, extra)
+            usage = await answer_chunked(reply, outcome, runner, self.guard, extra)
+            if record.charge is not None and usage is not None:
+                record.charge.merged = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
         elif isinstance(outcome, Answer):  # answered by the guard itself (count_tokens)
             await reply.whole(200, extra, outcome.body)
         else:
@@ -173,17 +179,16 @@ class Handlers:
             record.quota_limited = True
             raise over_quota(key, verdict, tokens or 0)
         if tokens is not None:
-            forwarded = isinstance(outcome, Chunked)  # its parts' answers are merged: its reservation stands
+            forwarded = isinstance(outcome, Chunked)  # its parts' summed usage settles it once the merged answer ends
             record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded, verdict.shared)
 
     async def _tell_quota(self, key: KeySettings | None, record: RequestRecord, tagged: Headers) -> None:
-        """Every answer to a keyed request says where its key stands, errors included."""
+        """Every answer to a keyed request says where its key stands, errors and pass-through routes included."""
         if key is None or not key.limited or record.quota_told:
             return
-        try:
-            tagged.extend(encode_headers((await self.quotas.peek(key)).headers()))
-        except GuardError:  # Redis gone with redis_failure "closed": the error being answered says enough
-            pass
+        told = await self.quotas.told(key)
+        tagged.extend(encode_headers(told))
+        record.quota_told = bool(told)
 
     async def _settle(self, charge: Charge, record: RequestRecord, reply: Reply) -> None:
         unused = charge.unused(reply.status)

@@ -48,6 +48,14 @@ class Quotas:
             lambda shared: shared.peek(key.name, limits), lambda now: self.local.peek(key.name, limits, now)
         )
 
+    async def told(self, key: KeySettings) -> dict[str, str]:
+        """The x-ratelimit-* headers of a look at `key`'s buckets, which charges nothing; none when Redis does not
+        answer and redis_failure is "closed" (the answer goes out without them)."""
+        try:
+            return (await self.peek(key)).headers()
+        except SharedStateUnavailable:
+            return {}
+
     async def give_back(self, key: KeySettings, amount: int, shared: bool) -> None:
         """Return what a request did not use to the buckets that charged it (`shared`: Redis); lost when Redis does
         not answer (the key stays charged: the safe side)."""

@@ -56,3 +56,29 @@ def _answer(kind: str, text: str, finish: str) -> dict[str, Any]:
     choice.update({"text": text} if kind == "completion" else {"message": {"role": "assistant", "content": text}})
     return {"id": "a", "created": 1, "model": "m", "choices": [choice],
             "usage": {"prompt_tokens": 10, "total_tokens": 12, "completion_tokens": 2}}  # fmt: skip
+
+
+def _usage_chunk(prompt: int, completion: int) -> dict[str, Any]:
+    usage = {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+    return {"id": "x", "object": "o", "created": 1, "model": "m", "choices": [], "usage": usage}
+
+
+def test_a_merged_stream_tells_what_its_parts_used_once_it_ended() -> None:
+    """Whether or not the client asked for a usage chunk: a keyed request's quota is settled from it."""
+    merger = StreamMerger("chat", 2, "\n\n", include_usage=False, prior_usage=[{"prompt_tokens": 3}])
+    merger.feed(0, _chunk("chat", "a", "stop"))
+    merger.feed(0, _usage_chunk(100, 4))
+    merger.feed(1, _chunk("chat", "b", "stop"))
+    merger.feed(1, _usage_chunk(90, 6))
+    assert merger.usage() is None  # not ended: a client that left part way keeps its reservation
+    assert merger.finish() == [b"data: [DONE]\n\n"]  # not asked for: no usage chunk sent
+    assert merger.usage() == {"prompt_tokens": 193, "total_tokens": 200, "completion_tokens": 10}
+
+
+def test_a_merged_stream_whose_part_told_no_usage_tells_none() -> None:
+    merger = StreamMerger("completion", 2, "", include_usage=True)
+    merger.feed(0, _chunk("completion", "a", "stop"))
+    merger.feed(0, _usage_chunk(100, 4))
+    merger.feed(1, _chunk("completion", "b", "stop"))
+    merger.finish()
+    assert merger.usage() is None  # what part 1 used is unknown: the reservation stands rather than a guess of 0

@@ -60,3 +60,10 @@ def test_the_tail_is_bounded() -> None:
     for _ in range(100):
         tail.feed(b"x" * 1000)
     assert tail.usage() is None and tail._size < TAIL_BYTES + 1000
+
+
+def test_a_chunked_request_is_settled_by_its_merged_usage() -> None:
+    charge = charged()
+    assert charge.used(200) == 500  # its merged answer did not end: the reservation stands
+    charge.merged = 123
+    assert charge.used(200) == 123 and charge.unused(200) == 500 - 123

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,11 @@ import openai
 import pytest
 
 from proxy.counting.registry import ModelRegistry
+from proxy.policy.quota import duration
 from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
+from tests.server.test_policies import document
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, Tap, simulator, wait_healthy
 
@@ -62,6 +66,22 @@ max_output_tokens = 7
 name = "hashed"
 key_sha256 = "{hashlib.sha256(b"sk-hashed").hexdigest()}"
 tokens_per_minute = 1000000
+
+[[keys]]
+name = "peeked"
+key = "sk-peeked"
+tokens_per_minute = 50000
+requests_per_minute = 50
+
+[[keys]]
+name = "chunky"
+key = "sk-chunky"
+tokens_per_minute = 1000000
+
+[[keys]]
+name = "free"
+key = "sk-free"
+max_output_tokens = 100
 """
 RATE_HEADERS = [f"x-ratelimit-{kind}-{what}" for what in ("tokens", "requests") for kind in ("limit", "remaining",
                                                                                              "reset")]  # fmt: skip
@@ -90,10 +110,23 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def proxy(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, config: Path) -> Iterator[str]:
+def served(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, config: Path) -> Iterator[ServerThread]:
     with keyed_guard(sim[0].url, deepseek_dir, config) as server:
         wait_healthy(server.url)
-        yield server.url
+        yield server
+
+
+@pytest.fixture(scope="module")
+def proxy(served: ServerThread) -> str:
+    return served.url
+
+
+@pytest.fixture
+def frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard's buckets (this process's, no Redis here) on a stopped clock: nothing refills while a test looks,
+    so what a key was charged and given back shows exactly in its remaining tokens."""
+    now = time.monotonic() * 1000
+    monkeypatch.setattr("proxy.server.quotas._now_ms", lambda: now)
 
 
 def client(proxy: str, key: str) -> openai.OpenAI:
@@ -254,3 +287,126 @@ def count_tokens(proxy: str, key: str) -> httpx.Response:
     response = httpx.post(f"{proxy}/v1/messages/count_tokens", headers={"x-api-key": key}, json=body)
     assert response.status_code == 200
     return response
+
+
+def told(answer: httpx.Response | Any) -> dict[str, str]:
+    return {name: answer.headers[name] for name in RATE_HEADERS if name in answer.headers}
+
+
+def test_pass_through_answers_tell_the_quota_and_charge_nothing(proxy: str, frozen: None) -> None:
+    """GET /v1/models, /tokenize (an open route: the key is not needed, but named), a route vLLM does not have and a
+    method a guarded route does not take: all carry the six headers, from a look that charges neither tokens nor a
+    request."""
+    auth = {"Authorization": "Bearer sk-peeked"}
+    charged = chat(client(proxy, "sk-peeked"), 10)
+    total = charged.parse().usage.total_tokens  # what the key pays once the answer ended: its usage
+    models = httpx.get(f"{proxy}/v1/models", headers=auth)
+    tokenize = httpx.post(f"{proxy}/tokenize", headers=auth, json={"model": MODEL, "prompt": "Hi"})
+    elsewhere = httpx.get(f"{proxy}/v1/not-a-route", headers=auth)  # the upstream's own 404, relayed
+    wrong_method = httpx.get(f"{proxy}/v1/chat/completions", headers=auth)  # the guard's own 405
+    statuses = [a.status_code for a in (models, tokenize, elsewhere, wrong_method)]
+    assert statuses == [200, 200, 404, 405]
+    bucket = {**told(charged), "x-ratelimit-remaining-tokens": str(50000 - total),
+              "x-ratelimit-reset-tokens": duration(math.ceil(total * 60000 / 50000))}  # fmt: skip
+    assert len(bucket) == 6 and bucket["x-ratelimit-remaining-requests"] == "49"
+    for answer in (models, tokenize, elsewhere, wrong_method):
+        assert told(answer) == bucket
+    again = chat(client(proxy, "sk-peeked"), 10)
+    assert again.headers["x-ratelimit-remaining-requests"] == "48"  # the looks took no request of the 50
+    listed = httpx.get(f"{proxy}/v1/models", headers={"Authorization": "Bearer sk-capped"})  # its list, filtered
+    assert listed.json()["data"] and told(listed)["x-ratelimit-limit-tokens"] == "1000000"
+
+
+def test_clients_without_a_limited_key_get_no_quota_headers_and_cost_no_look(
+    served: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quotas = served.app.quotas
+    looks: list[str] = []
+    peek = quotas.peek
+
+    async def counted(key: Any) -> Any:
+        looks.append(key.name)
+        return await peek(key)
+
+    monkeypatch.setattr(quotas, "peek", counted)
+    url = served.url
+    for key in ("plain", "sk-free"):  # nameless; named without limits
+        answers = [httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}),
+                   httpx.post(f"{url}/tokenize", headers={"Authorization": f"Bearer {key}"},
+                              json={"model": MODEL, "prompt": "Hi"}),
+                   httpx.get(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}),
+                   chat(client(url, key), 3)]  # fmt: skip
+        assert all(told(answer) == {} for answer in answers)
+    assert told(httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": "Hi"})) == {}  # no key at all
+    assert looks == []
+    assert told(httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sk-peeked"}))
+    assert looks == ["peeked"]  # one look for a limited key
+
+
+def filler_word(proxy: str) -> str:
+    """A word the simulator writes a few tokens into every answer: a stop string that ends each part early."""
+    text = (
+        client(proxy, "plain")
+        .chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=30)
+        .choices[0]
+        .message.content
+    )
+    assert text is not None
+    return text.split()[3]
+
+
+def remaining(proxy: str, key: str) -> int:
+    return int(httpx.get(f"{proxy}/v1/models", headers={"Authorization": f"Bearer {key}"}).headers[
+        "x-ratelimit-remaining-tokens"])  # fmt: skip
+
+
+def test_a_chunked_request_pays_what_its_parts_used(proxy: str, frozen: None) -> None:
+    """Parts that stop early give back their unused output, streamed or not, usage asked for or not: the key pays
+    its parts' prompt + completion tokens, not the input + output cap reserved."""
+    oai = openai.OpenAI(base_url=f"{proxy}/v1", api_key="sk-chunky", max_retries=0, timeout=120,
+                        default_headers={"x-token-guard-overflow": "chunk"})  # fmt: skip
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}],
+                            "max_tokens": 200, "stop": [filler_word(proxy)]}  # fmt: skip
+    before = remaining(proxy, "sk-chunky")
+    whole = oai.chat.completions.with_raw_response.create(**body)
+    parts = int(whole.headers["x-token-guard-chunks"])
+    usage = whole.parse().usage
+    assert whole.headers["x-token-guard-action"] == "chunk" and parts >= 2 and usage is not None
+    assert usage.completion_tokens < 200 * parts  # every part stopped early
+    reserved = before - int(whole.headers["x-ratelimit-remaining-tokens"])
+    assert reserved == usage.prompt_tokens + 200 * parts  # charged: every part's input and output cap
+    used = usage.prompt_tokens + usage.completion_tokens
+    assert remaining(proxy, "sk-chunky") == before - used
+    for options in ({"include_usage": True}, None):
+        start = remaining(proxy, "sk-chunky")
+        streamed: dict[str, Any] = {**body, "stream": True, **({"stream_options": options} if options else {})}
+        with oai.chat.completions.with_streaming_response.create(**streamed) as stream:
+            assert stream.headers["x-token-guard-action"] == "chunk"
+            events = [line for line in stream.iter_lines() if line.startswith("data:")]
+        assert ('"usage":{' in events[-2]) == bool(options)  # the usage chunk only when asked for
+        assert remaining(proxy, "sk-chunky") == start - used  # the same parts, the same usage
+
+
+def test_a_reduced_chunked_request_pays_its_parts_and_the_combining_request(
+    sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, config: Path, frozen: None
+) -> None:
+    """chunk_merge = "reduce": the usage summed over the parts and the request that combines their answers, which
+    was not reserved up front (the key pays it afterwards), streamed or not."""
+    with keyed_guard(sim[0].url, deepseek_dir, config, **{"policy.chunk_merge": "reduce"}) as server:
+        wait_healthy(server.url)
+        oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-chunky", max_retries=0, timeout=120,
+                            default_headers={"x-token-guard-overflow": "chunk"})  # fmt: skip
+        body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}],
+                                "max_tokens": 24}  # fmt: skip
+        before = remaining(server.url, "sk-chunky")
+        whole = oai.chat.completions.with_raw_response.create(**body)
+        usage = whole.parse().usage
+        assert whole.headers["x-token-guard-merge"] == "reduce" and usage is not None
+        parts = int(whole.headers["x-token-guard-chunks"])
+        assert usage.completion_tokens == 24 * (parts + 1)  # the parts' and the combining request's
+        used = usage.prompt_tokens + usage.completion_tokens
+        assert remaining(server.url, "sk-chunky") == before - used
+        with oai.chat.completions.with_streaming_response.create(**body, stream=True) as stream:
+            assert stream.headers["x-token-guard-merge"] == "reduce"
+            assert any(line.startswith("data:") for line in stream.iter_lines())
+        assert remaining(server.url, "sk-chunky") == before - 2 * used

@@ -1,6 +1,7 @@
 """A key's quota shared through a real redis-server: two guard instances in front of one simulator, one key, its
 requests spread over both; together they let through the key's tokens per minute within one request's tokens, where
-two guards on their own would let through twice as much. Then Redis goes away: "closed" answers 503."""
+two guards on their own would let through twice as much. Then Redis goes away: "closed" answers 503. A chunked
+request settles its parts' usage in the shared bucket, which another guard's pass-through answer tells."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from proxy.server.running import ServerThread
+from tests.server.test_policies import document
 from tests.server.test_quotas import keyed_guard
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 from tests.support.servers import MODEL, Tap, simulator, wait_healthy
@@ -84,3 +86,33 @@ def test_without_redis_each_guard_has_its_own_buckets(
     for urls in guards(sim[0].url, deepseek_dir, config_file(tmp_path), 2):
         statuses, charged = spend(urls, 30)
         assert charged > 2 * LIMIT - 2 * (charged // statuses.count(200))
+
+
+CHUNKY = 20000  # tokens per minute: above what the chunked request uses, refilling ~333 a second
+
+
+def test_a_chunked_request_settles_in_redis_and_a_pass_through_answer_tells_it(
+    sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, tmp_path: Path, redis: RedisServer
+) -> None:
+    """A chunked request through one guard pays its parts' usage in the shared bucket, not its reservation; another
+    guard, which never charged the key, tells it on a GET /v1/models (its look goes to Redis)."""
+    config = tmp_path / "guard.toml"
+    config.write_text(f'[[keys]]\nname = "chunky"\nkey = "sk-chunky"\ntokens_per_minute = {CHUNKY}\n')
+    flags = {"admission.redis_url": redis.url, "admission.redis_failure": "closed"}
+    auth = {"Authorization": "Bearer sk-chunky"}
+    hi = {"model": MODEL, "max_tokens": 30, "messages": [{"role": "user", "content": "Hi"}]}
+    free = httpx.post(f"{sim[0].url}/v1/chat/completions", json=hi).json()["choices"][0]["message"]["content"]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}], "max_tokens": 1000,
+            "stop": [free.split()[3]]}  # fmt: skip
+    for first, second in guards(sim[0].url, deepseek_dir, config, 2, **flags):
+        started = time.monotonic()
+        reply = httpx.post(f"{first}/v1/chat/completions", json=body, timeout=120,
+                           headers={**auth, "x-token-guard-overflow": "chunk"})  # fmt: skip
+        parts, usage = int(reply.headers["x-token-guard-chunks"]), reply.json()["usage"]
+        used = usage["prompt_tokens"] + usage["completion_tokens"]
+        reserved = CHUNKY - int(reply.headers["x-ratelimit-remaining-tokens"])  # the key's first charge: a full bucket
+        assert parts >= 2 and reserved == usage["prompt_tokens"] + 1000 * parts > used
+        told = httpx.get(f"{second}/v1/models", headers=auth)
+        refill = CHUNKY * (time.monotonic() - started) / 60  # the most the bucket regained meanwhile
+        assert told.status_code == 200 and told.headers["x-ratelimit-limit-tokens"] == str(CHUNKY)
+        assert CHUNKY - used <= int(told.headers["x-ratelimit-remaining-tokens"]) <= CHUNKY - used + refill + 1
