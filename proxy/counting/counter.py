@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.counting.components import added_special_tokens
-from proxy.counting.memo import Memo
-from proxy.counting.segments import Segmenter, segmenter_for
+from proxy.counting.memo import LONG_KEY_CHARS, Memo, key_of
+from proxy.counting.segments import Cut, Segmenter, segmenter_for
 from proxy.counting.selfcheck import segments_agree, splits_agree, words_agree
 from proxy.counting.splitting import splitter_for, words
 from proxy.settings import CountingSettings
@@ -26,9 +26,13 @@ from proxy.settings import CountingSettings
 log = logging.getLogger("token_guard.counter")
 
 FLOOR_SLICE_CHARS = 65536  # the floor reads a text in slices of this many characters
+OFF_LOOP_CHARS = 2**20  # texts longer than this are cut, digested and split in a worker thread
 INLINE_MAX_CHARS = 8192  # about 2K tokens: ~2 ms of encoding, less than a thread hop adds to a small request
 BATCH_CHARS = 4 * 65536  # encoded at once at most: a few MB of encodings
 WHITESPACE_RUN = re.compile(r"\s+")
+
+
+Prepared = tuple[str, tuple[bool, list[str]]]  # a long segment's cache key, and its plan (TokenCounter._plan)
 
 
 @dataclass(frozen=True)
@@ -73,9 +77,12 @@ class TokenCounter:
         """Each text's token count, exactly as the tokenizer encodes it."""
         if add_special_tokens and self.specials is None:
             return await self._encode_lengths(list(texts), add_special_tokens=True)
-        cuts = [self.segmenter.cut(t) for t in texts]
-        counts, missing = self._look_up(s for cut in cuts for s in cut.texts)
-        counts.update(await self._encode(missing))
+        if sum(len(t) for t in texts) > OFF_LOOP_CHARS:
+            cuts, long = await asyncio.to_thread(self._prepare, texts)
+        else:
+            cuts, long = [self.segmenter.cut(t) for t in texts], {}
+        counts, missing = self._look_up((s for cut in cuts for s in cut.texts), long)
+        counts.update(await self._encode(missing, long))
         extra = (self.specials or 0) if add_special_tokens else 0
         return [cut.added + sum(counts[s] for s in cut.texts) + extra for cut in cuts]
 
@@ -83,12 +90,19 @@ class TokenCounter:
         cache = self._cache
         return CounterStats(self.hits, self.misses, len(cache), cache.bytes, cache.max_bytes)
 
-    def _look_up(self, segments: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+    def _prepare(self, texts: Sequence[str]) -> tuple[list[Cut], dict[str, Prepared]]:
+        """In a worker thread, for long texts: their cuts, and each long segment's cache key and plan. At 30 MB these
+        take a second or more, and none of it touches the caches (which only the event loop's thread does)."""
+        cuts = [self.segmenter.cut(t) for t in texts]
+        long = {s: (key_of(s), self._plan(s)) for cut in cuts for s in cut.texts if len(s) > LONG_KEY_CHARS}
+        return cuts, long
+
+    def _look_up(self, segments: Iterable[str], long: dict[str, Prepared]) -> tuple[dict[str, int], list[str]]:
         known: dict[str, int] = {}
         missing: list[str] = []
         get = self._cache.get
         for segment in dict.fromkeys(segments):
-            count = get(segment)
+            count = get(long[segment][0] if segment in long else segment)
             if count is None:
                 missing.append(segment)
             else:
@@ -97,12 +111,12 @@ class TokenCounter:
         self.misses += len(missing)
         return known, missing
 
-    async def _encode(self, segments: list[str]) -> dict[str, int]:
+    async def _encode(self, segments: list[str], long: dict[str, Prepared]) -> dict[str, int]:
         """Counts of uncached segments: short ones summed over their words (familiar words from the word cache),
         long ones split per core; whatever is still unknown is encoded in one batch."""
         if not segments:
             return {}
-        plans = [self._plan(s) for s in segments]
+        plans = [long[s][1] if s in long else self._plan(s) for s in segments]
         known, unknown = self._known_words(p for by_words, parts in plans if by_words for p in parts)
         whole = [p for by_words, parts in plans if not by_words for p in parts]
         lengths = iter(await self._encode_lengths(unknown + whole, add_special_tokens=False))
@@ -113,7 +127,7 @@ class TokenCounter:
             s: sum(known[p] for p in parts) if by_words else sum(next(lengths) for _ in parts)
             for s, (by_words, parts) in zip(segments, plans, strict=True)
         }
-        self._remember(self._cache, counts)
+        self._remember(self._cache, {long[s][0] if s in long else s: n for s, n in counts.items()})
         return counts
 
     def _plan(self, segment: str) -> tuple[bool, list[str]]:
