@@ -32,13 +32,16 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
     """How uvicorn serves the guard: uvloop and httptools, with the guard's limits on request headers (protocol.py,
-    configured here for this process), no access log of its own (the guard logs one line per request), and on SIGTERM
-    it stops accepting and lets requests in flight finish for up to server.drain_timeout_s."""
+    configured here for this process), no access log of its own (the guard logs one line per request), no rewriting
+    of the client address and scheme from X-Forwarded-* headers (nothing in the guard reads either: it was one more
+    ASGI layer and header scan on every request), and on SIGTERM it stops accepting and lets requests in flight
+    finish for up to server.drain_timeout_s."""
     GuardedHttpProtocol.header_timeout_s = server.read_timeout_s
     return {
         "loop": "uvloop",
         "http": GuardedHttpProtocol,
         "access_log": False,
+        "proxy_headers": False,
         "backlog": 4096,
         "timeout_graceful_shutdown": server.drain_timeout_s,
     }
