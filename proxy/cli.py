@@ -114,7 +114,7 @@ def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -
     import uvicorn
 
     from proxy.server import worker
-    from proxy.server.running import uvicorn_options
+    from proxy.server.running import settle_heap, uvicorn_options
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     server = settings.server
@@ -127,7 +127,9 @@ def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -
         from proxy.counting.registry import ModelRegistry
         from proxy.server.app import create_app
 
-        uvicorn.run(create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting)), **options)
+        app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
+        settle_heap()
+        uvicorn.run(app, **options)
     else:  # each worker builds its own app from the same flags and config file (proxy/server/worker.py)
         os.environ[WORKER_SETUP] = worker.handover(flags, config_file)
         uvicorn.run("proxy.server.worker:app", factory=True, workers=server.workers, **options)

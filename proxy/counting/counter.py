@@ -117,7 +117,7 @@ class TokenCounter:
         if not segments:
             return {}
         plans = [long[s][1] if s in long else self._plan(s) for s in segments]
-        known, unknown = self._known_words(p for by_words, parts in plans if by_words for p in parts)
+        known, unknown = self._words.get_many(p for by_words, parts in plans if by_words for p in parts)
         whole = [p for by_words, parts in plans if not by_words for p in parts]
         lengths = iter(await self._encode_lengths(unknown + whole, add_special_tokens=False))
         fresh = {word: next(lengths) for word in unknown}
@@ -137,19 +137,6 @@ class TokenCounter:
             if len(pieces) > 1:
                 return True, pieces
         return False, self.splitter.split(segment) if self.splitter else [segment]
-
-    def _known_words(self, pieces: Iterable[str]) -> tuple[dict[str, int], list[str]]:
-        known: dict[str, int] = {}
-        unknown: dict[str, None] = {}
-        get = self._words.get
-        for piece in pieces:
-            if piece not in known:
-                count = get(piece)
-                if count is None:
-                    unknown[piece] = None
-                else:
-                    known[piece] = count
-        return known, list(unknown)
 
     @staticmethod
     def _remember(cache: Memo, counts: dict[str, int]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Iterable
 
 ENTRY_OVERHEAD = 120  # bytes a dict slot and the int cost beyond the key string
 LONG_KEY_CHARS = 4096  # texts longer than this are kept under their digest
@@ -46,6 +47,22 @@ class Memo:
                 self._old_bytes -= entry_size(text)
                 self._add(text, count)
         return count
+
+    def get_many(self, texts: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+        """What get() finds of each text, and the texts it does not find (each once): the word-by-word count asks for
+        dozens of short texts per prompt, and most are in the young generation, found with one dict get."""
+        young = self._young
+        known: dict[str, int] = {}
+        unknown: dict[str, None] = {}
+        for text in texts:
+            count = young.get(text) if len(text) <= LONG_KEY_CHARS else None
+            if count is None and text not in unknown:
+                count = self.get(text)
+            if count is None:
+                unknown[text] = None
+            else:
+                known[text] = count
+        return known, list(unknown)
 
     def put(self, text: str, count: int) -> None:
         text = key_of(text)
