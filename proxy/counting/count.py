@@ -13,7 +13,8 @@ from typing import Any
 
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
-from proxy.counting.counter import TokenCounter
+from proxy.counting.bound import verbatim_texts
+from proxy.counting.counter import OFF_LOOP_CHARS, TokenCounter
 from proxy.counting.render import render_chat, render_chat_isolated
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.settings import CountingSettings
@@ -25,8 +26,14 @@ CountMessages = Callable[[list[Any]], Awaitable[int]]
 async def count_chat(tok: ModelTokenizer, req: ChatRequest, counter: TokenCounter | None = None) -> int:
     if tok.native is not None:  # mistral_common or openai_harmony: token ids straight from the messages
         return await asyncio.to_thread(tok.native.count_chat, req)
-    # A template the request brought is the client's code: it runs in a child process, bounded (isolated.py).
-    text = render_chat(tok, req) if req.chat_template is None else await render_chat_isolated(tok, req)
+    # A template the request brought is the client's code: it runs in a child process, bounded (isolated.py). A
+    # long conversation renders in a worker thread: ~80 ms for 31 MB, and the event loop gets its turns meanwhile.
+    if req.chat_template is not None:
+        text = await render_chat_isolated(tok, req)
+    elif sum(len(t) for t in verbatim_texts(req.messages)) > OFF_LOOP_CHARS:
+        text = await asyncio.to_thread(render_chat, tok, req)
+    else:
+        text = render_chat(tok, req)
     (count,) = await _counter(tok, counter).count([text], req.add_special_tokens)
     return count
 

@@ -45,11 +45,12 @@ def windows(length: int, size: int, overlap: int) -> list[tuple[int, int]]:
 async def encode_with_offsets(tok: ModelTokenizer, text: str) -> tuple[list[int], list[int]]:
     """Ids of `text` (no special tokens) and, for each id, the character offset where it starts."""
     backend: Any = tok.backend
-    if hasattr(backend, "async_encode_batch"):
-        (encoding,) = await backend.async_encode_batch([text], add_special_tokens=False)
-    else:
-        (encoding,) = await asyncio.to_thread(backend.encode_batch, [text], add_special_tokens=False)
-    return list(encoding.ids), [start for start, _ in encoding.offsets]
+
+    def encoded() -> tuple[list[int], list[int]]:  # the lists too are built off the loop: 30 ms at 200K tokens
+        (encoding,) = backend.encode_batch([text], add_special_tokens=False)
+        return list(encoding.ids), [start for start, _ in encoding.offsets]
+
+    return await asyncio.to_thread(encoded)
 
 
 def char_cut(starts: list[int], token_index: int, text_length: int) -> int:

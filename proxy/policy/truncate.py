@@ -177,9 +177,9 @@ class _Ends:
         if counter is None or end is None or len(text) <= 2 * end:
             ids, starts = await encode_with_offsets(tok, text)
             return cls(len(text), len(ids), starts, starts, None, tok)
-        _, head = await encode_with_offsets(tok, text[:end])
-        _, tail = await encode_with_offsets(tok, text[-end:])
-        return cls(len(text), None, head, [len(text) - end + start for start in tail], counter, tok)
+        head = await _end_offsets(tok, text, budget + ENDS_MARGIN, end, tail=False)
+        tail = await _end_offsets(tok, text, budget + ENDS_MARGIN, end, tail=True)
+        return cls(len(text), None, head, tail, counter, tok)
 
     def head_end(self, keep: int) -> int:
         return char_cut(self.head, keep, self.text_length)
@@ -192,6 +192,18 @@ class _Ends:
             (n,) = await self.counter.count([text], False)
             return n
         return len((await encode(self.tok, [text], False))[0])
+
+
+async def _end_offsets(tok: ModelTokenizer, text: str, tokens: int, most: int, tail: bool) -> list[int]:
+    """Start offsets (in `text`) of the tokens of a slice at its head or tail holding at least `tokens` tokens: a
+    slice of `most` characters always does (no token is longer), but text of the usual 3 to 5 characters a token
+    needs a few percent of that, and offsets of a few hundred thousand tokens take tens of milliseconds to build."""
+    size = min(tokens * 8, most)
+    while True:
+        _, starts = await encode_with_offsets(tok, text[-size:] if tail else text[:size])
+        if len(starts) >= tokens or size >= most:
+            return [len(text) - size + start for start in starts] if tail else starts
+        size = min(size * 4, most)
 
 
 def _longest(messages: list[Any], exhausted: set[int]) -> tuple[int, int | None] | None:

@@ -17,6 +17,7 @@ from proxy.server.asgi import ClientGone, Headers, Incoming, Receive, Reply, Sco
 from proxy.server.auth import named_key
 from proxy.server.chunked import answer_chunked
 from proxy.server.disconnect import ClientWatch
+from proxy.server.memory import give_back_after
 from proxy.server.metrics import Metrics
 from proxy.server.quotas import Quotas, over_quota
 from proxy.server.record import REQUEST_ID, RequestRecord, log_fields, log_line, request_id
@@ -82,6 +83,7 @@ class Handlers:
         record = RequestRecord(request_id(incoming.header(REQUEST_ID)), incoming.method, incoming.path, guarded)
         tagged: Headers = [(REQUEST_ID, record.request_id.encode())]
         key = record.findings.api_key = named_key(scope)
+        body = b""
         try:
             body = await read_body(receive, incoming, self.max_body_bytes, self.read_timeout_s)
             headers = incoming.headers()
@@ -115,6 +117,8 @@ class Handlers:
             if record.charge is not None:  # no coroutine for requests without a quota: the hot path
                 await self._settle(record.charge, record, reply)
             self._done(record, reply)
+            size, body = len(body), b""
+            give_back_after(size)
 
     async def _guard(
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
