@@ -6,7 +6,10 @@ key before it was forwarded (exact input + the output cap reserved) are settled 
     a stream without one    the counted input + one token per event relayed (vLLM sends a token per event, a few
                             with speculative decoding: an estimate, close and cheap)
     a chunked request       its parts' usage summed (policy/merge.py: what its merged answer says), once that
-                            answer ended, streamed or not
+                            answer ended, streamed or not, even if the client left right after its last byte
+    its combining request   (chunk_merge = "reduce") not reserved up front: from when it goes out, its cost on top
+                            of the parts' usage, until its own usage replaces that (a client that leaves part way
+                            has vLLM abort it, unreported)
     never forwarded         nothing (refused by admission, or the upstream could not be reached)
     an error answer         the counted input
     anything else           the reservation stands (e.g. a chunked answer its client left part way)
@@ -63,7 +66,7 @@ class Charge:
     prompt_tokens: int
     forwarded: bool = False  # something reached the upstream
     shared: bool = False  # charged in Redis (else in this process's buckets)
-    merged: int | None = None  # a chunked request's input + output from its parts' summed usage, once it ended
+    merged: int | None = None  # a chunked request's input + output from its answers' summed usage (server/chunked.py)
     tail: AnswerTail = field(default_factory=AnswerTail)
 
     def used(self, status: int | None) -> int:

@@ -13,6 +13,7 @@ from proxy.errors import GuardError
 from proxy.policy.guard import Guard
 from proxy.policy.merge import StreamMerger, merge_answers, sum_usage, told_usage
 from proxy.policy.outcome import Chunked
+from proxy.policy.usage import Charge
 from proxy.server.asgi import Headers, Reply
 from proxy.server.responses import internal_error, send_error
 from proxy.server.streaming import send_stream
@@ -22,18 +23,21 @@ log = logging.getLogger("token_guard.chunked")
 
 
 async def answer_chunked(
-    reply: Reply, chunked: Chunked, runner: PartRunner, guard: Guard, headers: Headers
-) -> dict[str, int] | None:
-    """Answer it; the usage of its merged answer (what its parts used, summed) once that answer ended, else None."""
+    reply: Reply, chunked: Chunked, runner: PartRunner, guard: Guard, headers: Headers, charge: Charge | None = None
+) -> None:
+    """Answer it. A keyed request's `charge` learns what its merged answer used (its parts' usage summed) as soon as
+    that is known: the client may leave right after the last byte, which cancels this before it could return."""
     if chunked.stream and chunked.policy.chunk_merge == "concat":  # part 1's tokens go out as they are generated
         merger = StreamMerger(chunked.kind, len(chunked.bodies), chunked.policy.chunk_separator, chunked.include_usage)
-        await _stream(reply, runner.stream(chunked.bodies, chunked.costs, merger), headers)
-        return merger.usage()
+        try:
+            await _stream(reply, runner.stream(chunked.bodies, chunked.costs, merger), headers)
+        finally:  # None unless the stream finished: a client that left part way pays the parts' reservation
+            _pay(charge, merger.usage())
+        return
     try:
-        return await _merged(reply, runner, chunked, guard, headers)
+        await _merged(reply, runner, chunked, guard, headers, charge)
     except (PartFailed, GuardError) as exc:
         await failed(reply, exc, headers)
-        return None
 
 
 async def failed(reply: Reply, exc: Exception, headers: Headers) -> None:
@@ -55,8 +59,8 @@ async def _stream(reply: Reply, body: AsyncGenerator[bytes, None], headers: Head
 
 
 async def _merged(
-    reply: Reply, runner: PartRunner, chunked: Chunked, guard: Guard, headers: Headers
-) -> dict[str, int] | None:
+    reply: Reply, runner: PartRunner, chunked: Chunked, guard: Guard, headers: Headers, charge: Charge | None
+) -> None:
     bodies = [_non_streaming(b) for b in chunked.bodies] if chunked.stream else chunked.bodies
     answers = await runner.answers(bodies, chunked.costs)
     merged = merge_answers(chunked.kind, answers, chunked.policy.chunk_separator)
@@ -68,21 +72,35 @@ async def _merged(
         else:
             headers = [*headers, (b"x-token-guard-merge", b"reduce")]
             reduce_body, reduce_cost = reduce
+            # Reserved as it goes out, like any request: if the client leaves, vLLM aborts it part way, unreported.
+            _pay(charge, told_usage(usages), reduce_cost)
             if chunked.stream:
                 merger = StreamMerger(chunked.kind, 1, "", chunked.include_usage, usages)
                 streamed = {**reduce_body, "stream": True, "stream_options": {"include_usage": True}}
-                await _stream(reply, runner.stream([streamed], [reduce_cost], merger), headers)
-                return merger.usage()
+                try:
+                    await _stream(reply, runner.stream([streamed], [reduce_cost], merger), headers)
+                finally:  # known once the stream finished, even if the client left right after its last byte
+                    _pay(charge, merger.usage())
+                return
             (final,) = await runner.answers([reduce_body], [reduce_cost])
             merged = merge_answers(chunked.kind, [final], "")
             usages.append(final.get("usage"))
             merged["usage"] = sum_usage(usages)
+    _pay(charge, told_usage(usages))  # every answer is in: what they used is spent, whether the client stays or not
     if chunked.stream:  # the client asked for a stream: one merged answer as a stream of chunks
         merger = StreamMerger(chunked.kind, 1, "", chunked.include_usage)
         await send_stream(reply, headers, _replay(merger, merged))
-        return told_usage(usages)
+        return
     await reply.whole(200, headers, json.dumps(merged, ensure_ascii=False, separators=(",", ":")).encode())
-    return told_usage(usages)
+
+
+def _pay(charge: Charge | None, usage: dict[str, int] | None, reserved: int = 0) -> None:
+    """Settle a keyed request by its answers' summed usage (the parts' reservation when one did not tell it), plus
+    what is `reserved` for a request still running (the combining one). No usage and nothing reserved: unchanged."""
+    if charge is None or (usage is None and not reserved):
+        return
+    spent = charge.tokens if usage is None else usage["prompt_tokens"] + usage["completion_tokens"]
+    charge.merged = spent + reserved
 
 
 def _non_streaming(body: dict[str, Any]) -> dict[str, Any]:

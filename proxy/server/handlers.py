@@ -137,9 +137,7 @@ class Handlers:
             incoming.leave_if_gone()  # counting and cutting took a while: no parts for a client that left meanwhile
             fanout = outcome.policy.max_fanout
             runner = PartRunner(self.upstream, incoming.path, headers, fanout, self.metrics.fanout)
-            usage = await answer_chunked(reply, outcome, runner, self.guard, extra)
-            if record.charge is not None and usage is not None:
-                record.charge.merged = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+            await answer_chunked(reply, outcome, runner, self.guard, extra, record.charge)
         elif isinstance(outcome, Answer):  # answered by the guard itself (count_tokens)
             await reply.whole(200, extra, outcome.body)
         else:

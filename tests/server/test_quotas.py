@@ -396,19 +396,49 @@ def test_a_reduced_chunked_request_pays_its_parts_and_the_combining_request(
     was not reserved up front (the key pays it afterwards), streamed or not."""
     with keyed_guard(sim[0].url, deepseek_dir, config, **{"policy.chunk_merge": "reduce"}) as server:
         wait_healthy(server.url)
-        oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-chunky", max_retries=0, timeout=120,
-                            default_headers={"x-token-guard-overflow": "chunk"})  # fmt: skip
-        body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}],
-                                "max_tokens": 24}  # fmt: skip
+        oai = chunky(server.url)
         before = remaining(server.url, "sk-chunky")
-        whole = oai.chat.completions.with_raw_response.create(**body)
-        usage = whole.parse().usage
-        assert whole.headers["x-token-guard-merge"] == "reduce" and usage is not None
-        parts = int(whole.headers["x-token-guard-chunks"])
-        assert usage.completion_tokens == 24 * (parts + 1)  # the parts' and the combining request's
-        used = usage.prompt_tokens + usage.completion_tokens
+        used = reduced_whole(oai)
         assert remaining(server.url, "sk-chunky") == before - used
-        with oai.chat.completions.with_streaming_response.create(**body, stream=True) as stream:
+        streamed = {**REDUCED, "stream": True, "stream_options": {"include_usage": True}}
+        with oai.chat.completions.with_streaming_response.create(**streamed) as stream:
             assert stream.headers["x-token-guard-merge"] == "reduce"
-            assert any(line.startswith("data:") for line in stream.iter_lines())
+            # read to the end: a client that leaves part way has the combining request aborted (the next test)
+            events = [line for line in stream.iter_lines() if line.startswith("data:")]
+        assert events[-1] == "data: [DONE]" and f'"total_tokens":{used}' in events[-2]  # the same usage, streamed
         assert eventually(lambda: remaining(server.url, "sk-chunky") == before - 2 * used)  # settled after the end
+
+
+def test_a_combining_request_its_client_left_pays_its_cost(deepseek_dir: Path, config: Path, frozen: None) -> None:
+    """A client that leaves while the combining request streams has vLLM abort it, and it never tells its usage: the
+    key pays the parts' usage and the combining request's cost (input + output cap), as a reservation would have
+    held; not the parts alone. The simulator fills every output cap, so that is what the request whole used."""
+    with simulator(deepseek_dir, max_model_len=2048, itl_s=0.05) as paced, \
+            keyed_guard(paced[0].url, deepseek_dir, config, **{"policy.chunk_merge": "reduce"}) as server:  # fmt: skip
+        wait_healthy(server.url)
+        oai = chunky(server.url)
+        before = remaining(server.url, "sk-chunky")
+        used = reduced_whole(oai)
+        with oai.chat.completions.with_streaming_response.create(**REDUCED, stream=True) as stream:
+            assert stream.headers["x-token-guard-merge"] == "reduce"
+            next(line for line in stream.iter_lines() if line.startswith("data:"))  # ~1.2 s of tokens still to come
+        assert eventually(lambda: remaining(server.url, "sk-chunky") == before - 2 * used)
+
+
+REDUCED: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}], "max_tokens": 24}
+
+
+def chunky(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="sk-chunky", max_retries=0, timeout=120,
+                         default_headers={"x-token-guard-overflow": "chunk"})  # fmt: skip
+
+
+def reduced_whole(oai: openai.OpenAI) -> int:
+    """The tokens a reduced chunked request used, non-streamed: its parts' and its combining request's."""
+    whole = oai.chat.completions.with_raw_response.create(**REDUCED)
+    usage = whole.parse().usage
+    assert whole.headers["x-token-guard-merge"] == "reduce" and usage is not None
+    parts = int(whole.headers["x-token-guard-chunks"])
+    assert usage.completion_tokens == 24 * (parts + 1)  # the parts' and the combining request's
+    used: int = usage.prompt_tokens + usage.completion_tokens
+    return used
