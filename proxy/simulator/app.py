@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -34,6 +36,7 @@ from proxy.simulator.wire import parse_json_body
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Planner = Callable[[Context, Any, Mapping[str, str]], Generation]
 
 
@@ -48,6 +51,13 @@ def internal_error(exc: Exception) -> JSONResponse:
     return error_response(ApiError(str(exc) or type(exc).__name__, status=500, type="InternalServerError"))
 
 
+def _outcome(planner: Planner, ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation | Exception:
+    try:
+        return planner(ctx, body, headers)
+    except Exception as exc:
+        return exc
+
+
 async def read_body(request: Request) -> Any:
     return parse_json_body(await request.body(), request.headers.get("content-type", ""))
 
@@ -58,6 +68,12 @@ class Endpoints:
         self.stats = stats
         kv = stats.kv if ctx.settings.kv_capacity_tokens is not None else None
         self.engine = Engine(ctx.tokenizer.pieces, ctx.settings.ttft_s, ctx.settings.itl_s, kv)
+        # vLLM renders and tokenizes prompts in one worker thread (its _tokenizer_executor), not on the event loop,
+        # and cancels a request whose client leaves meanwhile (with_cancellation); so do we.
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim-tokenize")
+
+    async def _off_loop(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, work)
 
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, plan_chat)
@@ -91,7 +107,7 @@ class Endpoints:
         try:
             body = await read_body(request)
             self.stats.record_body(body)
-            answer = pool(self.ctx, body, kind, dict(request.headers))
+            answer = await self._off_loop(partial(pool, self.ctx, body, kind, dict(request.headers)))
         except ApiError as error:
             tracker.finish("rejected")
             return error_response(error)
@@ -103,7 +119,8 @@ class Endpoints:
 
     async def count_tokens(self, request: Request) -> Response:
         try:
-            return JSONResponse(count_tokens(self.ctx, await read_body(request)))
+            body = await read_body(request)
+            return JSONResponse(await self._off_loop(partial(count_tokens, self.ctx, body)))
         except ApiError as error:
             return error_response(error, anthropic=True)
 
@@ -119,7 +136,14 @@ class Endpoints:
         try:
             body = await read_body(request)
             self.stats.record_body(body)
-            generation = planner(self.ctx, body, request.headers)
+            plan = partial(_outcome, planner, self.ctx, body, request.headers)
+            planned = await run_unless_disconnected(request.receive, lambda: self._off_loop(plan))
+            if planned is None:  # the client left while its prompt was rendered and tokenized
+                tracker.finish("aborted")
+                return Response()
+            if isinstance(planned, Exception):  # raised here, not inside the task group (which would group it)
+                raise planned
+            generation = planned
         except ApiError as error:
             tracker.finish("rejected")
             return error_response(error, anthropic)
@@ -151,7 +175,8 @@ class Endpoints:
 
     async def _utility(self, request: Request, handler: Callable[[Context, Any], dict[str, Any]]) -> Response:
         try:
-            return JSONResponse(handler(self.ctx, await read_body(request)))
+            body = await read_body(request)
+            return JSONResponse(await self._off_loop(partial(handler, self.ctx, body)))
         except ApiError as error:
             return error_response(error)
         except Exception as exc:
