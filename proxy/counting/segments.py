@@ -10,13 +10,14 @@ reproduced exactly is cut here; anything else leaves the text whole, which is al
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.counting.components import WHITESPACE, steps
 
 # Pre-tokenizers that treat every piece alike wherever it sits in the text (Metaspace only with this check below).
+SEARCH_WINDOW = 2**20  # characters a search for added tokens covers at once
 PIECEWISE_PRE_TOKENIZERS = frozenset(
     {"ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit", "BertPreTokenizer",
      "UnicodeScripts", "CharDelimiterSplit", "FixedLength", "Metaspace"}
@@ -41,6 +42,7 @@ class Cut:
 class Segmenter:
     def __init__(self, rules: Iterable[AddedTokenRule], *, normalizes: bool = False, refusal: str | None = None):
         self._rules = {r.content: r for r in rules if r.content}
+        self._longest = max((len(c) for c in self._rules), default=0)
         raw = [r for r in self._rules.values() if not r.normalized]
         # With a normalizer, `normalized` tokens are matched in normalized text: leave them inside the pieces,
         # where tokenizers finds them again exactly as in place.
@@ -65,7 +67,7 @@ class Segmenter:
     def _split(self, text: str, pattern: re.Pattern[str]) -> tuple[list[str], int]:
         gaps: list[str] = []
         added = end = 0  # `end`: where the previous added token, with the whitespace it stripped, ended
-        for match in pattern.finditer(text):
+        for match in _finditer(pattern, text, self._longest):
             start, stop = match.span()
             rule = self._rules[match.group()]
             if rule.lstrip:
@@ -79,6 +81,25 @@ class Segmenter:
         if end < len(text):
             gaps.append(text[end:])
         return gaps, added
+
+
+def _finditer(pattern: re.Pattern[str], text: str, longest: int) -> Iterator[re.Match[str]]:
+    """pattern.finditer(text), searched a window at a time: one search over a 30 MB text holds the interpreter lock
+    for a fifth of a second (also in a worker thread, the event loop waits). A match starting in a window is found
+    whole, since the search reaches `longest` characters past it; one starting after it is left to the next."""
+    if len(text) <= SEARCH_WINDOW:
+        yield from pattern.finditer(text)
+        return
+    pos = 0
+    while pos < len(text):
+        end = min(pos + SEARCH_WINDOW, len(text))
+        resume = end
+        for match in pattern.finditer(text, pos, min(end + longest, len(text))):
+            if match.start() >= end:
+                break
+            yield match
+            resume = max(end, match.end())
+        pos = resume
 
 
 def _flag_refusal(rules: list[AddedTokenRule]) -> str | None:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, normalizers, pre_tokenizers
 
+from proxy.counting import segments
 from proxy.counting.counter import TokenCounter
 from proxy.counting.segments import segmenter_for
 from proxy.settings import CountingSettings
@@ -67,6 +68,18 @@ def assert_cut_like_tokenizers(backend: Tokenizer, text: str) -> None:
 def test_the_cut_matches_tokenizers_with_strip_and_normalized_flags(flagged: Tokenizer, text: str) -> None:
     assert segmenter_for(flagged).refusal is None
     assert_cut_like_tokenizers(flagged, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=TEXT, window=st.integers(1, 12))
+def test_searching_a_window_at_a_time_cuts_as_one_search(flagged: Tokenizer, text: str, window: int) -> None:
+    # Long texts are searched for added tokens a window at a time; windows of a few characters put a window's edge
+    # inside or just before most added tokens: the cut must not change.
+    segmenter = segmenter_for(flagged)
+    whole = segmenter.cut(text)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(segments, "SEARCH_WINDOW", window)
+        assert segmenter.cut(text) == whole
 
 
 @pytest.mark.parametrize("scheme", ["always", "never"])
