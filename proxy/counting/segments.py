@@ -16,8 +16,9 @@ from typing import Any
 
 from proxy.counting.components import WHITESPACE, steps
 
-# Pre-tokenizers that treat every piece alike wherever it sits in the text (Metaspace only with this check below).
 SEARCH_WINDOW = 2**20  # characters a search for added tokens covers at once
+
+# Pre-tokenizers that treat every piece alike wherever it sits in the text (Metaspace only with this check below).
 PIECEWISE_PRE_TOKENIZERS = frozenset(
     {"ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit", "BertPreTokenizer",
      "UnicodeScripts", "CharDelimiterSplit", "FixedLength", "Metaspace"}

@@ -117,7 +117,7 @@ class Handlers:
             if record.charge is not None:  # no coroutine for requests without a quota: the hot path
                 await self._settle(record.charge, record, reply)
             self._done(record, reply)
-            size, body = len(body), b""
+            size, body = len(body), b""  # dropped here, so that the trim finds its pages free
             give_back_after(size)
 
     async def _guard(
