@@ -16,7 +16,7 @@ from typing import Any
 
 from proxy.counting.components import WHITESPACE, steps
 
-SEARCH_WINDOW = 2**20  # characters a search for added tokens covers at once
+SEARCH_WINDOW = 2**18  # characters a search for added tokens covers at once (a few ms of holding the lock)
 
 # Pre-tokenizers that treat every piece alike wherever it sits in the text (Metaspace only with this check below).
 PIECEWISE_PRE_TOKENIZERS = frozenset(
