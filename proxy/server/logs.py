@@ -52,6 +52,14 @@ class TextFormatter(logging.Formatter):
             self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", self.converter(record.created))
         return f"{self._stamp},{int(record.msecs):03d}"
 
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info or record.exc_text or record.stack_info:
+            return super().format(record)
+        # What logging.Formatter.format makes of the format string above, in one f-string: one per request line.
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record)
+        return f"{record.asctime} {record.levelname} {record.name}: {record.message}"
+
 
 class BatchingHandler(logging.StreamHandler[TextIO]):
     """A stream handler that writes through a buffer and flushes in batches (see the module docstring)."""
@@ -109,6 +117,12 @@ def _flush_often() -> None:
 def _flush_all() -> None:
     for handler in list(_live):
         handler.flush()
+
+
+def emit_line(logger: logging.Logger, line: str, fields: dict[str, object]) -> None:
+    """`logger.info(line, extra={"fields": fields})` without looking up the caller's frame, which no formatter here
+    shows: once per request, it cost as much as formatting the line. The caller checks isEnabledFor(INFO)."""
+    logger.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, line, (), None, extra={"fields": fields}))
 
 
 def configure_logging(level: str, fmt: str) -> None:

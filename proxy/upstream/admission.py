@@ -130,6 +130,8 @@ class Admission:
 
     def _pick(self, cost: int, exclude: frozenset[int]) -> int | None:
         """The fitting replica with the fewest in-flight tokens (then requests); ties rotate, to spread idle load."""
+        if len(self.budgets) == 1:  # one replica (the sidecar): no choice to make, on every request
+            return 0 if 0 not in exclude and self.budgets[0].fits(cost) else None
         fitting = [i for i, b in enumerate(self.budgets) if i not in exclude and b.fits(cost)]
         count = len(self.budgets)
         chosen = min(

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("token_guard.upstream")
 
 MAX_BACKOFF_S = 30.0
+NONE: frozenset[int] = frozenset()  # no replica excluded
 
 
 @dataclass
@@ -127,7 +128,7 @@ class Upstream:
             rest = [i for i in range(len(self.replicas)) if i not in tried] or list(range(len(self.replicas)))
             up = {min(rest, key=lambda i: self.replicas[i].down_until)}
             self.replicas[next(iter(up))].budget.available = True
-        exclude = frozenset(set(range(len(self.replicas))) - up)
+        exclude = NONE if len(up) == len(self.replicas) else frozenset(set(range(len(self.replicas))) - up)
         if cost is not None:  # guarded requests always pass the gate: without budgets it only counts, and routes
             ticket = self.admission.try_acquire(cost, exclude) or await self.admission.acquire(cost, exclude)
             return ticket, ticket.replica

@@ -13,8 +13,8 @@ HOP_BY_HOP = frozenset(
 
 def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
     """The client's headers without the hop-by-hop ones (also those its Connection header names)."""
-    connection_listed = {h.strip().lower() for h in headers.get("connection", "").split(",")}
-    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in connection_listed}
+    dropped = HOP_BY_HOP.union(h.strip().lower() for h in headers.get("connection", "").split(","))
+    return {k: v for k, v in headers.items() if k.lower() not in dropped}
 
 
 def outgoing(headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
