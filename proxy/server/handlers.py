@@ -17,7 +17,7 @@ from proxy.server.asgi import ClientGone, Headers, Incoming, Receive, Reply, Sco
 from proxy.server.auth import named_key
 from proxy.server.chunked import answer_chunked
 from proxy.server.disconnect import ClientWatch
-from proxy.server.logs import emit_line
+from proxy.server.logs import write_line
 from proxy.server.memory import give_back_after
 from proxy.server.metrics import Metrics
 from proxy.server.quotas import Quotas, over_quota
@@ -205,4 +205,4 @@ class Handlers:
         self.metrics.observe(record)
         if requests_log.isEnabledFor(logging.INFO):
             fields = log_fields(record)
-            emit_line(requests_log, log_line(fields), fields)
+            write_line(requests_log, log_line(fields), fields)
