@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import select
-from typing import TextIO
 
 from proxy.server.logs import FLUSH_S, BatchingHandler, JsonFormatter, TextFormatter, write_line
 from tests.support.polling import eventually
@@ -72,73 +71,70 @@ def test_lines_still_arrive_after_the_handler_was_closed_by_a_logging_reconfigur
             os.close(read_end)
 
 
-def _pipe_logger(name: str, formatter: logging.Formatter) -> tuple[logging.Logger, BatchingHandler, int, TextIO]:
-    read_end, write_end = os.pipe()
-    stream = os.fdopen(write_end, "w")
-    handler = BatchingHandler(stream)
-    handler.setFormatter(formatter)
-    parent = logging.getLogger(name)  # the handler sits on the parent, as configure_logging puts it on the root
-    parent.propagate, parent.handlers = False, [handler]
-    parent.setLevel(logging.INFO)
-    return logging.getLogger(name + ".requests"), handler, read_end, stream
+class PipeLog:
+    """A logger whose INFO records reach one BatchingHandler on its parent (as configure_logging puts one on the
+    root), writing into a pipe this test reads."""
 
+    def __init__(self, name: str, formatter: logging.Formatter) -> None:
+        self.read_end, write_end = os.pipe()
+        self.stream = os.fdopen(write_end, "w")
+        self.handler = BatchingHandler(self.stream)
+        self.handler.setFormatter(formatter)
+        parent = logging.getLogger(name)
+        parent.propagate, parent.handlers = False, [self.handler]
+        parent.setLevel(logging.INFO)
+        self.logger = logging.getLogger(name + ".requests")
 
-def _read_line(handler: BatchingHandler, read_end: int) -> str:
-    handler.flush()
-    return readable(read_end).decode()
+    def read(self) -> str:
+        self.handler.flush()
+        return readable(self.read_end).decode()
+
+    def __enter__(self) -> PipeLog:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.logger.handlers = []
+        self.handler.close()
+        os.close(self.read_end)
+        self.stream.close()
 
 
 FIELDS = {"request_id": "abc", "status": 200, "prompt_tokens": 12, "total_s": 0.0123}
 
 
 def test_a_request_line_written_directly_reads_as_the_formatter_writes_the_record() -> None:
-    logger, handler, read_end, stream = _pipe_logger("test.direct_text", TextFormatter())
-    try:
-        write_line(logger, "request_id=abc status=200", FIELDS)
-        direct = _read_line(handler, read_end)
-        logger.info("%s", "request_id=abc status=200", extra={"fields": FIELDS})
-        recorded = _read_line(handler, read_end)
-        assert direct.endswith(" INFO test.direct_text.requests: request_id=abc status=200\n")
-        assert direct.split(" ", 2)[2] == recorded.split(" ", 2)[2]  # all but the date and time
-        assert len(direct.split(" ", 2)[1]) == len(recorded.split(" ", 2)[1]) == len("12:00:00,000")
-    finally:
-        handler.close()
-        os.close(read_end)
-        stream.close()
+    with PipeLog("test.direct_text", TextFormatter()) as log:
+        write_line(log.logger, "request_id=abc status=200", FIELDS)
+        direct = log.read()
+        log.logger.info("%s", "request_id=abc status=200", extra={"fields": FIELDS})
+        recorded = log.read()
+    assert direct.endswith(" INFO test.direct_text.requests: request_id=abc status=200\n")
+    assert direct.split(" ", 2)[2] == recorded.split(" ", 2)[2]  # all but the date and time
+    assert len(direct.split(" ", 2)[1]) == len(recorded.split(" ", 2)[1]) == len("12:00:00,000")
 
 
 def test_a_json_request_line_holds_the_fields_after_time_level_and_logger() -> None:
-    logger, handler, read_end, stream = _pipe_logger("test.direct_json", JsonFormatter())
-    try:
-        write_line(logger, "ignored in JSON", FIELDS)
-        direct = json.loads(_read_line(handler, read_end))
-        logger.info("%s", "ignored in JSON", extra={"fields": FIELDS})
-        recorded = json.loads(_read_line(handler, read_end))
-        assert list(direct) == ["ts", "level", "logger", *FIELDS]
-        assert {k: v for k, v in direct.items() if k != "ts"} == {k: v for k, v in recorded.items() if k != "ts"}
-        assert direct["level"] == "info" and direct["logger"] == "test.direct_json.requests"
-        assert direct["ts"].endswith("Z") and len(direct["ts"]) == len(recorded["ts"])
-    finally:
-        handler.close()
-        os.close(read_end)
-        stream.close()
+    with PipeLog("test.direct_json", JsonFormatter()) as log:
+        write_line(log.logger, "ignored in JSON", FIELDS)
+        direct = json.loads(log.read())
+        log.logger.info("%s", "ignored in JSON", extra={"fields": FIELDS})
+        recorded = json.loads(log.read())
+    assert list(direct) == ["ts", "level", "logger", *FIELDS]
+    assert {k: v for k, v in direct.items() if k != "ts"} == {k: v for k, v in recorded.items() if k != "ts"}
+    assert direct["level"] == "info" and direct["logger"] == "test.direct_json.requests"
+    assert direct["ts"].endswith("Z") and len(direct["ts"]) == len(recorded["ts"])
 
 
 def test_any_other_handler_on_the_way_gets_a_record_with_the_fields() -> None:
-    logger, handler, read_end, stream = _pipe_logger("test.direct_other", TextFormatter())
     seen: list[logging.LogRecord] = []
 
     class Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             seen.append(record)
 
-    logger.addHandler(Collect())
-    try:
-        write_line(logger, "request_id=abc", FIELDS)
-        assert [(r.getMessage(), getattr(r, "fields", None)) for r in seen] == [("request_id=abc", FIELDS)]
-        assert _read_line(handler, read_end).endswith("INFO test.direct_other.requests: request_id=abc\n")
-    finally:
-        logger.handlers = []
-        handler.close()
-        os.close(read_end)
-        stream.close()
+    with PipeLog("test.direct_other", TextFormatter()) as log:
+        log.logger.addHandler(Collect())
+        write_line(log.logger, "request_id=abc", FIELDS)
+        line = log.read()
+    assert [(r.getMessage(), getattr(r, "fields", None)) for r in seen] == [("request_id=abc", FIELDS)]
+    assert line.endswith("INFO test.direct_other.requests: request_id=abc\n")
