@@ -256,7 +256,7 @@ async def _proven_over(model: GuardedModel, prompts: list[list[str]], ceiling: i
     (TokenCounter.floor), else, for texts far longer than could fit, by counting them only until the count passes it
     (TokenCounter.at_least)."""
     if all(sum(len(t) for t in texts) <= ceiling for texts in prompts):
-        return None  # each token is at least one character: no floor, and nothing to count until over (most requests)
+        return None  # the floor's own first check, and none is far over: no coroutine per prompt (most requests)
     counter = model.counter
     floors = [await counter.floor_off_loop(texts, ceiling) for texts in prompts]
     floors += [await counter.at_least(texts, ceiling) for texts, floor in zip(prompts, floors, strict=True)
