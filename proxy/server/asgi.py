@@ -17,6 +17,8 @@ Headers = list[tuple[bytes, bytes]]
 CLIENT_GONE = "token_guard.client_gone"  # scope key: a callable, when (time.monotonic()) the client closed its
 # connection, or None while it is open
 ON_GONE = "token_guard.on_gone"  # scope key: a list of callbacks the server calls the moment the connection closes
+BODY_IN = "token_guard.body_in"  # scope key: a callable, True once the whole body has arrived (so that receive() will
+# not wait for it)
 
 JSON = b"application/json"
 JOIN_OFF_LOOP_BYTES = 2**20  # a body this large is joined in a worker thread (31 MB: ~25 ms of the loop's time)
@@ -29,7 +31,7 @@ class ClientGone(Exception):
 class Incoming:
     """One request's line and headers, as received."""
 
-    __slots__ = ("method", "path", "target", "raw_headers", "client_gone", "on_gone")
+    __slots__ = ("method", "path", "target", "raw_headers", "client_gone", "on_gone", "body_in")
 
     def __init__(self, scope: Scope) -> None:
         self.method: str = scope["method"]
@@ -40,6 +42,7 @@ class Incoming:
         self.raw_headers: Headers = scope["headers"]
         self.client_gone: Callable[[], float | None] = scope.get(CLIENT_GONE, _never)
         self.on_gone: list[Callable[[], None]] | None = scope.get(ON_GONE)  # None: the server does not call back
+        self.body_in: Callable[[], bool] = scope.get(BODY_IN, _not_known)
 
     def leave_if_gone(self) -> None:
         """ClientGone when the client has already closed its connection (the server says so at once, see
@@ -66,8 +69,23 @@ async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s:
     declared = incoming.header(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
+    if incoming.body_in():  # the usual small request: it came with its headers, so nothing can keep it waiting and
+        # no deadline is armed (asyncio.timeout costs ~10 us, a tenth of what a bare relay spends on a request)
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(body) > limit:
+                raise too_large(limit)
+            return body
+        return await _read_rest(receive, [body], len(body), limit, timeout_s)
+    return await _read_rest(receive, [], 0, limit, timeout_s)
+
+
+async def _read_rest(receive: Receive, chunks: list[bytes], size: int, limit: int, timeout_s: float) -> bytes:
+    if size > limit:
+        raise too_large(limit)
     try:
         async with asyncio.timeout(timeout_s):
             while True:
@@ -132,3 +150,7 @@ def encode_headers(headers: dict[str, str]) -> Headers:
 
 def _never() -> float | None:
     return None
+
+
+def _not_known() -> bool:
+    return False

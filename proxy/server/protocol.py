@@ -20,7 +20,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.errors import GuardError, InvalidRequest, RequestTimeout
-from proxy.server.asgi import CLIENT_GONE, ON_GONE
+from proxy.server.asgi import BODY_IN, CLIENT_GONE, ON_GONE
 
 log = logging.getLogger("token_guard.server")
 
@@ -89,6 +89,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # left measures how long the guard takes to cancel its upstream work (token_guard_cancel_seconds).
             self.scope[CLIENT_GONE] = lambda: self._lost_at if cycle.disconnected else None
             self._on_gone = self.scope[ON_GONE] = []
+            self.scope[BODY_IN] = lambda: not cycle.more_body  # the parser has seen the body's end
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

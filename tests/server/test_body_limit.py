@@ -15,8 +15,8 @@ import httpx
 import pytest
 from starlette.types import Message
 
-from proxy.errors import PayloadTooLarge
-from proxy.server.asgi import Incoming, read_body
+from proxy.errors import PayloadTooLarge, RequestTimeout
+from proxy.server.asgi import BODY_IN, Incoming, read_body
 from tests.support.servers import MODEL, guard, simulator
 
 LIMIT = 64 * 1024
@@ -47,6 +47,12 @@ def chat(content: str = "Hi", **fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 3, **fields}
 
 
+def raw_socket(url: str) -> socket.socket:
+    address = urlsplit(url)
+    assert address.hostname is not None and address.port is not None
+    return socket.create_connection((address.hostname, address.port), timeout=30)
+
+
 def padded(size: int) -> bytes:
     """A valid chat body of exactly `size` bytes, padded in a field that is not counted (`user`)."""
     raw = json.dumps(chat(user="")).encode()
@@ -69,9 +75,7 @@ def test_declared_length_above_the_limit_is_413_and_never_forwarded(small: str, 
 
 
 def test_declared_length_is_refused_before_any_body_byte_is_sent(small: str) -> None:
-    address = urlsplit(small)
-    assert address.hostname is not None and address.port is not None
-    with socket.create_connection((address.hostname, address.port), timeout=30) as conn:
+    with raw_socket(small) as conn:
         conn.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 1000000000\r\n\r\n"
@@ -87,6 +91,21 @@ def test_chunked_body_above_the_limit_is_413_and_never_forwarded(small: str, sim
     raw = padded(4 * LIMIT)
     chunks = (raw[i : i + 4096] for i in range(0, len(raw), 4096))  # no Content-Length: sent chunked
     assert_too_large(httpx.post(f"{small}/v1/chat/completions", content=chunks))
+    assert sim[1].received == before
+
+
+def test_a_chunked_body_above_the_limit_that_arrives_in_one_piece_is_413(small: str, sim: Any) -> None:
+    """Sent in one write, the body is usually all in before the guard reads it, and taken without a deadline."""
+    before = sim[1].received
+    raw = padded(LIMIT + 100)
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(raw), raw)
+    with raw_socket(small) as conn:
+        conn.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413 ")
     assert sim[1].received == before
 
 
@@ -113,6 +132,40 @@ def test_counting_stops_reading_at_the_limit() -> None:
     with pytest.raises(PayloadTooLarge):
         asyncio.run(read_all())
     assert pulled == 11  # the chunk that crossed 10,500 bytes was the last one taken
+
+
+def test_a_body_said_to_be_in_but_still_arriving_keeps_its_deadline() -> None:
+    """A server that says the body is in (BODY_IN) but hands over only part of it: the rest is still waited for
+    within the read timeout, not for ever."""
+    first = True
+
+    async def receive() -> Message:
+        nonlocal first
+        if first:
+            first = False
+            return {"type": "http.request", "body": b'{"model":', "more_body": True}
+        await asyncio.Event().wait()  # the rest never comes
+        raise AssertionError("unreachable")
+
+    async def read() -> bytes:
+        scope = {"method": "POST", "path": "/", "query_string": b"", "headers": [], BODY_IN: lambda: True}
+        return await read_body(receive, Incoming(scope), 10_500, timeout_s=0.2)
+
+    with pytest.raises(RequestTimeout, match="got 9 bytes"):
+        asyncio.run(read())
+
+
+def test_a_body_that_is_in_is_read_whole_and_held_to_the_limit() -> None:
+    async def read(body: bytes) -> bytes:
+        async def receive() -> Message:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        scope = {"method": "POST", "path": "/", "query_string": b"", "headers": [], BODY_IN: lambda: True}
+        return await read_body(receive, Incoming(scope), 100, timeout_s=30)
+
+    assert asyncio.run(read(b"x" * 100)) == b"x" * 100
+    with pytest.raises(PayloadTooLarge):
+        asyncio.run(read(b"x" * 101))
 
 
 def nested(depth: int) -> Any:
