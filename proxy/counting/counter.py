@@ -118,15 +118,17 @@ class TokenCounter:
         if not segments:
             return {}
         plans = [long[s][1] if s in long else self._plan(s) for s in segments]
-        known, unknown = self._words.get_many(p for by_words, parts in plans if by_words for p in parts)
+        found = [self._words.sum_found(parts) if by_words else (0, []) for by_words, parts in plans]
+        # the words the young generation did not hold: found in the old one, or unknown
+        known, unknown = self._words.get_many(p for _, rest in found for p in rest)
         whole = [p for by_words, parts in plans if not by_words for p in parts]
         lengths = iter(await self._encode_lengths(unknown + whole, add_special_tokens=False))
         fresh = {word: next(lengths) for word in unknown}
         self._remember(self._words, fresh)
         known.update(fresh)
         counts = {
-            s: sum(known[p] for p in parts) if by_words else sum(next(lengths) for _ in parts)
-            for s, (by_words, parts) in zip(segments, plans, strict=True)
+            s: total + sum(known[p] for p in rest) if by_words else sum(next(lengths) for _ in parts)
+            for s, (by_words, parts), (total, rest) in zip(segments, plans, found, strict=True)
         }
         self._remember(self._cache, {long[s][0] if s in long else s: n for s, n in counts.items()})
         return counts
