@@ -8,7 +8,7 @@ from collections import Counter
 from statistics import median
 from typing import Any
 
-from bench.ceiling_systems import GUARD_WORKERS
+from bench.ceiling_systems import GUARD_WORKERS, RELAYED
 from bench.targets import Target
 
 DIRECT, RELAY, GUARD, GUARD2 = "direct", "relay", "token-guard", "token-guard-2w"
@@ -83,7 +83,30 @@ def markdown(results: dict[str, Any]) -> str:
     for target in targets(pooled):
         shown = target.shown or ("-" if math.isnan(target.measured) else f"{target.measured:.2f}{target.unit}")
         lines.append(f"| {target.goal} | {shown} | {target.verdict} |")
+    lines += _split(pooled)
     return "\n".join(lines) + "\n"
+
+
+def _split(pooled: Pooled) -> list[str]:
+    """token-guard's CPU per request in two parts, from the same run: relaying (token-guard-relayed, the same
+    requests on a path it does not guard, against the relay) and guarding (token-guard against token-guard-relayed:
+    reading the JSON, rendering the template, counting, deciding)."""
+    rows = []
+    for key in ("c32", "stream-c32"):
+        relay, relayed, guard = (_get(pooled, key, name, "cpu_ms_per_request") for name in (RELAY, RELAYED, GUARD))
+        if not any(math.isnan(v) for v in (relay, relayed, guard)):
+            rows.append(f"| {key} | {1000 * relay:.0f} | {1000 * relayed:.0f} ({relayed / relay:.2f}x) | "
+                        f"{1000 * (relayed - relay):+.0f} | {1000 * (guard - relayed):+.0f} | "
+                        f"{1000 * guard:.0f} ({guard / relay:.2f}x) |")  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "", "## Where token-guard's CPU goes, this run", "",
+        "token-guard-relayed is token-guard sent the same requests on a path it does not guard: it relays them as "
+        "received, with its request line, metrics and upstream client, and counts nothing.", "",
+        "| scenario | relay, us | token-guard-relayed, us | relaying over the relay | guarding | token-guard, us |",
+        "|---|---:|---:|---:|---:|---:|", *rows,
+    ]  # fmt: skip
 
 
 def _how(settings: dict[str, Any], machine: dict[str, Any]) -> list[str]:

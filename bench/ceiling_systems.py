@@ -10,8 +10,10 @@ from pathlib import Path
 from bench.procstats import TICKS
 from bench.systems import MODEL, SYSTEMS, Running, SetupError, Upstream, free_port, spawn, start, wait_ready
 
-CEILING_SYSTEMS = ("direct", "nginx", "relay", "token-guard", "token-guard-2w", "litellm")
+CEILING_SYSTEMS = ("direct", "nginx", "relay", "token-guard", "token-guard-relayed", "token-guard-2w", "litellm")
 GUARD_WORKERS = re.compile(r"token-guard-(\d+)w")
+RELAYED = "token-guard-relayed"  # token-guard (1 worker) sent the same requests on a path it does not guard: its
+RELAYED_PREFIX = "/unguarded"  # cost as a relay alone (request line, metrics, upstream client), nothing counted
 
 
 def start_instant(workdir: Path, workers: int = 1) -> Running:
@@ -32,10 +34,10 @@ def start_relay(upstream: Upstream, workdir: Path) -> Running:
     return running
 
 
-def start_token_guard_workers(upstream: Upstream, workdir: Path, workers: int) -> Running:
+def start_token_guard_workers(upstream: Upstream, workdir: Path, workers: int, name: str | None = None) -> Running:
     """token-guard as a user runs it (default settings: one request line per request in its log) with `--workers N`;
     a SetupError that says so when `serve` refuses the flag."""
-    name = "token-guard" if workers == 1 else f"token-guard-{workers}w"
+    name = name or ("token-guard" if workers == 1 else f"token-guard-{workers}w")
     port = free_port()
     argv = [sys.executable, "-m", "proxy", "serve", "--upstream", upstream.url, "--model", MODEL]
     argv += ["--tokenizer", str(upstream.tokenizer), "--max-model-len", str(upstream.max_model_len)]
@@ -56,6 +58,10 @@ def start_system(name: str, upstream: Upstream, workdir: Path) -> Running:
         return start_relay(upstream, workdir)
     if name == "token-guard":
         return start_token_guard_workers(upstream, workdir, 1)
+    if name == RELAYED:  # the load generator posts to <url>/v1/chat/completions: here /unguarded/v1/chat/...
+        running = start_token_guard_workers(upstream, workdir, 1, RELAYED)
+        running.url += RELAYED_PREFIX
+        return running
     if match := GUARD_WORKERS.fullmatch(name):
         return start_token_guard_workers(upstream, workdir, int(match.group(1)))
     if name in SYSTEMS:

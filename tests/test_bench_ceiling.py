@@ -35,3 +35,23 @@ def test_quick_ceiling_against_direct_and_the_relay(tmp_path: Path) -> None:
     for title in ("## non-stream, one at a time", "## stream of 16 chunks, 32 concurrent", "## long streams of 64"):
         assert title in report
     assert report.count("What bounds direct here:") == len(STREAM_EVENTS)
+
+
+def test_quick_ceiling_splits_token_guards_cost_into_relaying_and_guarding(tmp_path: Path) -> None:
+    systems = "relay,token-guard-relayed,token-guard"
+    assert main(["ceiling", "--quick", "--systems", systems, "--scenarios", "c32", "--out", str(tmp_path)]) == 0
+
+    results = json.loads((tmp_path / "ceiling-quick.json").read_text())
+    figures = results["figures"]["c32"]
+    assert list(figures) == systems.split(",")
+    assert all(f["errors"] == 0 and f["cpu_ms_per_request"] > 0 for f in figures.values())
+    logs = tmp_path / "raw" / "ceiling-logs"
+    relayed = [line for line in (logs / "token-guard-relayed.log").read_text().splitlines() if "status=200" in line]
+    guarded = [line for line in (logs / "token-guard.log").read_text().splitlines() if "status=200" in line]
+    assert relayed and all("endpoint=/unguarded/v1/chat/completions" in line for line in relayed)
+    assert not any("prompt_tokens=" in line or "guarded=True" in line for line in relayed)  # relayed, not counted
+    assert guarded and all("guarded=True" in line and "prompt_tokens=" in line for line in guarded)
+    report = (tmp_path / "ceiling-quick.md").read_text()
+    assert "## Where token-guard's CPU goes, this run" in report
+    (row,) = [line for line in report.splitlines() if line.startswith("| c32 |")]
+    assert len(row.split("|")) == 8  # scenario, relay, relayed, relaying, guarding, token-guard
