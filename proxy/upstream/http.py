@@ -6,9 +6,10 @@ than everything else the guard does (bench/results/2026-12-03/ceiling.md). One s
 sends the client's headers and body as they are (no added User-Agent, Accept, Accept-Encoding or Content-Type, no
 cookie jar, no decompression, no redirects followed), and relays the answer's raw bytes.
 
-An answer is opened when its status and headers have arrived; its body is then read whole or relayed chunk by chunk
-as it comes. Closing an answer that was not read to its end closes its connection, which is what makes vLLM abort
-the generation.
+An answer is opened when its status and headers have arrived, within the shorter of first_byte_timeout_s and
+read_timeout_s; its body is then read whole or relayed chunk by chunk as it comes, each wait for the next chunk at
+most read_timeout_s (silence.py). Closing an answer that was not read to its end closes its connection, which is what
+makes vLLM abort the generation.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from proxy.errors import (
     UpstreamUnavailable,
 )
 from proxy.settings import UpstreamSettings
+from proxy.upstream.silence import SilenceWatch
 
 NOT_ADDED = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
 # An idle pooled connection is dropped before the upstream drops it (vLLM's and uvicorn's keep-alive is 5 s): reusing
@@ -52,9 +54,10 @@ def translate(exc: BaseException, base: str) -> GuardError:
 class UpstreamResponse:
     """An upstream answer whose status and headers have arrived; the body is still to be read."""
 
-    def __init__(self, response: aiohttp.ClientResponse, base: str) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, base: str, silence_s: float) -> None:
         self._response = response
         self.url = base
+        self._watch = SilenceWatch(silence_s, self._silent)
         self.status = response.status
         self.raw_headers: tuple[tuple[bytes, bytes], ...] = response.raw_headers
         self.headers: Mapping[str, str] = response.headers
@@ -63,21 +66,28 @@ class UpstreamResponse:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as they arrive."""
+        watch = self._watch
         try:
             async for chunk in self._response.content.iter_any():
+                watch.heard()
                 yield chunk
+                watch.resume()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc, self.url) from None
+        finally:
+            watch.stop()
 
     async def read(self) -> bytes:
-        try:
-            return await self._response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise translate(exc, self.url) from None
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    def _silent(self) -> None:
+        # What aiohttp's own read timeout does: the waiting reader wakes up with it.
+        self._response.content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
 
     def close(self) -> None:
         """Release the connection: back to the pool if the answer was read to its end, else closed. Synchronous, so
         it happens even while the task is being cancelled (the client went away)."""
+        self._watch.stop()
         if self._response.content.is_eof():
             self._response.release()
         else:
@@ -88,11 +98,11 @@ class HttpClient:
     """One connection pool for every replica, with the upstream timeouts."""
 
     def __init__(self, settings: UpstreamSettings) -> None:
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
-        )
-        self.first_byte_timeout_s = settings.first_byte_timeout_s
-        self._header_deadline = settings.first_byte_timeout_s < settings.read_timeout_s
+        # No sock_read: it re-arms a timer on every chunk. The wait for the headers has its deadline in open(), the
+        # waits for the body's chunks theirs in UpstreamResponse.
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
+        self.read_timeout_s = settings.read_timeout_s
+        self.header_timeout_s = min(settings.first_byte_timeout_s, settings.read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -112,18 +122,15 @@ class HttpClient:
         self, method: str, base: str, target: str, headers: Mapping[str, str], body: bytes
     ) -> UpstreamResponse:
         """Send a request to the replica at `base` (`target` is the path and query, as received); return once the
-        status and headers have arrived, within first_byte_timeout_s."""
+        status and headers have arrived, within the shorter of first_byte_timeout_s and read_timeout_s."""
         url = URL(base + target, encoded=True)
         sending = self._client().request(method, url, data=body, headers=headers, allow_redirects=False)
         try:
-            if self._header_deadline:
-                async with asyncio.timeout(self.first_byte_timeout_s):
-                    response = await sending
-            else:  # the read timeout, which covers the wait for the headers too, comes first anyway
+            async with asyncio.timeout(self.header_timeout_s):
                 response = await sending
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc, base) from None
-        return UpstreamResponse(response, base)
+        return UpstreamResponse(response, base, self.read_timeout_s)
 
     async def get(self, base: str, path: str, headers: Mapping[str, str], timeout_s: float) -> tuple[int, bytes]:
         """A small GET read whole (health, discovery, metrics): status and body."""
