@@ -9,6 +9,7 @@ window around it whole and in two halves.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -22,6 +23,7 @@ WINDOW = 256  # characters pre-tokenized on each side of a candidate cut
 TRIES = 32  # candidates tried per wanted cut before giving that cut up
 # Regex-and-bytes pre-tokenizers, the families the rule was measured on; the normalizer must be empty.
 SPLITTABLE_PRE_TOKENIZERS = frozenset({"ByteLevel", "Split", "Digits"})
+SPACE_AFTER_WHITESPACE = re.compile(r"\s ")  # a space that is not a cut (re's \s is str.isspace()'s set)
 
 
 def words(text: str) -> list[str]:
@@ -29,6 +31,8 @@ def words(text: str) -> list[str]:
     pre-tokenizers the rule holds for, encode to exactly the tokens the whole text has. Counting them one by one lets
     a cache of pieces count fresh text that is made of familiar words. (A split on spaces, glued back where the space
     follows whitespace: 1.7x faster than a regex with a look-behind on long texts.)"""
+    if not text.startswith(" ") and "\x00" not in text and SPACE_AFTER_WHITESPACE.search(text) is None:
+        return text.replace(" ", "\x00 ").split("\x00")  # every space is a cut (the usual prose): at C speed
     parts = text.split(" ")
     if len(parts) == 1:
         return parts

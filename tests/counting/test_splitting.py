@@ -3,6 +3,7 @@ accepts keeps the count exact (tested here directly, without the load-time self-
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,8 @@ def test_split_parts_join_back_and_count_the_same(deepseek: Tokenizer, gpt2: Tok
         assert count(backend, *pieces) == count(backend, text)
 
 
-WORDY = st.lists(st.sampled_from(PIECES + ["don't", "I'M", "x=>y", "#", "`q`", "\u200b", "١٢٣", "ﬁ", "\x0b"]),
-                 min_size=1, max_size=200).map("".join)  # fmt: skip
+MORE = ["don't", "I'M", "x=>y", "#", "`q`", "\u200b", "١٢٣", "ﬁ", "\x0b", "\x00", "\u3000 "]
+WORDY = st.lists(st.sampled_from(PIECES + MORE), min_size=1, max_size=200).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
@@ -90,6 +91,8 @@ def test_all_word_cuts_at_once_keep_the_count(deepseek: Tokenizer, gpt2: Tokeniz
     pieces = words(text)
     assert "".join(pieces) == text and all(pieces)
     assert all(p.startswith(" ") for p in pieces[1:]) and all(not p[-1].isspace() for p in pieces[:-1])
+    cuts = [i for i in range(len(text)) if is_candidate(text, i)]  # every candidate is a cut: none is missed
+    assert pieces == [text[a:b] for a, b in pairwise([0, *cuts, len(text)])]
     for backend in (deepseek, gpt2):
         assert count(backend, *pieces) == count(backend, text), pieces
 
