@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ import pytest
 from proxy.shared.budget import SharedBudget
 from proxy.shared.link import RedisLink
 from proxy.shared.presence import count_instances
+from proxy.upstream.shared_credit import CHECK_S
 from tests.support.polling import eventually
 from tests.support.processes import free_port, healthy
 from tests.support.redis import RedisServer, fixture_redis, redis_server  # noqa: F401
@@ -205,15 +207,29 @@ def test_closed_answers_503_while_redis_is_away(closed: ClosedStack) -> None:
     messages: Any = body(20)["messages"]
     assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20).choices
     closed.redis.stop(signal.SIGKILL)
-    for _ in range(4):  # whichever worker answers
-        with pytest.raises(openai.InternalServerError) as refused:
-            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20)
-        assert refused.value.status_code == 503
-        assert refused.value.body["type"] == "ServiceUnavailableError"  # type: ignore[index]
-        assert "redis" not in refused.value.message.lower()  # nothing about the guard's insides
-    closed.redis.start()
+    try:
+        # A process may still admit on credit Redis reserved for it before it died, until it notices: at its next
+        # call, at most CHECK_S later while it holds credit. From then on, every request is refused.
+        assert eventually(lambda: refused(client, messages))
+        time.sleep(2 * CHECK_S)  # every process that held credit has tended it, and failed, by now
+        for _ in range(4):  # whichever worker answers
+            with pytest.raises(openai.InternalServerError) as refusal:
+                client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20)
+            assert refusal.value.status_code == 503
+            assert refusal.value.body["type"] == "ServiceUnavailableError"  # type: ignore[index]
+            assert "redis" not in refusal.value.message.lower()  # nothing about the guard's insides
+    finally:
+        closed.redis.start()  # also for the next test, whatever happened here
     assert eventually(lambda: instances(closed.redis.url) == 4, timeout_s=10)
     assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20).choices
+
+
+def refused(client: openai.OpenAI, messages: Any) -> bool:
+    try:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20)
+    except openai.InternalServerError as exc:
+        return exc.status_code == 503
+    return False
 
 
 def test_a_guard_killed_with_reservations_held_frees_them_within_its_lease(closed: ClosedStack) -> None:
