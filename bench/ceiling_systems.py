@@ -3,6 +3,7 @@ relay, token-guard with N workers or LiteLLM; plus the machine's own CPU counter
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from bench.systems import MODEL, SYSTEMS, Running, SetupError, Upstream, free_po
 
 CEILING_SYSTEMS = ("direct", "nginx", "relay", "token-guard", "token-guard-relayed", "token-guard-2w", "litellm")
 GUARD_WORKERS = re.compile(r"token-guard-(\d+)w")
+OTHER_TREE = "token-guard@"  # token-guard@DIR: the code of another checkout (git worktree add DIR <rev>), 1 worker
 RELAYED = "token-guard-relayed"  # token-guard (1 worker) sent the same requests on a path it does not guard: its
 RELAYED_PREFIX = "/unguarded"  # cost as a relay alone (request line, metrics, upstream client), nothing counted
 
@@ -34,15 +36,19 @@ def start_relay(upstream: Upstream, workdir: Path) -> Running:
     return running
 
 
-def start_token_guard_workers(upstream: Upstream, workdir: Path, workers: int, name: str | None = None) -> Running:
+def start_token_guard_workers(
+    upstream: Upstream, workdir: Path, workers: int, name: str | None = None, tree: Path | None = None
+) -> Running:
     """token-guard as a user runs it (default settings: one request line per request in its log) with `--workers N`;
-    a SetupError that says so when `serve` refuses the flag."""
+    a SetupError that says so when `serve` refuses the flag. `tree`: run the code of another checkout (an earlier
+    version, for an A/B in one run)."""
     name = name or ("token-guard" if workers == 1 else f"token-guard-{workers}w")
     port = free_port()
     argv = [sys.executable, "-m", "proxy", "serve", "--upstream", upstream.url, "--model", MODEL]
     argv += ["--tokenizer", str(upstream.tokenizer), "--max-model-len", str(upstream.max_model_len)]
-    argv += ["--port", str(port), "--workers", str(workers)]
-    process, log = spawn(name, argv, workdir)
+    argv += ["--port", str(port)] + (["--workers", str(workers)] if workers != 1 else [])
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    process, log = spawn(re.sub(r"[^\w.@-]", "_", name), argv, workdir, env, tree)
     running = Running(name, f"http://127.0.0.1:{port}", process, log)
     try:
         wait_ready(running, "/health")
@@ -58,6 +64,11 @@ def start_system(name: str, upstream: Upstream, workdir: Path) -> Running:
         return start_relay(upstream, workdir)
     if name == "token-guard":
         return start_token_guard_workers(upstream, workdir, 1)
+    if name.startswith(OTHER_TREE):  # token-guard@/path/to/a/checkout
+        tree = Path(name.removeprefix(OTHER_TREE)).resolve()
+        if not (tree / "proxy" / "__main__.py").is_file():
+            raise SetupError(f"{name}: {tree} is not a token-guard checkout (no proxy/__main__.py)")
+        return start_token_guard_workers(upstream, workdir, 1, name, tree)
     if name == RELAYED:  # the load generator posts to <url>/v1/chat/completions: here /unguarded/v1/chat/...
         running = start_token_guard_workers(upstream, workdir, 1, RELAYED)
         running.url += RELAYED_PREFIX
@@ -66,7 +77,8 @@ def start_system(name: str, upstream: Upstream, workdir: Path) -> Running:
         return start_token_guard_workers(upstream, workdir, int(match.group(1)))
     if name in SYSTEMS:
         return start("token-guard" if name == "token-guard-1w" else name, upstream, workdir)
-    raise SetupError(f"unknown system {name!r}; choose from {', '.join(CEILING_SYSTEMS)} (or token-guard-<N>w)")
+    raise SetupError(f"unknown system {name!r}; choose from {', '.join(CEILING_SYSTEMS)} (or token-guard-<N>w, "
+                     "token-guard@<checkout>)")  # fmt: skip
 
 
 def machine_busy_s() -> float:

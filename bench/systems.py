@@ -70,13 +70,14 @@ def free_port() -> int:
 
 
 def spawn(
-    name: str, argv: list[str], workdir: Path, env: dict[str, str] | None = None
+    name: str, argv: list[str], workdir: Path, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], Path]:
     log = workdir / f"{name}.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-        )
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+            start_new_session=True,
+        )  # fmt: skip
     return process, log
 
 

@@ -55,3 +55,18 @@ def test_quick_ceiling_splits_token_guards_cost_into_relaying_and_guarding(tmp_p
     assert "## Where token-guard's CPU goes, this run" in report
     (row,) = [line for line in report.splitlines() if line.startswith("| c32 |")]
     assert len(row.split("|")) == 8  # scenario, relay, relayed, relaying, guarding, token-guard
+
+
+def test_quick_ceiling_runs_token_guard_from_another_checkout(tmp_path: Path) -> None:
+    """token-guard@DIR runs that checkout's code, for an A/B of two versions in one run (here: this checkout)."""
+    checkout = Path(__file__).resolve().parents[1]
+    systems = f"token-guard@{checkout},token-guard@{tmp_path}"  # the second is not a checkout: skipped, and why
+    assert main(["ceiling", "--quick", "--systems", systems, "--scenarios", "c32", "--out", str(tmp_path)]) == 0
+
+    results = json.loads((tmp_path / "ceiling-quick.json").read_text())
+    assert list(results["skipped"]) == [f"token-guard@{tmp_path}"]
+    assert "not a token-guard checkout" in results["skipped"][f"token-guard@{tmp_path}"]
+    (figures,) = results["figures"]["c32"].values()
+    assert figures["errors"] == 0 and figures["cpu_ms_per_request"] > 0
+    (log,) = (tmp_path / "raw" / "ceiling-logs").glob("token-guard@*.log")
+    assert "prompt_tokens=" in log.read_text()
