@@ -54,15 +54,14 @@ class Memo:
         return count
 
     def get_many(self, texts: Iterable[str]) -> tuple[dict[str, int], list[str]]:
-        """What get() finds of each text, and the texts it does not find (each once): the word-by-word count asks for
-        dozens of short texts per prompt, and most are in the young generation, found with one dict get."""
-        young = self._young
+        """What get() finds of each text, and the texts it does not find (each once). The word-by-word count asks
+        here only for the words sum_found() did not find in the young generation."""
         known: dict[str, int] = {}
         unknown: dict[str, None] = {}
         for text in texts:
-            count = young.get(text) if len(text) <= LONG_KEY_CHARS else None
-            if count is None and text not in unknown:
-                count = self.get(text)
+            if text in known or text in unknown:
+                continue
+            count = self.get(text)
             if count is None:
                 unknown[text] = None
             else:

@@ -69,23 +69,19 @@ async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s:
     declared = incoming.header(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
     if incoming.body_in():  # the usual small request: it came with its headers, so nothing can keep it waiting and
         # no deadline is armed (asyncio.timeout costs ~10 us, a tenth of what a bare relay spends on a request)
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone()
         body: bytes = message.get("body", b"")
+        if len(body) > limit:
+            raise too_large(limit)
         if not message.get("more_body", False):
-            if len(body) > limit:
-                raise too_large(limit)
             return body
-        return await _read_rest(receive, [body], len(body), limit, timeout_s)
-    return await _read_rest(receive, [], 0, limit, timeout_s)
-
-
-async def _read_rest(receive: Receive, chunks: list[bytes], size: int, limit: int, timeout_s: float) -> bytes:
-    if size > limit:
-        raise too_large(limit)
+        chunks, size = [body], len(body)
     try:
         async with asyncio.timeout(timeout_s):
             while True:
