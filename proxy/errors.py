@@ -5,7 +5,9 @@
     │   ├── ContextLengthExceeded   400  the prompt leaves no room for output
     │   └── CountedUpstreamOnly     400  parts only the upstream can count (images, audio), with no upstream to ask
     ├── Unauthorized                401  no valid `Authorization: Bearer <key>` (server.api_keys, [[keys]])
+    ├── PermissionDenied            403  an administrative route without a key of server.admin_api_keys
     ├── ModelNotFound               404  a model the guard has no tokenizer for, or the API key may not use
+    ├── RouteNotFound               404  a path the route table does not declare, or closes (api/routes.py)
     ├── MethodNotAllowed            405  a guarded path asked with another method than POST
     ├── RequestTimeout              408  the client sent its body too slowly (server.read_timeout_s)
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
@@ -74,6 +76,22 @@ class Unauthorized(GuardError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="invalid_api_key")
+
+
+class PermissionDenied(GuardError):
+    status = 403
+    error_type = "PermissionDeniedError"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="permission_denied")
+
+
+class RouteNotFound(GuardError):
+    status = 404
+    error_type = "NotFoundError"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="route_not_found")
 
 
 class MethodNotAllowed(GuardError):

@@ -13,8 +13,10 @@ from proxy.api.body import with_changes
 from proxy.api.chat import ChatRequest, chat_request
 from proxy.api.completions import CompletionRequest, completion_request
 from proxy.api.invocations import invocation_kind
-from proxy.api.pooling import KINDS, PoolingRequest, ScoringRequest, pooling_request
+from proxy.api.pooling import Kind as PoolingKind
+from proxy.api.pooling import PoolingRequest, ScoringRequest, pooling_request
 from proxy.api.responses import LIMIT_FIELD, ResponsesRequest, responses_request
+from proxy.api.routes import Kind, Route
 from proxy.counting.anthropic import messages_chat
 from proxy.counting.bound import verbatim_texts
 from proxy.counting.count import count_chat
@@ -46,6 +48,10 @@ from proxy.settings import PolicySettings, Settings
 SIZE_FLOOR = "size"  # the count source of a prompt refused from its size alone: its prompt tokens are a lower bound
 FAR_OVER = 16  # characters a token: a prompt longer than this many times the window is counted only until proven over
 
+POOLING_KINDS: dict[str, PoolingKind] = {
+    "embeddings": "embeddings", "pooling": "pooling", "classify": "classify", "score": "score", "rerank": "rerank",
+}  # fmt: skip
+
 UNTRUSTED_TEMPLATE = (  # vLLM's words, then the guard's switch
     "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with "
     "untrusted chat template. (token-guard: policy.trust_request_chat_template)"
@@ -61,22 +67,71 @@ class Guard:
     def __post_init__(self) -> None:
         self._policies = {m.name: m.policy for m in self.settings.models if m.policy is not None}
 
-    async def handle(self, path: str, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
-        """`findings.api_key`, when set, is the client's named key: its models and output cap apply."""
+    async def handle(self, route: Route, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
+        """What to do with a request to a guarded `route` (api/routes.py: its kind, and the wire model that reads
+        it). `findings.api_key`, when set, is the client's named key: its models and output cap apply."""
         server = self.settings.server
         body = await PARSER.parse(raw, server.max_json_depth)  # the largest in a child process: the loop goes on
-        if path.endswith("/chat/completions"):
-            outcome = await self._chat(chat_request(body, server.max_messages), raw, headers, findings)
-        elif path.endswith("/completions"):
-            outcome = await self._completion(completion_request(body), raw, headers, findings)
-        elif path in KINDS:
-            outcome = await self._pooling(pooling_request(body, KINDS[path]), raw, headers, findings)
+        if route.kind is Kind.COUNT:
+            outcome = await self._counted(route, body, raw, headers, findings)
         else:
-            outcome = await self._converted(path, body, raw, headers, findings)
+            outcome = await self._read(route.reads, body, raw, headers, findings)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
         findings.decision = outcome.decision
         return outcome
+
+    async def _read(
+        self, reads: str | None, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+    ) -> Outcome:
+        """The request read by its endpoint's wire model, counted and decided."""
+        max_messages = self.settings.server.max_messages
+        if reads == "chat":
+            return await self._chat(chat_request(body, max_messages), raw, headers, findings)
+        if reads == "completion":
+            return await self._completion(completion_request(body), raw, headers, findings)
+        if reads == "responses":
+            return await self._responses(responses_request(body, max_messages), raw, headers, findings)
+        if reads == "messages":
+            return await self._messages(messages_request(body, False, max_messages), raw, headers, findings)
+        if reads == "invocations":  # SageMaker: the endpoint vLLM dispatches the body to
+            return await self._read(invocation_kind(body), body, raw, headers, findings)
+        if reads in POOLING_KINDS:
+            return await self._pooling(pooling_request(body, POOLING_KINDS[reads]), raw, headers, findings)
+        raise InvalidRequest(f"token-guard cannot read requests of this endpoint ({reads}).")
+
+    async def _counted(
+        self, route: Route, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+    ) -> Outcome:
+        """A count route: Anthropic's count_tokens, answered by the guard as vLLM answers it, or a render route,
+        forwarded unchanged once its prompt is counted (vLLM renders it; nothing is generated, nothing is clamped)."""
+        max_messages = self.settings.server.max_messages
+        if route.reads == "count_tokens":
+            req = messages_request(body, True, max_messages)
+            model, _, _, limits = self._target(req.model, headers, findings)
+            chat = messages_chat(model.tokenizer, req, self.registry.upstream_newer())
+            prompt_tokens = await self._count(model, chat, findings)
+            if route.answered:
+                return count_answer(prompt_tokens, limits)
+        elif route.reads == "chat":
+            chat_req = chat_request(body, max_messages)
+            model, policy, _, _ = self._target(chat_req.model, headers, findings)
+            if not policy.trust_request_chat_template and _brings_template(chat_req):
+                raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
+            prompt_tokens = await self._count(model, chat_req, findings)
+        elif route.reads == "completion":
+            completion = completion_request(body)
+            model = self._target(completion.model, headers, findings)[0]
+            counts, findings.count_source = await completion_tokens(model, completion, self.remote)
+            prompt_tokens = sum(counts)
+        elif route.reads == "responses":
+            responses = responses_request(body, max_messages)
+            model = self._target(responses.model, headers, findings)[0]
+            prompt_tokens = await self._count(model, responses_chat(responses, self.registry.upstream_newer()),
+                                              findings)  # fmt: skip
+        else:
+            raise InvalidRequest(f"token-guard cannot count requests of this endpoint ({route.reads}).")
+        return Forward(raw, Decision("count", prompt_tokens, count_source=findings.count_source))
 
     async def _chat(self, req: ChatRequest, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
         findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
@@ -114,24 +169,6 @@ class Guard:
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
         return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)), findings.count_source)
 
-    async def _converted(
-        self, path: str, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
-    ) -> Outcome:
-        """The endpoints whose requests vLLM renders as chat (or hands to chat or completions: /invocations)."""
-        server = self.settings.server
-        if path == "/invocations":
-            kind = invocation_kind(body)
-            if kind == "chat":
-                return await self._chat(chat_request(body, server.max_messages), raw, headers, findings)
-            if kind == "completion":
-                return await self._completion(completion_request(body), raw, headers, findings)
-            return await self._pooling(pooling_request(body, kind), raw, headers, findings)
-        if path == "/v1/responses":
-            return await self._responses(responses_request(body, server.max_messages), raw, headers, findings)
-        count_only = path.endswith("/count_tokens")
-        req = messages_request(body, count_only, server.max_messages)
-        return await self._messages(req, raw, headers, findings, count_only)
-
     async def _responses(
         self, req: ResponsesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
@@ -152,14 +189,12 @@ class Guard:
         return await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
 
     async def _messages(
-        self, req: MessagesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings, count_only: bool
+        self, req: MessagesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
         findings.max_tokens_before = req.max_tokens
         model, _, choice, limits = self._target(req.model, headers, findings)
         newer = self.registry.upstream_newer()
         prompt_tokens = await self._count(model, messages_chat(model.tokenizer, req, newer), findings)
-        if count_only:
-            return count_answer(prompt_tokens, limits)
 
         async def recount(items: list[Any]) -> int:
             cut = replace(req, messages=items, body={**req.body, "messages": items})

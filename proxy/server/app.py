@@ -11,13 +11,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from proxy.api.pooling import KINDS as POOLING_KINDS
+from proxy.api.routes import OPENAI, Access, Kind, Route, RouteTable
+from proxy.api.target import BadTarget, check_target
 from proxy.check.run import drift_warnings
 from proxy.counting.registry import ModelRegistry
-from proxy.errors import GuardError, MethodNotAllowed
+from proxy.errors import GuardError, MethodNotAllowed, RouteNotFound
 from proxy.policy.guard import Guard
-from proxy.server.asgi import Receive, Reply, Scope, Send, encode_headers
-from proxy.server.auth import REFUSED, ApiKeys, named_key
+from proxy.server.asgi import ROUTE, TARGET, Receive, Reply, Scope, Send, encode_headers
+from proxy.server.auth import NOT_ADMIN, REFUSED, ApiKeys, named_key
 from proxy.server.handlers import Handlers
 from proxy.server.metrics import Metrics
 from proxy.server.quotas import Quotas
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("token_guard.app")
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
-GET = frozenset({"GET", "HEAD"})
-POST = frozenset({"POST"})
 
 
 class GuardApp:
@@ -54,50 +53,80 @@ class GuardApp:
             from proxy.upstream.shared_gate import SharedAdmission
 
             gate = self.upstream.admission
-            self.metrics.registry.register(SharedState(self.link, gate if isinstance(gate, SharedAdmission) else None))
+            self.metrics.register(SharedState(self.link, gate if isinstance(gate, SharedAdmission) else None))
         guard = Guard(settings, registry, UpstreamCounter(self.upstream))
         self.quotas = Quotas(settings, self.link)
         handlers = Handlers(guard, registry, self.upstream, self.metrics, settings.server, self.quotas)
-        self._routes: dict[str, tuple[frozenset[str], Handler]] = {
-            "/health": (GET, handlers.health),
-            "/metrics": (GET, handlers.metrics_text),
-            "/livez": (GET, handlers.alive),
-            "/v1/chat/completions": (POST, handlers.guarded),
-            "/v1/completions": (POST, handlers.guarded),
-            "/v1/responses": (POST, handlers.guarded),
-            "/v1/messages": (POST, handlers.guarded),
-            "/v1/messages/count_tokens": (POST, handlers.guarded),
-            "/invocations": (POST, handlers.guarded),
-            **{path: (POST, handlers.guarded) for path in POOLING_KINDS},
-        }
-        self._passthrough = handlers.passthrough
-        self._keys = ApiKeys(settings.server.api_keys, settings.keys)
+        server = settings.server
+        self.routes = RouteTable(passthrough=server.passthrough_paths)
+        self._keys = ApiKeys(server.api_keys, settings.keys, server.admin_api_keys, server.metrics_api_key)
+        self._handlers: dict[Kind, Handler] = {
+            Kind.GENERATE: handlers.guarded, Kind.POOL: handlers.guarded, Kind.COUNT: handlers.guarded,
+            Kind.RELAY: handlers.relayed, Kind.CONTROL: handlers.control,
+        }  # fmt: skip
+        self._own: dict[str, Handler] = {
+            "/health": handlers.health, "/ping": handlers.health, "/livez": handlers.alive,
+            "/metrics": self._metrics(handlers),
+        }  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            if self._keys and not self._keys.allows(scope):
-                await _refuse(scope, send)
-                return
-            await self._route(scope)(scope, receive, send)
+            await self._http(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         else:
             await send({"type": "websocket.close", "code": 1000})
 
-    def _route(self, scope: Scope) -> Handler:
-        path = scope["path"]
-        route = self._routes.get(path)
-        if route is None and len(path) > 1 and path.endswith("/") and path.rstrip("/") in self._routes:
-            # vLLM redirects `/v1/chat/completions/` to the route: answer it as that route, never unguarded
-            path = path.rstrip("/")
-            route = self._routes[path]
-            scope["path"], scope["raw_path"] = path, path.encode()
-        if route is None or scope["method"] == "OPTIONS":  # CORS preflight goes through, as vLLM answers it
-            return self._passthrough
-        if scope["method"] not in route[0]:
-            return _not_allowed(route[0], self.quotas)
-        return route[1]
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The route table decides everything, in this order: a target that is not a plain path is a 400, a path it
+        does not declare a 404, a route whose key is missing a 401 (403 for an administrative one), a method it does
+        not take a 405; only then does the route's handler see the request."""
+        try:
+            check_target(scope.get("raw_path") or scope["path"].encode(), scope["path"], scope["query_string"],
+                         scope.get(TARGET), _host(scope))  # fmt: skip
+        except BadTarget as exc:
+            await _refuse(scope, send, exc, OPENAI, closing=True)
+            return
+        found = self.routes.find(scope["path"])
+        if found is None:
+            await _refuse(scope, send, _no_route(scope), OPENAI)
+            return
+        route = found.route
+        scope[ROUTE] = found
+        method = scope["method"]
+        if method == "OPTIONS" and route.who is Access.CLIENT:  # CORS preflight goes through, as vLLM answers it
+            await self._handlers[Kind.RELAY](scope, receive, send)
+            return
+        refusal = self._refusal(route, scope)
+        if refusal is not None:
+            await _refuse(scope, send, refusal, route.envelope)
+            return
+        if method not in route.methods:
+            await _not_allowed(route, self.quotas)(scope, receive, send)
+            return
+        handler = self._own[route.path] if route.kind is Kind.OWN else self._handlers[route.kind]
+        await handler(scope, receive, send)
+
+    def _refusal(self, route: Route, scope: Scope) -> GuardError | None:
+        """Why the request may not use its route, or None when it may."""
+        who = route.who
+        if who is Access.CLIENT:
+            return None if self._keys.client(scope) else REFUSED
+        if who is Access.ADMIN:
+            return None if self._keys.admin(scope) else NOT_ADMIN
+        if who is Access.NOBODY:
+            return RouteNotFound(
+                f"token-guard does not forward {route.path}: vLLM generates there in a form the guard cannot count "
+                "or clamp, so it is closed (server.passthrough_paths opens it unguarded)."
+            )
+        return None
+
+    def _metrics(self, handlers: Handlers) -> Handler:
+        async def metrics(scope: Scope, receive: Receive, send: Send) -> None:
+            await handlers.metrics_text(scope, receive, send, full=self._keys.metrics(scope))
+
+        return metrics
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
@@ -138,22 +167,36 @@ async def _heartbeat(link: RedisLink, settings: Settings) -> None:
     await Presence(link, settings.admission.redis_lease_s).run()
 
 
-async def _refuse(scope: Scope, send: Send) -> None:
+async def _refuse(scope: Scope, send: Send, error: GuardError, envelope: str, closing: bool = False) -> None:
+    """An answer from the route table itself (400, 401, 403, 404): logged, never forwarded."""
     rid = request_id(next((v.decode("latin-1") for k, v in scope["headers"] if k == REQUEST_ID), None))
-    log.info("401 for %s %s: no valid API key (request %s)", scope["method"], scope["path"], rid)
-    headers = [(b"www-authenticate", b"Bearer"), (REQUEST_ID, rid.encode())]
-    await send_error(Reply(send), REFUSED, headers, scope["path"])
+    log.info("%d for %s: %s (request %s)", error.status, scope["method"], error.message, rid)
+    headers = [(REQUEST_ID, rid.encode())]
+    if error.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if closing:  # a target that is not a path: nothing else on this connection is trusted either
+        headers.append((b"connection", b"close"))
+    await send_error(Reply(send), error, headers, envelope)
 
 
-def _not_allowed(methods: frozenset[str], quotas: Quotas) -> Handler:
+def _no_route(scope: Scope) -> RouteNotFound:
+    shown = scope["path"] if len(scope["path"]) <= 200 else scope["path"][:200] + "..."
+    return RouteNotFound(f"Invalid URL ({scope['method']} {shown}): token-guard does not serve this route.")
+
+
+def _host(scope: Scope) -> bytes | None:
+    return next((value for name, value in scope["headers"] if name == b"host"), None)
+
+
+def _not_allowed(route: Route, quotas: Quotas) -> Handler:
     async def answer(scope: Scope, receive: Receive, send: Send) -> None:
-        allowed = ", ".join(sorted(methods))
-        error = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use {allowed}.")
+        allowed = ", ".join(sorted(route.methods))
+        error = MethodNotAllowed(f"{scope['method']} is not allowed on {route.path}; use {allowed}.")
         headers = [(b"allow", allowed.encode())]
         key = named_key(scope)
         if key is not None and key.limited:  # every answer to a limited key tells its quota
             headers += encode_headers(await quotas.told(key))
-        await send_error(Reply(send), error, headers, scope["path"])
+        await send_error(Reply(send), error, headers, route.envelope)
 
     return answer
 

@@ -19,6 +19,8 @@ CLIENT_GONE = "token_guard.client_gone"  # scope key: a callable, when (time.mon
 ON_GONE = "token_guard.on_gone"  # scope key: a list of callbacks the server calls the moment the connection closes
 BODY_IN = "token_guard.body_in"  # scope key: a callable, True once the whole body has arrived (so that receive() will
 # not wait for it)
+TARGET = "token_guard.target"  # scope key: the request line's target exactly as sent (protocol.py)
+ROUTE = "token_guard.route"  # scope key: the request's route in the table (api/routes.Found), set by the app
 
 JSON = b"application/json"
 JOIN_OFF_LOOP_BYTES = 2**20  # a body this large is joined in a worker thread (31 MB: ~25 ms of the loop's time)
@@ -29,16 +31,18 @@ class ClientGone(Exception):
 
 
 class Incoming:
-    """One request's line and headers, as received."""
+    """One request's line and headers, as received, and its route: `path` is the route's own (a metric label and the
+    log's endpoint; `/v1/responses/{response_id}` for a route with an id), `forward` the path sent upstream, which is
+    always a declared route's, and `query` the query string as the client sent it."""
 
-    __slots__ = ("method", "path", "target", "raw_headers", "client_gone", "on_gone", "body_in")
+    __slots__ = ("method", "path", "forward", "query", "raw_headers", "client_gone", "on_gone", "body_in")
 
     def __init__(self, scope: Scope) -> None:
         self.method: str = scope["method"]
-        self.path: str = scope["path"]
-        raw_path: bytes = scope.get("raw_path") or self.path.encode()
-        query: bytes = scope["query_string"]
-        self.target = (raw_path + b"?" + query if query else raw_path).decode("latin-1")  # path and query, untouched
+        found = scope.get(ROUTE)
+        self.path: str = found.route.path if found is not None else scope["path"]
+        self.forward: str = found.path if found is not None else scope["path"]
+        self.query: str = scope["query_string"].decode("latin-1")
         self.raw_headers: Headers = scope["headers"]
         self.client_gone: Callable[[], float | None] = scope.get(CLIENT_GONE, _never)
         self.on_gone: list[Callable[[], None]] | None = scope.get(ON_GONE)  # None: the server does not call back

@@ -1,31 +1,28 @@
-"""API keys for the guard's own clients: when `server.api_keys` is set, `/v1/*` needs `Authorization: Bearer <key>`,
-checked as vLLM 0.11+ checks it (scheme in any case, SHA-256 digests compared in constant time, several keys). The
-key may also come as `x-api-key: <key>`, the header Anthropic's SDKs and Claude Code send. Named keys (`[[keys]]`,
-given as the key or its SHA-256) are accepted too, and the request carries the key's settings on to the handler
-(scope["token_guard.key"]) for its quotas. On the open routes (`/tokenize`, ...) no key is needed, but a named key
-sent anyway is still recognised, so that the answer tells its quota.
+"""API keys, checked as each route of the table requires (api/routes.py): client keys (`server.api_keys`, and the named
+keys of `[[keys]]`, whose settings the request carries on to the handler as scope["token_guard.key"] for its quotas),
+admin keys (`server.admin_api_keys`, the only keys that reach vLLM's administrative routes) and the metrics key
+(`server.metrics_api_key`, which shows key names and usage in /metrics).
 
-The other prefixes vLLM 0.22+ protects (`/v2`, `/inference`, `/cohere`) are protected too: everything else is passed
-through, with `upstream.api_key` put in, so leaving them open would open the upstream's protected routes to anyone.
-`/invocations` (SageMaker) is protected too: vLLM leaves it open, but it generates like `/v1/chat/completions`; and so
-are the pooling routes vLLM leaves open (`/pooling`, `/classify`, `/score`, `/rerank`), which run the model like
-`/v1/embeddings`.
+A key comes as `Authorization: Bearer <key>` (the scheme in any case, as vLLM 0.11+ reads it) or as `x-api-key: <key>`
+(Anthropic's SDKs and Claude Code); only SHA-256 digests are kept, compared in constant time, every one of them, so
+that the time taken says nothing about which matched. The lists are separate: a client key never opens an
+administrative route, and an admin key is not a client key unless it is in both lists.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import posixpath
 from collections.abc import Iterable
 
-from proxy.errors import Unauthorized
+from proxy.errors import PermissionDenied, Unauthorized
 from proxy.server.asgi import Scope
 from proxy.settings.sections import KeySettings
 
-PROTECTED = ("/v1", "/v2", "/inference", "/cohere", "/invocations", "/pooling", "/classify", "/score", "/rerank")
 REFUSED = Unauthorized("Invalid or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`).")
-
+NOT_ADMIN = PermissionDenied(
+    "This is one of vLLM's administrative routes: token-guard opens it only to a key of server.admin_api_keys."
+)
 
 KEY_HEADERS = (b"authorization", b"x-api-key")
 KEY_SCOPE = "token_guard.key"  # the request's named key, for the handler
@@ -37,29 +34,38 @@ def named_key(scope: Scope) -> KeySettings | None:
 
 
 class ApiKeys:
-    def __init__(self, api_keys: Iterable[str], named: Iterable[KeySettings] = ()) -> None:
-        self._digests = [hashlib.sha256(key.encode()).digest() for key in api_keys]
+    def __init__(
+        self, api_keys: Iterable[str], named: Iterable[KeySettings] = (), admin: Iterable[str] = (),
+        metrics: str | None = None,
+    ) -> None:  # fmt: skip
+        self._digests = [_digest(key) for key in api_keys]
         self._named = [(bytes.fromhex(key.key_sha256), key) for key in named]
+        self._admin = [_digest(key) for key in admin]
+        self._metrics = [_digest(metrics)] if metrics else []
 
     def __bool__(self) -> bool:
+        """True when client keys are configured: then every client route needs one."""
         return bool(self._digests or self._named)
 
-    def allows(self, scope: Scope) -> bool:
-        """True when the request may pass: no keys are configured, its path is open, or it carries a valid key. A
-        named key is put in the scope (KEY_SCOPE)."""
+    def client(self, scope: Scope) -> bool:
+        """True when the request may use a client route: no client keys are configured, or it carries one. A named
+        key is put in the scope (KEY_SCOPE)."""
         if not self:
             return True
-        if not _protected(scope):  # open to all; a named key sent anyway is still known, so its answer tells its quota
-            if self._named and (sent := self._given(scope)) is not None:
-                self._name(scope, sent)
-            return True
-        given = self._given(scope)
+        given = given_key(scope)
         if given is None:
             return False
-        matched = False
-        for digest in self._digests:  # every key is compared, so the time taken says nothing about which matched
-            matched |= hmac.compare_digest(given, digest)
-        return self._name(scope, given) or matched
+        return self._name(scope, given) | _any(given, self._digests)
+
+    def admin(self, scope: Scope) -> bool:
+        """True when the request carries a key of server.admin_api_keys (never when none is configured)."""
+        given = given_key(scope)
+        return given is not None and _any(given, self._admin)
+
+    def metrics(self, scope: Scope) -> bool:
+        """True when the request carries server.metrics_api_key: /metrics then shows key names and usage."""
+        given = given_key(scope)
+        return given is not None and _any(given, self._metrics)
 
     def _name(self, scope: Scope, given: bytes) -> bool:
         """Put the named key whose digest is `given` in the scope (KEY_SCOPE); false when there is none."""
@@ -71,20 +77,24 @@ class ApiKeys:
             scope[KEY_SCOPE] = found
         return found is not None
 
-    def _given(self, scope: Scope) -> bytes | None:
-        """The SHA-256 of the key the request carries."""
-        headers = {name.lower(): value for name, value in scope["headers"] if name.lower() in KEY_HEADERS}
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        if scheme.lower() != b"bearer":
-            if b"x-api-key" not in headers:
-                return None
-            token = headers[b"x-api-key"]
-        return hashlib.sha256(token).digest()
+
+def given_key(scope: Scope) -> bytes | None:
+    """The SHA-256 of the key the request carries, if any."""
+    headers = {name.lower(): value for name, value in scope["headers"] if name.lower() in KEY_HEADERS}
+    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    if scheme.lower() != b"bearer":
+        if b"x-api-key" not in headers:
+            return None
+        token = headers[b"x-api-key"]
+    return hashlib.sha256(token).digest()
 
 
-def _protected(scope: Scope) -> bool:
-    if scope["method"] == "OPTIONS":  # CORS preflight, as vLLM
-        return False
-    # Normalized so that `//v1/..`, `/x/../v1/..` or `/V1/..` cannot slip past on their way to a lenient upstream.
-    path = posixpath.normpath("/" + scope["path"].removeprefix(scope.get("root_path", "")).lstrip("/")).lower()
-    return any(path == prefix or path.startswith(prefix + "/") for prefix in PROTECTED)
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def _any(given: bytes, digests: list[bytes]) -> bool:
+    matched = False
+    for digest in digests:  # every key is compared, so the time taken says nothing about which matched
+        matched |= hmac.compare_digest(given, digest)
+    return matched

@@ -8,12 +8,24 @@ import json
 import logging
 import time
 
+from proxy.api.routes import Route
 from proxy.counting.registry import ModelRegistry
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.policy.guard import Guard
 from proxy.policy.outcome import Answer, Chunked, Forward, Outcome
 from proxy.policy.usage import Charge
-from proxy.server.asgi import ClientGone, Headers, Incoming, Receive, Reply, Scope, Send, encode_headers, read_body
+from proxy.server.asgi import (
+    ROUTE,
+    ClientGone,
+    Headers,
+    Incoming,
+    Receive,
+    Reply,
+    Scope,
+    Send,
+    encode_headers,
+    read_body,
+)
 from proxy.server.auth import named_key
 from proxy.server.chunked import answer_chunked
 from proxy.server.disconnect import ClientWatch
@@ -50,14 +62,18 @@ class Handlers:
     async def guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._handle(scope, receive, send, guarded=True)
 
-    async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Relayed unchanged; except that a key held to some models ([[keys]] models) sees only those in
-        GET /v1/models, as OpenAI lists the models a key may use, and that a limited key's answer carries its
-        x-ratelimit-* headers from a look at its buckets: pass-through requests are not metered (nor counted in
+    async def relayed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A relay route: forwarded unchanged; except that a key held to some models ([[keys]] models) sees only
+        those in GET /v1/models, as OpenAI lists the models a key may use, and that a limited key's answer carries its
+        x-ratelimit-* headers from a look at its buckets: relay requests are not metered (nor counted in
         requests_per_minute), as OpenAI counts only requests to its metered endpoints."""
         key = named_key(scope)
-        listed = key.models if key is not None and scope["path"] == "/v1/models" else None
+        listed = key.models if key is not None and scope[ROUTE].route.path == "/v1/models" else None
         await self._handle(scope, receive, send, guarded=False, listed=listed)
+
+    async def control(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An administrative route, reached with an admin key (the app checked it): forwarded unchanged."""
+        await self._handle(scope, receive, send, guarded=False)
 
     async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Readiness: the models are known and an upstream replica answers its own /health."""
@@ -74,13 +90,15 @@ class Handlers:
         """Liveness: the process serves requests, whatever the upstream's state (that is /health's job)."""
         await Reply(send).whole(200, [], b'{"status":"alive"}')
 
-    async def metrics_text(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await Reply(send).whole(200, [], self.metrics.exposition(), METRICS_TYPE)
+    async def metrics_text(self, scope: Scope, receive: Receive, send: Send, full: bool = False) -> None:
+        """Prometheus text; key names and per-key usage only when `full` (server.metrics_api_key)."""
+        await Reply(send).whole(200, [], self.metrics.exposition(full), METRICS_TYPE)
 
     async def _handle(
         self, scope: Scope, receive: Receive, send: Send, guarded: bool, listed: tuple[str, ...] | None = None
     ) -> None:
         incoming, reply = Incoming(scope), Reply(send)
+        route: Route = scope[ROUTE].route
         record = RequestRecord(request_id(incoming.header(REQUEST_ID)), incoming.method, incoming.path, guarded)
         tagged: Headers = [(REQUEST_ID, record.request_id.encode())]
         key = record.findings.api_key = named_key(scope)
@@ -91,7 +109,7 @@ class Handlers:
             headers["x-request-id"] = record.request_id  # vLLM makes it the response id
             async with ClientWatch(receive, lambda: reply.finished, incoming.on_gone):
                 if guarded:
-                    await self._guard(reply, incoming, body, headers, record, tagged)
+                    await self._guard(route, reply, incoming, body, headers, record, tagged)
                 else:
                     if key is not None and key.limited:  # a look at its quota, charged nothing; none for the rest
                         await self._tell_quota(key, record, tagged)
@@ -109,11 +127,11 @@ class Handlers:
             if not reply.started:  # a client too slow to send its body is not kept: its connection closes
                 await self._tell_quota(key, record, tagged)
                 closing = [*tagged, (b"connection", b"close")] if exc.status == 408 else tagged
-                await send_error(reply, exc, closing, incoming.path)
+                await send_error(reply, exc, closing, route.envelope)
         except Exception:
             log.exception("unexpected error on %s %s (request %s)", incoming.method, incoming.path, record.request_id)
             if not reply.started:
-                await send_error(reply, internal_error(), tagged, incoming.path)
+                await send_error(reply, internal_error(), tagged, route.envelope)
         finally:
             if record.charge is not None:  # no coroutine for requests without a quota: the hot path
                 await self._settle(record.charge, record, reply)
@@ -122,13 +140,13 @@ class Handlers:
             give_back_after(size)
 
     async def _guard(
-        self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
-        tagged: Headers,
+        self, route: Route, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str],
+        record: RequestRecord, tagged: Headers,
     ) -> None:  # fmt: skip
         if len(body) > HEAVY_BYTES:  # a large prompt's counting holds the loop for milliseconds: take turns
             await self.turnstile.enter()
         incoming.leave_if_gone()  # nothing is counted for a client that left while its request waited its turn
-        outcome = await self.guard.handle(incoming.path, body, headers, record.findings)
+        outcome = await self.guard.handle(route, body, headers, record.findings)
         if record.findings.api_key is not None and record.findings.api_key.limited:
             await self._charge(record.findings.api_key, outcome, record, tagged)
         extra = tagged + encode_headers(outcome.decision.headers())
@@ -137,19 +155,19 @@ class Handlers:
         elif isinstance(outcome, Chunked):
             incoming.leave_if_gone()  # counting and cutting took a while: no parts for a client that left meanwhile
             fanout = outcome.policy.max_fanout
-            runner = PartRunner(self.upstream, incoming.path, headers, fanout, self.metrics.fanout)
+            runner = PartRunner(self.upstream, incoming.forward, headers, fanout, self.metrics.fanout)
             await answer_chunked(reply, outcome, runner, self.guard, extra, record.charge)
         elif isinstance(outcome, Answer):  # answered by the guard itself (count_tokens)
             await reply.whole(200, extra, outcome.body)
         else:
-            await send_error(reply, outcome.error, extra, incoming.path)
+            await send_error(reply, outcome.error, extra, route.envelope)
 
     async def _forward(
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
         extra: Headers, cost: int | None, listed: tuple[str, ...] | None = None,
     ) -> None:  # fmt: skip
         incoming.leave_if_gone()  # nor sent upstream, where vLLM would start on it only to be told to abort
-        opened = await self.upstream.open(incoming.method, incoming.target, headers, body, cost)
+        opened = await self.upstream.open(incoming.method, incoming.forward, headers, body, cost, incoming.query)
         upstream = opened.response
         if record.charge is not None:
             record.charge.forwarded = True

@@ -122,10 +122,12 @@ class Metrics:
         self._counters: defaultdict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
         self._histograms: dict[tuple[str, tuple[str, ...]], _Histogram] = {}
         self.fanout = InFlight()
-        self.registry = CollectorRegistry()
-        self.registry.register(_Families(self))
-        self.registry.register(_CounterCaches(counters))
-        self.registry.register(_Gate(gate))
+        self.registry = CollectorRegistry()  # everything: with server.metrics_api_key
+        self.public = CollectorRegistry()  # without key names and per-key usage
+        for registry, keys in ((self.registry, True), (self.public, False)):
+            registry.register(_Families(self, keys))
+            registry.register(_CounterCaches(counters))
+            registry.register(_Gate(gate))
 
     def add(self, metric: str, labels: tuple[str, ...], value: float = 1) -> None:
         self._counters[metric, labels] += value
@@ -178,11 +180,18 @@ class Metrics:
         if decision.chunks:
             self.observe_value("chunks", labels, decision.chunks)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def register(self, collector: Collector) -> None:
+        """A collector of metrics that name no key, for both expositions."""
+        self.registry.register(collector)
+        self.public.register(collector)
 
-    def families(self) -> Iterable[Metric]:
+    def exposition(self, full: bool = True) -> bytes:
+        return generate_latest(self.registry if full else self.public)
+
+    def families(self, keys: bool = True) -> Iterable[Metric]:
         for metric, definition in DEFINITIONS.items():
+            if not keys and "key" in definition.labels:
+                continue
             if definition.buckets is None:
                 counter = CounterMetricFamily(definition.name, definition.help, labels=definition.labels)
                 for (name, labels), value in list(self._counters.items()):
@@ -207,11 +216,11 @@ class Metrics:
 
 
 class _Families(Collector):
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
+    def __init__(self, metrics: Metrics, keys: bool) -> None:
+        self.metrics, self.keys = metrics, keys
 
     def collect(self) -> Iterable[Metric]:
-        return list(self.metrics.families())
+        return list(self.metrics.families(self.keys))
 
 
 class _CounterCaches(Collector):

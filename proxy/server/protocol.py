@@ -20,7 +20,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.errors import GuardError, InvalidRequest, RequestTimeout
-from proxy.server.asgi import BODY_IN, CLIENT_GONE, ON_GONE
+from proxy.server.asgi import BODY_IN, CLIENT_GONE, ON_GONE, TARGET
 
 log = logging.getLogger("token_guard.server")
 
@@ -90,6 +90,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.scope[CLIENT_GONE] = lambda: self._lost_at if cycle.disconnected else None
             self._on_gone = self.scope[ON_GONE] = []
             self.scope[BODY_IN] = lambda: not cycle.more_body  # the parser has seen the body's end
+            self.scope[TARGET] = self.url  # the target as sent: uvicorn keeps only the path of an absolute-form one
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import json
 
+from proxy.api.routes import ANTHROPIC, OPENAI
 from proxy.errors import GuardError, TooBusy
 from proxy.server.asgi import Headers, Reply
 
-ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
-
-async def send_error(reply: Reply, error: GuardError, headers: Headers | None = None, path: str = "") -> None:
+async def send_error(reply: Reply, error: GuardError, headers: Headers | None = None, envelope: str = OPENAI) -> None:
+    """`envelope`: the route's (api/routes.py)."""
     extra = list(headers or [])
     if isinstance(error, TooBusy):
         extra.append((b"retry-after", str(error.retry_after_s).encode()))
-    body = anthropic_bytes(error) if path in ANTHROPIC_PATHS else error.json_bytes()
+    body = anthropic_bytes(error) if envelope == ANTHROPIC else error.json_bytes()
     await reply.whole(error.status, extra, body)
 
 

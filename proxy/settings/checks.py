@@ -159,6 +159,17 @@ def list_of(check: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, ...]]:
     return parse
 
 
+def route_path(value: Any) -> str:
+    """A path as a route declares it: from /, printable, no query, fragment, backslash or dot segment."""
+    text = nonempty_text(value)
+    segments = text.split("/")
+    if not text.startswith("/") or not text.isprintable() or any(c in text for c in " ?#\\%") or any(
+        s in (".", "..") for s in segments
+    ):  # fmt: skip
+        raise ValueError("a path starting with / (no spaces, query, fragment, percent-escape or dot segment)")
+    return text
+
+
 def optional_text(value: Any) -> str | None:
     return None if value in (None, "") else nonempty_text(value)
 

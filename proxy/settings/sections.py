@@ -15,6 +15,9 @@ class ServerSettings:
     log_level: str = "info"
     log_format: str = "text"
     api_keys: tuple[str, ...] = ()
+    admin_api_keys: tuple[str, ...] = ()  # the only keys that reach vLLM's administrative routes (api/routes.py)
+    metrics_api_key: str | None = None  # shows key names and usage in /metrics
+    passthrough_paths: tuple[str, ...] = ()  # more read-only routes relayed unchanged (with a client key)
     max_body_bytes: int = 32 * 2**20
     max_json_depth: int = 64
     max_messages: int = 10_000

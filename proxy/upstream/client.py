@@ -89,11 +89,11 @@ class Upstream:
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
 
     async def open(
-        self, method: str, target: str, headers: Mapping[str, str], body: bytes, cost: int | None = None
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, cost: int | None = None, query: str = ""
     ) -> Opened:
-        """Send the request (`target`: path and query as received) and return once a replica's status and headers
-        have arrived (body unread). With a `cost`, the request first passes the admission gate; the returned ticket
-        must be released by the caller."""
+        """Send the request (`path`: a declared route's, `query` as the client sent it) and return once a replica's
+        status and headers have arrived (body unread). With a `cost`, the request first passes the admission gate;
+        the returned ticket must be released by the caller."""
         tried: set[int] = set()
         for attempt in range(self.settings.retries + 1):
             last = attempt == self.settings.retries or len(tried) + 1 >= len(self.replicas)
@@ -101,7 +101,7 @@ class Upstream:
             replica = self.replicas[index]
             sent = outgoing(forwardable(headers), self.settings.api_key)
             try:
-                response = await self._client.open(method, replica.url, target, sent, body)
+                response = await self._client.open(method, replica.url, path, query, sent, body)
             except (UpstreamRefused, UpstreamConnectTimeout) as exc:
                 self._release(ticket)
                 replica.take_out()

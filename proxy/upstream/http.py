@@ -111,6 +111,7 @@ class HttpClient:
         self.read_timeout_s = settings.read_timeout_s
         self.header_timeout_s = min(settings.first_byte_timeout_s, settings.read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._bases: dict[str, URL] = {}  # each replica's base URL, parsed once
 
     def _client(self) -> aiohttp.ClientSession:
         # Made on first use, inside the event loop that serves (the app is built before the loop runs).
@@ -125,19 +126,29 @@ class HttpClient:
         return self._session
 
     async def open(
-        self, method: str, base: str, target: str, headers: Mapping[str, str], body: bytes
+        self, method: str, base: str, path: str, query: str, headers: Mapping[str, str], body: bytes
     ) -> UpstreamResponse:
-        """Send a request to the replica at `base` (`target` is the path and query, as received); return once the
-        status and headers have arrived, within the shorter of first_byte_timeout_s and read_timeout_s."""
-        url = URL(base + target, encoded=True)
-        sending = self._client().request(method, url, data=body, headers=headers, allow_redirects=False,
-                                         skip_auto_headers=not_added(headers))  # fmt: skip
+        """Send a request to the replica at `base`; return once the status and headers have arrived, within the
+        shorter of first_byte_timeout_s and read_timeout_s. The URL is built from the base's parts and `path` and
+        `query` (a declared route's path, and the query as the client sent it, both checked by api/target.py): no
+        string joining, so nothing the client sent can change the upstream's host, port or credentials."""
+        sending = self._client().request(method, self._url(base, path, query), data=body, headers=headers,
+                                         allow_redirects=False, skip_auto_headers=not_added(headers))  # fmt: skip
         try:
             async with asyncio.timeout(self.header_timeout_s):
                 response = await sending
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc, base) from None
         return UpstreamResponse(response, base, self.read_timeout_s)
+
+    def _url(self, base: str, path: str, query: str) -> URL:
+        parsed = self._bases.get(base)
+        if parsed is None:
+            parsed = self._bases[base] = URL(base)
+        return URL.build(
+            scheme=parsed.scheme, user=parsed.raw_user, password=parsed.raw_password, host=parsed.raw_host or "",
+            port=parsed.explicit_port, path=parsed.raw_path.rstrip("/") + path, query_string=query, encoded=True,
+        )  # fmt: skip
 
     async def get(self, base: str, path: str, headers: Mapping[str, str], timeout_s: float) -> tuple[int, bytes]:
         """A small GET read whole (health, discovery, metrics): status and body."""

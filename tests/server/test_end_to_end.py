@@ -197,17 +197,25 @@ def test_bad_input_gets_an_openai_error_and_the_proxy_keeps_serving(
     assert ok.usage is not None and ok.usage.completion_tokens == 2
 
 
-def test_other_paths_pass_through_unchanged(proxy: str, sim: Any) -> None:
+def test_relay_routes_pass_through_unchanged(proxy: str, sim: Any) -> None:
     for method, path, body in [("GET", "/v1/models", None), ("GET", "/version", None),
                                ("POST", "/tokenize", {"model": MODEL, "prompt": "Hello world"}),
-                               ("POST", "/detokenize", {"model": MODEL, "tokens": [19923, 2058]}),
-                               ("GET", "/v1/nothing-here?x=1", None)]:  # fmt: skip
+                               ("POST", "/detokenize", {"model": MODEL, "tokens": [19923, 2058]})]:  # fmt: skip
         through = httpx.request(method, f"{proxy}{path}", json=body)
         direct = httpx.request(method, f"{sim[0].url}{path}", json=body)
         assert through.status_code == direct.status_code, path
         if path != "/v1/models":  # its `created` changes on every call
             assert through.content == direct.content, path
         assert "x-token-guard-action" not in through.headers
+
+
+def test_a_path_no_route_declares_is_a_404_that_never_reaches_the_upstream(proxy: str, sim: Any) -> None:
+    before = len(sim[2].bodies)
+    answer = httpx.get(f"{proxy}/v1/nothing-here?x=1")
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "route_not_found"
+    assert "/v1/nothing-here" in answer.json()["error"]["message"]
+    assert len(sim[2].bodies) == before
 
 
 def test_unreachable_upstream_is_502_and_unhealthy(deepseek_dir: Path) -> None:

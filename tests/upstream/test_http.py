@@ -27,7 +27,7 @@ async def sent_head(headers: dict[str, str]) -> dict[str, str]:
     client = HttpClient(UpstreamSettings(url="http://unused"))
     try:
         base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        response = await client.open("POST", base, "/v1/chat/completions", headers, b'{"model":"m"}')
+        response = await client.open("POST", base, "/v1/chat/completions", "", headers, b'{"model":"m"}')
         assert (response.status, await response.read()) == (200, b"{}")
         response.close()
     finally:

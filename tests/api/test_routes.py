@@ -1,0 +1,80 @@
+"""The route table: every route of vLLM 0.31 and 0.32 is declared (guarded, relayed on purpose, administrative or
+closed), so that a route vLLM adds is a decision, not a side door; and lookups find exactly the declared paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from proxy.api.routes import Access, Kind, RouteTable
+
+VLLM_ROUTES: dict[str, list[list[str]]] = json.loads((Path(__file__).with_name("vllm_routes.json")).read_text())
+TABLE = RouteTable()
+CASES = [(version, method, path) for version, routes in VLLM_ROUTES.items() for method, path in routes]
+
+
+def test_the_snapshot_holds_both_versions() -> None:
+    assert set(VLLM_ROUTES) == {"0.31.0", "0.32.0"} and all(len(r) > 70 for r in VLLM_ROUTES.values())
+
+
+@pytest.mark.parametrize(("version", "method", "path"), CASES, ids=[f"{v}-{m}-{p}" for v, m, p in CASES])
+def test_every_vllm_route_is_declared(version: str, method: str, path: str) -> None:
+    route = TABLE.declares(path)
+    assert route is not None, f"vLLM {version} serves {method} {path}: declare it in proxy/api/routes.py"
+    if route.kind in (Kind.GENERATE, Kind.POOL, Kind.COUNT, Kind.RELAY):  # served through the guard: as vLLM takes it
+        assert method in route.methods, f"{method} {path} is {route.kind} but the table takes {route.methods}"
+    if method == "WEBSOCKET":  # the guard relays HTTP only
+        assert route.kind in (Kind.UNGUARDED, Kind.CONTROL)
+
+
+ADMINISTRATIVE = ["/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/pause", "/resume", "/scale_elastic_ep",
+                  "/reset_prefix_cache", "/reset_mm_cache", "/start_profile", "/stop_profile", "/server_info",
+                  "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/abort_requests",
+                  "/inference/v1/abort_requests", "/update_weights"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ADMINISTRATIVE)
+def test_administrative_routes_need_an_admin_key(path: str) -> None:
+    found = TABLE.find(path)
+    assert found is not None and found.route.kind is Kind.CONTROL and found.route.who is Access.ADMIN
+
+
+GPU = {"/v1/chat/completions/batch": Kind.GENERATE, "/inference/v1/generate": Kind.GENERATE,
+       "/v1/audio/transcriptions": Kind.GENERATE, "/v1/audio/translations": Kind.GENERATE, "/v2/embed": Kind.POOL,
+       "/v1/chat/completions/render": Kind.COUNT, "/v1/completions/render": Kind.COUNT}  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "kind"), GPU.items())
+def test_every_route_that_reaches_the_gpu_is_guarded(path: str, kind: Kind) -> None:
+    found = TABLE.find(path)
+    assert found is not None and found.route.kind is kind and found.route.guarded and found.route.reads
+
+
+def test_lookups() -> None:
+    assert TABLE.find("/v1/chat/completions/") == TABLE.find("/v1/chat/completions")  # vLLM redirects it there
+    assert TABLE.find("/v1/nothing") is None and TABLE.find("/V1/chat/completions") is None
+    assert TABLE.find("//v1/chat/completions") is None and TABLE.find("/v1/chat/completions//") is None
+    found = TABLE.find("/v1/responses/resp_0a1b")
+    assert found is not None and found.path == "/v1/responses/resp_0a1b"  # forwarded with its id
+    assert found.route.path == "/v1/responses/{response_id}" and found.route.kind is Kind.RELAY
+    cancel = TABLE.find("/v1/responses/resp_0a1b/cancel")
+    assert cancel is not None and cancel.route.methods == {"POST"}
+    for odd in ("/v1/responses/a b", "/v1/responses/%2e", "/v1/responses/x/y", "/v1/responses/"):
+        assert TABLE.find(odd) is None or TABLE.find(odd) == TABLE.find("/v1/responses"), odd
+
+
+def test_passthrough_paths_open_only_what_the_table_does_not_decide() -> None:
+    table = RouteTable(passthrough=["/v1/my-route", "/sleep", "/v1/chat/completions", "/cohere/v2/chat"])
+    mine = table.find("/v1/my-route")
+    assert mine is not None and mine.route.kind is Kind.RELAY and mine.route.who is Access.CLIENT
+    assert table.find("/sleep").route.kind is Kind.CONTROL  # type: ignore[union-attr]
+    assert table.find("/v1/chat/completions").route.kind is Kind.GENERATE  # type: ignore[union-attr]
+    assert table.find("/cohere/v2/chat").route.kind is Kind.RELAY  # type: ignore[union-attr]  # opened on purpose
+    assert RouteTable().find("/cohere/v2/chat").route.who is Access.NOBODY  # type: ignore[union-attr]
+
+
+def test_anthropic_routes_answer_in_anthropics_envelope() -> None:
+    anthropic = {r.path for r in TABLE.routes() if r.envelope == "anthropic"}
+    assert anthropic == {"/v1/messages", "/v1/messages/count_tokens", "/v1/messages/render"}
