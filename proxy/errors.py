@@ -3,6 +3,7 @@
     GuardError                      status, message, type, param, code
     ├── InvalidRequest              400  a body or field the guard cannot read
     │   ├── ContextLengthExceeded   400  the prompt leaves no room for output
+    │   ├── RequestTooLarge         400  the prompt (times n) leaves no room in the whole KV budget
     │   └── CountedUpstreamOnly     400  parts only the upstream can count (images, audio), with no upstream to ask
     ├── Unauthorized                401  no valid `Authorization: Bearer <key>` (server.api_keys, [[keys]])
     ├── PermissionDenied            403  an administrative route without a key of server.admin_api_keys
@@ -63,6 +64,14 @@ class InvalidRequest(GuardError):
 class ContextLengthExceeded(InvalidRequest):
     def __init__(self, message: str, *, param: str) -> None:
         super().__init__(message, param=param, code="context_length_exceeded")
+
+
+class RequestTooLarge(InvalidRequest):
+    """A request whose KV cost, with the least output it accepts, is over a replica's whole admission budget: it
+    could never be admitted, not even alone."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message, param=param, code="request_too_large")
 
 
 class CountedUpstreamOnly(InvalidRequest):

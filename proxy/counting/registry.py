@@ -39,6 +39,8 @@ class ModelRegistry:
         self.discovering = discovering
         self._counting = counting or CountingSettings()
         self.upstream_version: str | None = None  # vLLM's, once the start-up check has read it
+        self.default: str | None = None  # the model the upstream serves a request that names none (its first card)
+        self._discovered = False
 
     @classmethod
     def from_settings(
@@ -94,16 +96,33 @@ class ModelRegistry:
             log.log(level, "model %s: count source %s: %s", name, source, reason)
 
     def resolve(self, name: str | None) -> GuardedModel:
-        if name is None and self._order:  # vLLM serves its first model when `model` is omitted
-            return self._models[self._order[0]]
-        if name is not None and name in self._models:
+        """The model a request is for. One that names none is the upstream's default, as vLLM serves it (its first
+        served name), whatever order the guard's own [[models]] are in: a key held to some models is checked
+        against the model that will answer."""
+        if name is None:
+            return self._default()
+        if name in self._models:
             return self._models[name]
         if self.discovering:
             raise NotReady("token-guard is starting: it is still learning the upstream's models.")
         valid = ", ".join(self._order) or "none"
         raise ModelNotFound(f"The model `{name}` does not exist. Models this guard serves: {valid}.")
 
+    def _default(self) -> GuardedModel:
+        if not self._discovered:
+            raise NotReady("token-guard is starting: it does not know yet which model the upstream serves to a request "
+                           "that names none; name the model, or try again shortly.")  # fmt: skip
+        if self.default is None:
+            raise ModelNotFound("The request names no model, and the upstream lists none.")
+        model = self._models.get(self.default)
+        if model is None:
+            raise ModelNotFound(f"The request names no model, and the upstream's default model `{self.default}` is "
+                                "not one this guard serves; name the model.")  # fmt: skip
+        return model
+
     def apply_discovery(self, cards: list[ModelCard]) -> None:
+        self.default = cards[0].id if cards else None
+        self._discovered = True
         by_id = {c.id: c for c in cards}
         for name in self._order:
             self._models[name] = _with_discovered(self._models[name], by_id.get(name))

@@ -59,6 +59,8 @@ async def settle(
     if plan.error is None:
         body = with_changes(conv.body, plan.changes) if plan.changes else conv.raw
         return Forward(body, Decision.of(plan), cost)
+    if not isinstance(plan.error, ContextLengthExceeded):  # over the whole KV budget: nothing cut would be admitted
+        return Refuse(plan.error, Decision.of(plan))
     if conv.upstream_truncates:  # vLLM cuts the prompt itself, as the client asked
         body, limit = _key_capped(conv, limits)
         return Forward(body, Decision("pass" if body is conv.raw else "clamp", prompt_tokens, limit), cost)

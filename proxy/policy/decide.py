@@ -1,8 +1,11 @@
 """The pure decision: from the prompt's token count and the request's output limit, make a plan.
 
     pass    forward the client's bytes unchanged
-    clamp   forward with the output-limit field(s) lowered to what fits (min_tokens lowered with them)
-    reject  answer 400 context_length_exceeded without touching the upstream
+    clamp   forward with the output-limit field(s) lowered to what fits (min_tokens lowered with them): in the window,
+            and in the KV budget (with admission.max_inflight_tokens, a request whose sequences with their output
+            would hold more than a replica's whole budget has its output limit lowered, or set, so that they fit)
+    reject  answer 400 context_length_exceeded without touching the upstream; or 400 request_too_large when the
+            prompt alone (times n) leaves no room in the KV budget: such a request could never be admitted
 
 Overflow policies other than reject (truncate, chunk) slot in as further plan kinds decided here.
 """
@@ -14,7 +17,7 @@ from typing import Literal
 
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
-from proxy.errors import ContextLengthExceeded, NotReady
+from proxy.errors import ContextLengthExceeded, NotReady, RequestTooLarge
 from proxy.settings import PolicySettings
 
 Action = Literal["pass", "clamp", "reject"]
@@ -26,6 +29,14 @@ class Limits:
     min_output_tokens: int = 1
     default_max_tokens: int | str | None = None
     max_output: int | None = None  # the API key's max_output_tokens: a cap on every output limit
+    max_cost: int | None = None  # the most KV tokens one request may hold: the largest replica's whole budget
+
+    def window(self, sequences: int) -> int:
+        """The most tokens each of a request's `sequences` may hold: the model's window, or less where the KV budget
+        they share is smaller (admission could never take more, not even alone)."""
+        if self.max_cost is None:
+            return self.max_model_len
+        return min(self.max_model_len, self.max_cost // max(1, sequences))
 
     def cap(self, room: int) -> int:
         """The most output a request may ask for: the room its prompt leaves, and the key's cap."""
@@ -43,12 +54,15 @@ class Limits:
         return self.default_max_tokens
 
 
-def limits_for(model: str, max_model_len: int | None, policy: PolicySettings, max_output: int | None = None) -> Limits:
-    """A model's limits under its policy (and the API key's output cap); 503 while its window is not known yet
-    (discovery still running)."""
+def limits_for(
+    model: str, max_model_len: int | None, policy: PolicySettings, max_output: int | None = None,
+    max_cost: int | None = None,
+) -> Limits:  # fmt: skip
+    """A model's limits under its policy (the API key's output cap, the KV budget's ceiling); 503 while its window
+    is not known yet (discovery still running)."""
     if max_model_len is None:
         raise NotReady(f"token-guard does not know max_model_len for model `{model}` yet.")
-    return Limits(max_model_len, policy.min_output_tokens, policy.default_max_tokens, max_output)
+    return Limits(max_model_len, policy.min_output_tokens, policy.default_max_tokens, max_output, max_cost)
 
 
 @dataclass(frozen=True)
@@ -57,7 +71,7 @@ class Plan:
     prompt_tokens: int
     max_tokens: int | None = None
     changes: dict[str, int] = field(default_factory=dict)
-    error: ContextLengthExceeded | None = None
+    error: ContextLengthExceeded | RequestTooLarge | None = None
 
     def cost(self, limits: Limits, sequences: int) -> int:
         """KV tokens the request holds while it runs: (prompt + output limit) per sequence; with no limit, vLLM
@@ -67,12 +81,14 @@ class Plan:
 
 
 def decide_chat(req: ChatRequest, prompt_tokens: int, limits: Limits) -> Plan:
-    room = limits.max_model_len - prompt_tokens
-    if room < limits.min_output_tokens:
-        return Plan("reject", prompt_tokens, error=_too_long(prompt_tokens, room, limits, "messages"))
+    room = _room(prompt_tokens, limits, req.n, "messages")
+    if isinstance(room, Plan):
+        return room
     cap, requested = limits.cap(room), req.requested_output
     if requested is None:
         default = limits.unsaid_output(cap)
+        if default is None and room < limits.max_model_len - prompt_tokens:  # vLLM would fill the window: too much
+            default = cap
         if default is None:  # the upstream picks the output limit (vLLM: whatever room is left)
             return Plan("pass", prompt_tokens)
         return _limited(prompt_tokens, min(default, cap), {"max_tokens": min(default, cap)}, req.min_tokens)
@@ -84,9 +100,9 @@ def decide_chat(req: ChatRequest, prompt_tokens: int, limits: Limits) -> Plan:
 def decide_completion(req: CompletionRequest, prompt_tokens: list[int], limits: Limits) -> Plan:
     # A batch is clamped for its longest prompt, so that every prompt in it fits.
     longest = max(prompt_tokens)
-    room = limits.max_model_len - longest
-    if room < limits.min_output_tokens:
-        return Plan("reject", longest, error=_too_long(longest, room, limits, "prompt"))
+    room = _room(longest, limits, req.n * len(prompt_tokens), "prompt")
+    if isinstance(room, Plan):
+        return room
     _, requested = req.requested_output  # vLLM's default of 16 counts when the field is absent
     cap = limits.cap(room)
     changes = {"max_tokens": cap} if requested > cap else {}
@@ -96,16 +112,30 @@ def decide_completion(req: CompletionRequest, prompt_tokens: list[int], limits: 
 def decide_output(prompt_tokens: int, limits: Limits, field: str, requested: int | None, param: str) -> Plan:
     """The chat rules for a request with one output-limit field (Responses `max_output_tokens`, Anthropic
     `max_tokens`); `param` is what a rejection names."""
-    room = limits.max_model_len - prompt_tokens
-    if room < limits.min_output_tokens:
-        return Plan("reject", prompt_tokens, error=_too_long(prompt_tokens, room, limits, param))
+    room = _room(prompt_tokens, limits, 1, param)
+    if isinstance(room, Plan):
+        return room
     cap = limits.cap(room)
     if requested is None:
         requested = limits.unsaid_output(cap)
+        if requested is None and room < limits.max_model_len - prompt_tokens:  # the budget binds: say the limit
+            requested = cap
         if requested is None:  # the upstream picks the output limit (vLLM: whatever room is left)
             return Plan("pass", prompt_tokens)
         return Plan("clamp", prompt_tokens, min(requested, cap), {field: min(requested, cap)})
     return _limited(prompt_tokens, min(requested, cap), {field: cap} if requested > cap else {}, None)
+
+
+def _room(prompt_tokens: int, limits: Limits, sequences: int, param: str) -> int | Plan:
+    """The output each sequence has room for, or the reject plan when it is below min_output_tokens: for the window
+    (the overflow policies may cut the prompt), or for the KV budget (nothing can be admitted: refused outright)."""
+    room = limits.max_model_len - prompt_tokens
+    if room < limits.min_output_tokens:
+        return Plan("reject", prompt_tokens, error=_too_long(prompt_tokens, room, limits, param))
+    budgeted = limits.window(sequences) - prompt_tokens
+    if budgeted < limits.min_output_tokens:
+        return Plan("reject", prompt_tokens, error=_over_budget(prompt_tokens, sequences, limits, param))
+    return budgeted
 
 
 def _limited(prompt_tokens: int, limit: int, changes: dict[str, int], min_tokens: int | None) -> Plan:
@@ -118,6 +148,18 @@ def reject_at_least(floor: int, limits: Limits, param: str) -> Plan:
     """A prompt whose size alone proves it cannot fit (at least `floor` tokens), refused before it is counted."""
     room = limits.max_model_len - floor
     return Plan("reject", floor, error=_too_long(floor, room, limits, param, at_least=True))
+
+
+def _over_budget(prompt_tokens: int, sequences: int, limits: Limits, param: str) -> RequestTooLarge:
+    need = (prompt_tokens + limits.min_output_tokens) * sequences
+    times = f" for each of {sequences} sequences" if sequences > 1 else ""
+    return RequestTooLarge(
+        f"This request needs at least {need} tokens of KV cache ({prompt_tokens} input tokens and "
+        f"{limits.min_output_tokens} output{times}), more than the upstream's whole admission budget of "
+        f"{limits.max_cost} tokens (admission.max_inflight_tokens): it could never be admitted. Send a shorter prompt"
+        f"{', or fewer sequences (n, or prompts in a batch)' if sequences > 1 else ''}.",
+        param=param,
+    )
 
 
 def _too_long(

@@ -4,7 +4,7 @@ not fit. Returns what to do (forward a body, refuse, or fan out parts); the serv
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,7 +25,7 @@ from proxy.counting.pooling import pooling_tokens, scoring_tokens
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat
 from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
-from proxy.errors import InvalidRequest, ModelNotFound
+from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from proxy.policy.choice import choose_policy
 from proxy.policy.chunk import MAX_PARTS, CannotChunk, refuse_too_many_parts
 from proxy.policy.converted import (
@@ -63,6 +63,7 @@ class Guard:
     settings: Settings
     registry: ModelRegistry
     remote: RemoteCount | None = None  # counts through the upstream (counting.source); None: always local
+    ceiling: Callable[[], int | None] | None = None  # the largest replica's whole KV budget (None: no token budget)
 
     def __post_init__(self) -> None:
         self._policies = {m.name: m.policy for m in self.settings.models if m.policy is not None}
@@ -148,7 +149,7 @@ class Guard:
         findings.count_s = time.perf_counter() - started
         plan = decide_chat(req, prompt_tokens, limits)
         # Truncate and chunk re-count their cuts here; only a locally counted prompt can be cut exactly.
-        if plan.action == "reject" and choice != "reject" and findings.count_source == LOCAL:
+        if _fits_by_cutting(plan, choice) and findings.count_source == LOCAL:
             return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
         return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n), findings.count_source)
 
@@ -165,7 +166,7 @@ class Guard:
         counts, findings.count_source = await completion_tokens(model, req, self.remote)
         findings.count_s = time.perf_counter() - started
         plan = decide_completion(req, counts, limits)
-        if plan.action == "reject" and choice != "reject" and findings.count_source == LOCAL:
+        if _fits_by_cutting(plan, choice) and findings.count_source == LOCAL:
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
         return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)), findings.count_source)
 
@@ -247,7 +248,8 @@ class Guard:
             raise ModelNotFound(f"The model `{name or model.name}` does not exist or you do not have access to it.")
         policy = self.policy_for(model.name)
         max_output = key.max_output_tokens if key is not None else None
-        limits = limits_for(model.name, model.max_model_len, policy, max_output)
+        max_cost = self.ceiling() if self.ceiling is not None else None
+        limits = limits_for(model.name, model.max_model_len, policy, max_output, max_cost)
         return model, policy, choose_policy(policy, headers), limits
 
     def policy_for(self, model: str) -> PolicySettings:
@@ -256,7 +258,8 @@ class Guard:
     async def reduce(self, chunked: Chunked, answers: list[dict[str, Any]]) -> tuple[dict[str, Any], int] | None:
         """The map-reduce step's request and its cost, or None when it would not fit (see policy/reduce.py)."""
         model = self.registry.resolve(chunked.original.model)
-        limits = limits_for(model.name, model.max_model_len, chunked.policy)
+        limits = limits_for(model.name, model.max_model_len, chunked.policy, None,
+                            self.ceiling() if self.ceiling is not None else None)  # fmt: skip
         return await reduce_request(model, chunked, answers, limits)
 
 
@@ -297,6 +300,11 @@ async def _proven_over(model: GuardedModel, prompts: list[list[str]], ceiling: i
     floors += [await counter.at_least(texts, ceiling) for texts, floor in zip(prompts, floors, strict=True)
                if floor is None and sum(len(t) for t in texts) > FAR_OVER * ceiling]  # fmt: skip
     return max((f for f in floors if f is not None), default=None)
+
+
+def _fits_by_cutting(plan: Plan, choice: str) -> bool:
+    """True when the overflow policy may cut the prompt to fit the window (never for a request over the KV budget)."""
+    return plan.action == "reject" and choice != "reject" and isinstance(plan.error, ContextLengthExceeded)
 
 
 def _brings_template(req: ChatRequest) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.api.body import with_changes
-from proxy.errors import ContextLengthExceeded
+from proxy.errors import ContextLengthExceeded, RequestTooLarge
 from proxy.policy.decide import Limits
 from proxy.policy.outcome import Decision, Forward, Outcome, Refuse
 
@@ -37,6 +37,19 @@ class Pooled:
 
 
 def settle_pooling(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outcome:
+    outcome = _settled(p, limits, choice, source)
+    if isinstance(outcome, Forward) and limits.max_cost is not None and (outcome.cost or 0) > limits.max_cost:
+        error = RequestTooLarge(
+            f"This request's inputs hold {outcome.cost} tokens, more than the upstream's whole admission budget of "
+            f"{limits.max_cost} tokens (admission.max_inflight_tokens): it could never be admitted. Send fewer or "
+            "shorter inputs.",
+            param=p.param,
+        )
+        return Refuse(error, Decision("reject", outcome.decision.prompt_tokens, count_source=source))
+    return outcome
+
+
+def _settled(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outcome:
     window = limits.max_model_len
     counts = _kept(p.counts, p.truncate_prompt_tokens, window)
     total, longest = sum(counts), max(counts, default=0)

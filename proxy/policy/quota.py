@@ -1,10 +1,16 @@
 """Per-key quotas as token buckets (pure): each limit (tokens per minute, requests per minute) is a bucket holding at
 most its limit, refilled continuously at limit/60 per second, so a key spends its minute's worth at any pace and
-never gets a double minute at a window's edge. A request is charged in both buckets at once, or in neither.
+never gets a double minute at a window's edge. A request is charged in both buckets at once, or in neither. Three
+ways to charge (`Mode`):
 
-A request charged more than the whole limit (a reservation above the key's tokens per minute) is let through when
-the bucket is full and leaves it in debt, as admission lets an oversized request run alone: it is served, and the
-key waits for what it owes. The same math runs in Redis (its Lua twin in proxy/shared/quotas.py).
+    CHARGE  a reservation made before forwarding (input + output cap): taken when both buckets hold it; refused
+            when they do not yet (Retry-After: until they will), and refused outright when it is more than the
+            whole limit (`too_large`: it could never be served, and must not leave the key minutes in debt)
+    TAKE    work the guard already did (a count it answers, a prompt it refused after counting it): taken whole,
+            into debt if need be, provided the key had something left (a token and a request) before it
+    CHECK   whether the key has something left, charging nothing: the look before a large body is counted
+
+The same math runs in Redis (its Lua twin in proxy/shared/quotas.py).
 
 OpenAI's headers: x-ratelimit-limit-*, -remaining-* (what is left after this request) and -reset-* (until the bucket
 is full again, as "6m0s", "1s", "20ms")."""
@@ -39,6 +45,7 @@ class Verdict:
     requests: Window | None
     retry_after_ms: int = 0  # when refused: until both buckets could take the request
     shared: bool = False  # from the buckets in Redis (else this process's): what is given back goes there too
+    too_large: bool = False  # refused: the request alone is over the key's tokens per minute
 
     def headers(self) -> dict[str, str]:
         headers: dict[str, str] = {}
@@ -55,6 +62,7 @@ class Verdict:
 
 
 Limits = tuple[int | None, int | None]  # a key's tokens and requests per minute (None: no such limit)
+CHARGE, TAKE, CHECK = 0, 1, 2  # the ways to charge (module docstring); the Lua script takes the same numbers
 Held = tuple[Bucket, int] | None  # a bucket and its limit, or None when the key has no such limit
 
 
@@ -64,9 +72,8 @@ def refill(bucket: Bucket, limit: int, now_ms: float) -> None:
     bucket.at_ms = now_ms
 
 
-def wait_ms(bucket: Bucket, limit: int, cost: int) -> float:
-    """Until `bucket` (brought up to date) can take `cost`; a cost above the limit needs a full bucket."""
-    need = min(cost, limit)
+def wait_ms(bucket: Bucket, limit: int, need: int) -> float:
+    """Until `bucket` (brought up to date) holds `need`."""
     return max(0.0, (need - bucket.level) * MINUTE_MS / limit)
 
 
@@ -75,16 +82,21 @@ def window(bucket: Bucket, limit: int) -> Window:
     return Window(limit, max(0, math.floor(bucket.level)), max(0, math.ceil(reset)))
 
 
-def charge(tokens: Held, requests: Held, cost: int, now_ms: float) -> Verdict:
-    """Take `cost` tokens and one request, each from its (bucket, limit) when the key has that limit."""
-    limited = [(b, limit, c) for b, limit, c in _pairs(tokens, requests, cost) if c > 0]
+def charge(tokens: Held, requests: Held, cost: int, now_ms: float, mode: int = CHARGE) -> Verdict:
+    """Take `cost` tokens and one request, each from its (bucket, limit) when the key has that limit, as `mode`
+    says (module docstring)."""
     for bucket, limit, _ in _all(tokens, requests):
         refill(bucket, limit, now_ms)
-    wait = max((wait_ms(b, limit, c) for b, limit, c in limited), default=0.0)
+    if mode == CHARGE and tokens is not None and cost > tokens[1]:
+        return _verdict(False, tokens, requests, 0.0, too_large=True)
+    pairs = _pairs(tokens, requests, cost)
+    needs = [(b, limit, c if mode == CHARGE else 1) for b, limit, c in pairs]
+    wait = max((wait_ms(b, limit, need) for b, limit, need in needs if need > 0), default=0.0)
     if wait > 0:
         return _verdict(False, tokens, requests, wait)
-    for bucket, _, c in limited:
-        bucket.level -= c
+    if mode != CHECK:
+        for bucket, _, c in pairs:
+            bucket.level -= c
     return _verdict(True, tokens, requests, 0.0)
 
 
@@ -122,12 +134,13 @@ def _all(tokens: Held, requests: Held) -> list[tuple[Bucket, int, int]]:
     return _pairs(tokens, requests, 0)
 
 
-def _verdict(allowed: bool, tokens: Held, requests: Held, wait: float) -> Verdict:
+def _verdict(allowed: bool, tokens: Held, requests: Held, wait: float, too_large: bool = False) -> Verdict:
     return Verdict(
         allowed,
         window(*tokens) if tokens is not None else None,
         window(*requests) if requests is not None else None,
         math.ceil(wait),
+        too_large=too_large,
     )
 
 
@@ -139,8 +152,8 @@ class LocalQuotas:
         self.share = share
         self._buckets: dict[tuple[str, str], Bucket] = {}
 
-    def charge(self, name: str, limits: Limits, cost: int, now_ms: float) -> Verdict:
-        return charge(*self._pair(name, limits, now_ms), cost, now_ms)
+    def charge(self, name: str, limits: Limits, cost: int, now_ms: float, mode: int = CHARGE) -> Verdict:
+        return charge(*self._pair(name, limits, now_ms), cost, now_ms, mode)
 
     def give_back(self, name: str, limits: Limits, amount: int, now_ms: float) -> None:
         tokens, _ = self._pair(name, limits, now_ms)

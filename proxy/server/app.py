@@ -54,7 +54,7 @@ class GuardApp:
 
             gate = self.upstream.admission
             self.metrics.register(SharedState(self.link, gate if isinstance(gate, SharedAdmission) else None))
-        guard = Guard(settings, registry, UpstreamCounter(self.upstream))
+        guard = Guard(settings, registry, UpstreamCounter(self.upstream), self.upstream.ceiling)
         self.quotas = Quotas(settings, self.link)
         handlers = Handlers(guard, registry, self.upstream, self.metrics, settings.server, self.quotas)
         server = settings.server

@@ -13,6 +13,7 @@ from proxy.counting.registry import ModelRegistry
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
 from proxy.policy.guard import Guard
 from proxy.policy.outcome import Answer, Chunked, Forward, Outcome
+from proxy.policy.quota import CHARGE, CHECK, TAKE, Verdict
 from proxy.policy.usage import Charge
 from proxy.server.asgi import (
     ROUTE,
@@ -143,12 +144,21 @@ class Handlers:
         self, route: Route, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str],
         record: RequestRecord, tagged: Headers,
     ) -> None:  # fmt: skip
+        key = record.findings.api_key
+        limited = key is not None and key.limited
         if len(body) > HEAVY_BYTES:  # a large prompt's counting holds the loop for milliseconds: take turns
+            if key is not None and limited:  # and is work: a key with nothing left gets nothing counted
+                await self._charge_key(key, 0, CHECK, record, tagged)
             await self.turnstile.enter()
         incoming.leave_if_gone()  # nothing is counted for a client that left while its request waited its turn
-        outcome = await self.guard.handle(route, body, headers, record.findings)
-        if record.findings.api_key is not None and record.findings.api_key.limited:
-            await self._charge(record.findings.api_key, outcome, record, tagged)
+        try:
+            outcome = await self.guard.handle(route, body, headers, record.findings)
+        except GuardError as exc:
+            if key is not None and limited and exc.status < 500:
+                await self._charge_key(key, 0, TAKE, record, tagged)  # a request refused unread still is a request
+            raise
+        if key is not None and limited:
+            await self._charge(key, outcome, record, tagged)
         extra = tagged + encode_headers(outcome.decision.headers())
         if isinstance(outcome, Forward):
             await self._forward(reply, incoming, outcome.body, headers, record, extra, outcome.cost)
@@ -189,19 +199,32 @@ class Handlers:
             self.upstream.release(opened.ticket)  # streams hold their budget to their last byte
 
     async def _charge(self, key: KeySettings, outcome: Outcome, record: RequestRecord, tagged: Headers) -> None:
-        """Charge a keyed request what it reserves (input + output cap, the KV cost admission uses); requests the
-        guard answers or refuses itself are not charged, but told where their key stands."""
+        """Charge a keyed request what it reserves before it is forwarded (input + output cap, the KV cost admission
+        uses), settled later against its answer's usage; a request the guard answers itself (count_tokens), forwards
+        only to be rendered, or refuses once counted, is charged the tokens it counted: counting is work done."""
         tokens = outcome.cost if isinstance(outcome, Forward) else sum(outcome.costs) if isinstance(outcome, Chunked) \
             else None  # fmt: skip
-        verdict = await (self.quotas.peek(key) if tokens is None else self.quotas.charge(key, tokens))
-        tagged.extend(encode_headers(verdict.headers()))
+        if tokens is None:
+            record.charged_tokens = outcome.decision.prompt_tokens
+            await self._charge_key(key, outcome.decision.prompt_tokens, TAKE, record, tagged)
+            return
+        verdict = await self._charge_key(key, tokens, CHARGE, record, tagged)
+        forwarded = isinstance(outcome, Chunked)  # its parts' summed usage settles it once the merged answer ends
+        record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded, verdict.shared)
+
+    async def _charge_key(
+        self, key: KeySettings, tokens: int, mode: int, record: RequestRecord, tagged: Headers
+    ) -> Verdict:
+        """One charge of a key's quotas (policy/quota.py: CHARGE, TAKE or CHECK); 429 when refused. The answer
+        carries the key's x-ratelimit-* headers either way."""
+        verdict = await self.quotas.charge(key, tokens, mode)
+        tagged[:] = [h for h in tagged if not h[0].startswith(b"x-ratelimit-")] + encode_headers(verdict.headers())
         record.quota_told = True
         if not verdict.allowed:
             record.quota_limited = True
-            raise over_quota(key, verdict, tokens or 0)
-        if tokens is not None:
-            forwarded = isinstance(outcome, Chunked)  # its parts' summed usage settles it once the merged answer ends
-            record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded, verdict.shared)
+            record.charged_tokens = None
+            raise over_quota(key, verdict, max(tokens, 1))
+        return verdict
 
     async def _tell_quota(self, key: KeySettings | None, record: RequestRecord, tagged: Headers) -> None:
         """Every answer to a keyed request says where its key stands, errors and pass-through routes included."""

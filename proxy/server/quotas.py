@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from proxy.errors import SharedStateUnavailable, TooBusy
-from proxy.policy.quota import Limits, LocalQuotas, Verdict, Window, duration
+from proxy.policy.quota import CHARGE, Limits, LocalQuotas, Verdict, Window, duration
 from proxy.settings import Settings
 from proxy.settings.sections import KeySettings
 
@@ -34,12 +34,13 @@ class Quotas:
             self.shared = RedisQuotas(link)
         self.closed = settings.admission.redis_failure == "closed"
 
-    async def charge(self, key: KeySettings, tokens: int) -> Verdict:
-        """Take `tokens` and one request from `key`'s quotas, or nothing when either is over (`allowed` false)."""
+    async def charge(self, key: KeySettings, tokens: int, mode: int = CHARGE) -> Verdict:
+        """Take `tokens` and one request from `key`'s quotas as `mode` says (policy/quota.py: a reservation, work
+        already done, or a check that takes nothing), or nothing when refused (`allowed` false)."""
         limits = _limits(key)
         return await self._shared_or_local(
-            lambda shared: shared.charge(key.name, limits, tokens),
-            lambda now: self.local.charge(key.name, limits, tokens, now),
+            lambda shared: shared.charge(key.name, limits, tokens, mode),
+            lambda now: self.local.charge(key.name, limits, tokens, now, mode),
         )
 
     async def peek(self, key: KeySettings) -> Verdict:
@@ -81,7 +82,16 @@ class Quotas:
 
 
 def over_quota(key: KeySettings, verdict: Verdict, tokens: int) -> TooBusy:
-    """OpenAI's message: which limit, the limit, what is left, what was asked, when to try again."""
+    """OpenAI's message: which limit, the limit, what is left, what was asked, when to try again; or, for a request
+    alone over the limit, OpenAI's "Request too large" (trying again cannot help: it must ask for less)."""
+    if verdict.too_large:
+        message = (
+            f"Request too large for API key `{key.name}` on tokens per min (TPM): Limit "
+            f"{verdict.tokens.limit if verdict.tokens else key.tokens_per_minute}, "
+            f"Requested {tokens}. The input or output tokens must be reduced in order to run successfully "
+            "(max_tokens, or n)."
+        )
+        return TooBusy(message, 60)
     wait = duration(verdict.retry_after_ms)
     requests = verdict.requests
     if requests is not None and requests.remaining < 1:

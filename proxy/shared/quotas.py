@@ -6,20 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.policy.quota import Limits, Verdict, Window
+from proxy.policy.quota import CHARGE, Limits, Verdict, Window
 from proxy.shared.link import PREFIX, RedisLink
 
 QUOTAS = PREFIX + "quota:"  # + the key's name: a hash of both buckets
 
 # KEYS[1]: the key's hash. ARGV: token limit, request limit (0: no such limit), tokens to charge, requests to charge
-# (0 and 0: a look), tokens to give back. Returns allowed, then remaining and ms to full for tokens and requests, and
-# the ms to wait when refused. Mirrors policy/quota.py: a cost above the limit needs a full bucket and leaves a debt.
+# (0 and 0: a look), tokens to give back, and the mode (policy/quota.py: 0 charge, 1 take, 2 check). Returns allowed,
+# then remaining and ms to full for tokens and requests, the ms to wait when refused, and 1 when the charge alone is
+# over the token limit. Mirrors policy/quota.py.
 BUCKETS = """
 local t = redis.call('TIME')
 local now = t[1] * 1000 + t[2] / 1000
 local s = redis.call('HMGET', KEYS[1], 'tokens', 'tokens_at', 'requests', 'requests_at')
 local limits = {tonumber(ARGV[1]), tonumber(ARGV[2])}
 local costs = {tonumber(ARGV[3]), tonumber(ARGV[4])}
+local mode = tonumber(ARGV[6])
 local levels, waits = {}, {0, 0}
 for i = 1, 2 do
   local limit = limits[i]
@@ -28,17 +30,23 @@ for i = 1, 2 do
     level = math.min(limit, tonumber(s[2 * i - 1]) + math.max(0, now - tonumber(s[2 * i])) * limit / 60000)
   end
   levels[i] = level
-  if limit > 0 and costs[i] > 0 then
-    local need = math.min(costs[i], limit)
-    if level < need then waits[i] = (need - level) * 60000 / limit end
+  if limit > 0 then
+    local need = 1
+    if mode == 0 then need = costs[i] end
+    if need > 0 and level < need then waits[i] = (need - level) * 60000 / limit end
   end
 end
+local too_large = 0
+if mode == 0 and limits[1] > 0 and costs[1] > limits[1] then too_large = 1 end
 local wait = math.max(waits[1], waits[2])
+if too_large == 1 then wait = 0 end
 local allowed = 0
-if wait == 0 then
+if wait == 0 and too_large == 0 then
   allowed = 1
-  levels[1] = math.min(limits[1], levels[1] - costs[1] + tonumber(ARGV[5]))
-  levels[2] = levels[2] - costs[2]
+  if mode ~= 2 then
+    levels[1] = math.min(limits[1], levels[1] - costs[1] + tonumber(ARGV[5]))
+    levels[2] = levels[2] - costs[2]
+  end
 end
 local out, expiry = {allowed}, 1000
 for i = 1, 2 do
@@ -49,6 +57,7 @@ for i = 1, 2 do
   out[#out + 1] = math.ceil(full)
 end
 out[#out + 1] = math.ceil(wait)
+out[#out + 1] = too_large
 redis.call('HSET', KEYS[1], 'tokens', tostring(levels[1]), 'tokens_at', tostring(now),
            'requests', tostring(levels[2]), 'requests_at', tostring(now))
 redis.call('PEXPIRE', KEYS[1], expiry)
@@ -63,8 +72,8 @@ class RedisQuotas:
     def __init__(self, link: RedisLink) -> None:
         self._buckets = link.script(BUCKETS)
 
-    async def charge(self, name: str, limits: Limits, cost: int) -> Verdict:
-        return await self._run(name, limits, cost, 1, 0)
+    async def charge(self, name: str, limits: Limits, cost: int, mode: int = CHARGE) -> Verdict:
+        return await self._run(name, limits, cost, 1, 0, mode)
 
     async def give_back(self, name: str, limits: Limits, amount: int) -> None:
         if limits[0] is not None and amount:
@@ -73,17 +82,20 @@ class RedisQuotas:
     async def peek(self, name: str, limits: Limits) -> Verdict:
         return await self._run(name, limits, 0, 0, 0)
 
-    async def _run(self, name: str, limits: Limits, tokens: int, requests: int, back: int) -> Verdict:
+    async def _run(
+        self, name: str, limits: Limits, tokens: int, requests: int, back: int, mode: int = CHARGE
+    ) -> Verdict:
         tokens_limit, requests_limit = limits
-        args = [tokens_limit or 0, requests_limit or 0, tokens, requests, back]
+        args = [tokens_limit or 0, requests_limit or 0, tokens, requests, back, mode]
         out: Sequence[int] = await self._buckets([QUOTAS + name], args)
-        allowed, tokens_left, tokens_full, requests_left, requests_full, wait = (int(x) for x in out)
+        allowed, tokens_left, tokens_full, requests_left, requests_full, wait, too_large = (int(x) for x in out)
         return Verdict(
             bool(allowed),
             _window(tokens_limit, tokens_left, tokens_full),
             _window(requests_limit, requests_left, requests_full),
             wait,
             shared=True,
+            too_large=bool(too_large),
         )
 
 

@@ -134,6 +134,12 @@ class Upstream:
             return ticket, ticket.replica
         return None, min(up, key=lambda i: (self.replicas[i].budget.tokens, self.replicas[i].budget.requests))
 
+    def ceiling(self) -> int | None:
+        """The most KV tokens one request may hold: the largest replica's whole token budget; None when some replica
+        has none (admission.max_inflight_tokens off, or "auto" not learned for it)."""
+        budgets = [replica.whole.max_tokens for replica in self.replicas]
+        return None if not all(budgets) else max(budgets)
+
     def release(self, ticket: Ticket | None) -> None:
         self._release(ticket)
 

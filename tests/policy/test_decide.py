@@ -113,3 +113,27 @@ def test_an_api_keys_output_cap_clamps_like_the_window() -> None:
     assert with_default.changes == {"max_tokens": 32}
     assert decide_completion(completion(), [10], Limits(M, max_output=8)).changes == {"max_tokens": 8}
     assert decide_chat(chat(max_tokens=5), 2048, capped).action == "reject"  # the cap makes no room
+
+
+def test_a_request_over_the_whole_kv_budget_is_clamped_to_fit_it() -> None:
+    budget = Limits(M, max_cost=16384)  # the case: n 16 x (4 + 2000) = 32,064 tokens of KV
+    plan = decide_chat(chat(max_tokens=2000, n=16), 4, budget)
+    assert (plan.action, plan.changes, plan.max_tokens) == ("clamp", {"max_tokens": 1020}, 1020)
+    assert plan.cost(budget, 16) <= 16384
+    assert decide_chat(chat(max_tokens=2000), 4, budget).action == "pass"  # one sequence fits the budget
+
+
+def test_without_an_output_limit_the_budget_sets_one() -> None:
+    budget = Limits(M, max_cost=4096)
+    plan = decide_chat(chat(n=4), 24, budget)  # vLLM would fill the window: 4 x 2048 > 4096
+    assert (plan.action, plan.changes) == ("clamp", {"max_tokens": 1000})
+    assert decide_chat(chat(), 24, Limits(M, max_cost=8192)).action == "pass"  # the window itself fits
+
+
+def test_a_prompt_alone_over_the_budget_is_refused_outright() -> None:
+    plan = decide_chat(chat(max_tokens=10, n=8), 600, Limits(M, max_cost=4096))
+    assert plan.action == "reject" and plan.error is not None
+    assert (plan.error.code, plan.error.param) == ("request_too_large", "messages")
+    assert "4096" in plan.error.message and "admission.max_inflight_tokens" in plan.error.message
+    batch = decide_completion(completion(prompt=["a", "b", "c"], max_tokens=10), [1500, 1, 1], Limits(M, max_cost=4000))
+    assert batch.action == "reject" and batch.error is not None and batch.error.code == "request_too_large"

@@ -1,11 +1,11 @@
-"""Per-key token buckets (pure): charged in both buckets or neither, refilled at the limit per minute, a request
-above the limit served from a full bucket into debt, OpenAI's header formats."""
+"""Per-key token buckets (pure): charged in both buckets or neither, refilled at the limit per minute, a reservation
+above the whole limit refused, work already done taken into debt, OpenAI's header formats."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.policy.quota import Bucket, LocalQuotas, Verdict, Window, charge, duration, give_back
+from proxy.policy.quota import CHECK, TAKE, Bucket, LocalQuotas, Verdict, Window, charge, duration, give_back
 
 T0 = 1_000_000.0
 
@@ -31,13 +31,32 @@ def test_both_buckets_or_neither() -> None:
     assert third.retry_after_ms == 30_000  # one request at 2 per minute
 
 
-def test_a_request_above_the_limit_runs_from_a_full_bucket_and_leaves_a_debt() -> None:
-    tokens = Bucket(1000.0, T0)
-    assert charge((tokens, 1000), None, 2500, T0).allowed
-    assert tokens.level == -1500.0
-    later = charge((tokens, 1000), None, 10, T0 + 60_000)  # a minute refills 1000: still 500 in debt
-    assert not later.allowed and later.retry_after_ms == 30_600
-    assert later.tokens == Window(1000, 0, 90_000)
+def test_a_reservation_above_the_whole_limit_is_refused_outright_and_leaves_no_debt() -> None:
+    tokens, requests = Bucket(1000.0, T0), Bucket(5.0, T0)
+    refused = charge((tokens, 1000), (requests, 5), 2500, T0)
+    assert not refused.allowed and refused.too_large
+    assert (tokens.level, requests.level) == (1000.0, 5.0)  # nothing taken: not a request either
+    assert charge((tokens, 1000), (requests, 5), 1000, T0).allowed  # the whole limit, once full, is fine
+
+
+def test_work_already_done_is_taken_whole_into_debt_if_the_key_had_something_left() -> None:
+    tokens, requests = Bucket(10.0, T0), Bucket(1.0, T0)
+    counted = charge((tokens, 1000), (requests, 60), 2500, T0, TAKE)  # a count of 2,500 tokens, answered
+    assert counted.allowed and not counted.too_large
+    assert (tokens.level, requests.level) == (-2490.0, 0.0)
+    again = charge((tokens, 1000), (requests, 60), 5, T0 + 60_000, TAKE)  # a minute refills 1000: still in debt
+    assert (
+        not again.allowed and again.retry_after_ms == 89_460
+    )  # until one token is there again: 1,491 at 1000 a minute
+    assert tokens.level == -1490.0  # refused: nothing taken
+
+
+def test_a_check_charges_nothing_and_needs_one_token_and_one_request() -> None:
+    tokens, requests = Bucket(0.5, T0), Bucket(3.0, T0)
+    looked = charge((tokens, 600), (requests, 60), 0, T0, CHECK)
+    assert not looked.allowed and looked.retry_after_ms == 50  # half a token at 10 a second
+    assert charge((tokens, 600), (requests, 60), 0, T0 + 50, CHECK).allowed
+    assert (tokens.level, requests.level) == (1.0, 3.05)
 
 
 def test_give_back_returns_what_was_not_used_up_to_the_limit() -> None:

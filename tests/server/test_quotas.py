@@ -79,6 +79,22 @@ key = "sk-chunky"
 tokens_per_minute = 1000000
 
 [[keys]]
+name = "per-minute-3000"
+key = "sk-3000"
+tokens_per_minute = 3000
+
+[[keys]]
+name = "counter"
+key = "sk-counter"
+tokens_per_minute = 100000
+requests_per_minute = 100
+
+[[keys]]
+name = "drained"
+key = "sk-drained"
+tokens_per_minute = 1000
+
+[[keys]]
 name = "free"
 key = "sk-free"
 max_output_tokens = 100
@@ -176,8 +192,7 @@ def test_unused_tokens_come_back_from_the_usage(proxy: str) -> None:
     assert usage.completion_tokens < 100
     charged_then = 1_000_000 - int(reply.headers["x-ratelimit-remaining-tokens"])
     assert charged_then == usage.prompt_tokens + 1000  # charged: the input and the output cap
-    after = count_tokens(proxy, "sk-hashed")  # answered by the guard: charges nothing, tells where the key stands
-    assert 1_000_000 - int(after.headers["x-ratelimit-remaining-tokens"]) <= usage.total_tokens
+    assert 1_000_000 - remaining(proxy, "sk-hashed") <= usage.total_tokens
 
 
 def test_streams_give_back_by_their_usage_chunk_or_events(proxy: str) -> None:
@@ -190,7 +205,7 @@ def test_streams_give_back_by_their_usage_chunk_or_events(proxy: str) -> None:
         with oai.chat.completions.with_streaming_response.create(**body) as stream:
             assert all(name in stream.headers for name in RATE_HEADERS[:3])
             events = sum(1 for line in stream.iter_lines() if line.startswith("data:"))
-        spent = 1_000_000 - int(count_tokens(proxy, "sk-hashed").headers["x-ratelimit-remaining-tokens"])
+        spent = 1_000_000 - remaining(proxy, "sk-hashed")
         assert spent < 100 + events  # far below the 1000 reserved
 
 
@@ -291,6 +306,45 @@ def count_tokens(proxy: str, key: str) -> httpx.Response:
     response = httpx.post(f"{proxy}/v1/messages/count_tokens", headers={"x-api-key": key}, json=body)
     assert response.status_code == 200
     return response
+
+
+def test_a_request_alone_over_the_keys_tokens_per_minute_is_refused_not_run_into_debt(proxy: str, frozen: None) -> None:
+    with pytest.raises(openai.RateLimitError) as refused:
+        chat(client(proxy, "sk-3000"), 5, n=500)  # (prompt + 5) x 500: more than a whole minute of the key's
+    error = refused.value
+    assert error.status_code == 429 and error.code == "rate_limit_exceeded"
+    assert "Request too large for API key `per-minute-3000` on tokens per min (TPM): Limit 3000" in error.message
+    assert "must be reduced" in error.message
+    assert remaining(proxy, "sk-3000") == 3000  # nothing charged: no debt
+    assert chat(client(proxy, "sk-3000"), 5, n=50).status_code == 200  # what fits in the minute runs
+
+
+def test_counting_is_charged_the_tokens_counted(proxy: str, frozen: None) -> None:
+    counted = count_tokens(proxy, "sk-counter")
+    tokens = counted.json()["input_tokens"]
+    assert int(counted.headers["x-ratelimit-remaining-tokens"]) == 100000 - tokens == remaining(proxy, "sk-counter")
+    assert counted.headers["x-ratelimit-remaining-requests"] == "99"
+    too_long = httpx.post(f"{proxy}/v1/chat/completions", headers={"Authorization": "Bearer sk-counter"},
+                          json={"model": MODEL, "messages": [{"role": "user", "content": "word " * 3000}]})  # fmt: skip
+    assert too_long.status_code == 400  # refused once counted: the count is charged all the same
+    assert remaining(proxy, "sk-counter") == 100000 - tokens - int(too_long.headers["x-token-guard-prompt-tokens"])
+    bad = httpx.post(f"{proxy}/v1/chat/completions", headers={"Authorization": "Bearer sk-counter"}, content=b"{")
+    assert bad.status_code == 400 and bad.headers["x-ratelimit-remaining-requests"] == "97"  # a request, unread
+
+
+def test_a_key_with_nothing_left_gets_nothing_counted(proxy: str, frozen: None) -> None:
+    long = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 1800}]}  # 9 KB, fits the window
+    headers = {"x-api-key": "sk-drained"}
+    first = httpx.post(f"{proxy}/v1/messages/count_tokens", headers=headers, json=long)
+    assert first.status_code == 200 and first.json()["input_tokens"] > 1000  # the key had something left: answered,
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) == 0  # and charged into debt
+    for body in (long, {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}):  # a large one, a small one
+        refused = httpx.post(f"{proxy}/v1/messages/count_tokens", headers=headers, json=body)
+        assert refused.status_code == 429 and refused.json()["error"]["type"] == "RateLimitError"
+        owed = first.json()["input_tokens"] - 1000
+        assert int(refused.headers["retry-after"]) == math.ceil((owed + 1) * 60 / 1000)  # until one token is back
+    large = httpx.post(f"{proxy}/v1/messages/count_tokens", headers=headers, json=long)
+    assert "x-token-guard-prompt-tokens" not in large.headers  # refused before it was counted
 
 
 def told(answer: httpx.Response | Any) -> dict[str, str]:

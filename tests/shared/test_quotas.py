@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from proxy.errors import SharedStateUnavailable
+from proxy.policy.quota import CHECK, TAKE, Window
 from proxy.server.quotas import Quotas
 from proxy.settings import load_settings
 from proxy.settings.sections import KeySettings
@@ -42,13 +43,17 @@ def test_two_guards_spend_one_bucket(redis: RedisServer) -> None:
     asyncio.run(run())
 
 
-def test_a_request_above_the_limit_runs_from_a_full_bucket_into_debt(redis: RedisServer) -> None:
+def test_a_reservation_above_the_limit_is_refused_and_work_done_is_taken_into_debt(redis: RedisServer) -> None:
     async def run() -> None:
         link = RedisLink(redis.url, 250)
         quotas = RedisQuotas(link)
-        assert (await quotas.charge("big", (1000, None), 2500)).allowed
-        after = await quotas.charge("big", (1000, None), 1)
-        assert not after.allowed and after.retry_after_ms > 60_000 and after.requests is None
+        too_large = await quotas.charge("big", (1000, 10), 2500)
+        assert not too_large.allowed and too_large.too_large
+        assert too_large.tokens == Window(1000, 1000, 0) and too_large.requests == Window(10, 10, 0)  # nothing taken
+        assert (await quotas.charge("big", (1000, 10), 2500, TAKE)).allowed  # a count already made: into debt
+        after = await quotas.charge("big", (1000, 10), 1)
+        assert not after.allowed and after.retry_after_ms > 60_000 and not after.too_large
+        assert not (await quotas.charge("big", (1000, 10), 0, CHECK)).allowed
         assert await link.call(lambda client: client.pttl(QUOTAS + "big")) > 120_000
         await link.aclose()
 

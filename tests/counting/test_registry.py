@@ -1,0 +1,44 @@
+"""Which model a request is for: one that names none is the upstream's default (its first card, as vLLM serves it),
+whatever order the guard's own [[models]] come in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.api.models import ModelCard
+from proxy.counting.registry import ModelRegistry
+from proxy.errors import ModelNotFound, NotReady
+from proxy.settings import load_settings
+
+
+def registry(tokenizer: Path, *names: str) -> ModelRegistry:
+    toml = "".join(f'[[models]]\nname = "{n}"\ntokenizer = "{tokenizer}"\nmax_model_len = 2048\n' for n in names)
+    path = tokenizer.parent / "models.toml"
+    path.write_text(toml)
+    settings = load_settings({}, environ={}, config_file=path)
+    return ModelRegistry.from_settings(settings.models, settings.counting)
+
+
+def card(name: str) -> ModelCard:
+    return ModelCard(name, 2048, None, None)
+
+
+def test_a_request_without_a_model_is_for_the_upstreams_default(deepseek_dir: Path) -> None:
+    models = registry(deepseek_dir, "first-configured", "served-by-default")
+    with pytest.raises(NotReady):  # not known before discovery: never a guess at the first configured model
+        models.resolve(None)
+    models.apply_discovery([card("served-by-default"), card("first-configured")])
+    assert models.resolve(None).name == "served-by-default"
+    assert models.resolve("first-configured").name == "first-configured"
+
+
+def test_a_default_the_guard_does_not_serve_is_not_found(deepseek_dir: Path) -> None:
+    models = registry(deepseek_dir, "mine")
+    models.apply_discovery([card("someone-elses"), card("mine")])
+    with pytest.raises(ModelNotFound, match="someone-elses"):
+        models.resolve(None)
+    models.apply_discovery([])
+    with pytest.raises(ModelNotFound, match="lists none"):
+        models.resolve(None)
