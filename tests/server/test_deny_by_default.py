@@ -1,0 +1,279 @@
+"""The side doors, tried as an attacker would: the guard in front of a recording TCP tap in front of the simulator,
+two limited keys, an admin key, admission and Redis on, and a listener on loopback that nobody may reach. Every
+request that reaches the upstream must be one the route table allows; nothing may connect anywhere but the
+configured upstream; nothing here may answer a 5xx."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.api.routes import Kind, RouteTable
+from proxy.counting.registry import ModelRegistry
+from proxy.server.app import create_app
+from proxy.server.running import ServerThread, uvicorn_options
+from proxy.settings import load_settings
+from tests.support.redis import RedisServer, redis_server
+from tests.support.servers import MODEL, simulator, wait_healthy
+from tests.support.tcp import Forbidden, TcpTap
+
+ALICE = {"Authorization": "Bearer sk-alice"}  # limited to the model `tiny`, 3,000 tokens a minute
+BOB = {"Authorization": "Bearer sk-bob"}  # limited to the model `other`
+CAROL = {"Authorization": "Bearer sk-carol"}  # any model, a million tokens a minute
+ADMIN = {"Authorization": "Bearer sk-admin"}
+BUDGET = 16384
+CONFIG = """
+[server]
+admin_api_keys = ["sk-admin"]
+metrics_api_key = "sk-scrape"
+read_timeout_s = 2.0
+
+[[models]]
+name = "other"
+tokenizer = "{tokenizer}"
+max_model_len = 2048
+
+[[models]]
+name = "tiny"
+tokenizer = "{tokenizer}"
+max_model_len = 2048
+
+[[keys]]
+name = "alice"
+key = "sk-alice"
+tokens_per_minute = 3000
+models = ["tiny"]
+
+[[keys]]
+name = "carol"
+key = "sk-carol"
+tokens_per_minute = 1000000
+
+[[keys]]
+name = "bob"
+key = "sk-bob"
+tokens_per_minute = 100000
+models = ["other"]
+"""
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def doors(deepseek_dir: Path, redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """(guard URL, the tap, the forbidden listener, the simulator's stats)."""
+    config = tmp_path_factory.mktemp("doors") / "guard.toml"
+    config.write_text(CONFIG.format(tokenizer=deepseek_dir))
+    with simulator(deepseek_dir, max_model_len=2048) as (sim, stats, _), TcpTap(int(sim.url.rsplit(":", 1)[1])) as tap:
+        flags = {"upstream.url": tap.url, "admission.max_inflight_tokens": BUDGET, "admission.redis_url": redis.url}
+        settings = load_settings(flags, environ={}, config_file=config)
+        app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
+        with Forbidden() as forbidden, ServerThread(app, **uvicorn_options(settings.server)) as guard:
+            wait_healthy(guard.url)
+            yield guard.url, tap, forbidden, stats
+
+
+def raw(url: str, request: bytes) -> bytes:
+    """Send `request` on a fresh connection; everything the guard answers until it closes or goes quiet."""
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(request)
+        data = b""
+        try:
+            while chunk := conn.recv(65536):
+                data += chunk
+                if b"connection: close" not in data.lower() and _complete(data):
+                    break
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return data
+
+
+def _complete(data: bytes) -> bool:
+    head, sep, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(
+        b"content-length:")), None)  # fmt: skip
+    return bool(sep) and length is not None and len(body) >= length
+
+
+def status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def untouched(tap: TcpTap, before: int) -> bool:
+    return len(tap.requests) == before
+
+
+@pytest.mark.parametrize(
+    "target",
+    [b"*@127.0.0.1:{port}/x", b"http://127.0.0.1:{port}/v1/models", b"http://u:p@127.0.0.1:{port}/v1/models",
+     b"*", b"/v1/../v1/models", b"/v1/models/%2e%2e/x", b"/v1\\models", b"/v1/models%00"],
+    ids=["open proxy", "absolute-form, another host", "userinfo", "asterisk", "dot-dot", "encoded dot-dot",
+         "backslash", "NUL"],
+)  # fmt: skip
+def test_targets_that_are_not_a_plain_path_are_400_and_connect_nowhere(doors: Any, target: bytes) -> None:
+    url, tap, forbidden, _ = doors
+    before = len(tap.requests)
+    for method in (b"GET", b"OPTIONS", b"POST"):
+        sent = target.replace(b"{port}", str(forbidden.port).encode())
+        answer = raw(url, method + b" " + sent + b" HTTP/1.1\r\nhost: guard\r\ncontent-length: 0\r\n\r\n")
+        assert status(answer) == 400, answer
+        assert b"invalid_request_target" in answer and b"origin-form" in answer
+    assert forbidden.connections == 0 and untouched(tap, before)
+
+
+def test_absolute_form_naming_the_guard_itself_is_served(doors: Any) -> None:
+    url, tap, _, _ = doors
+    host = url.removeprefix("http://").encode()
+    answer = raw(url, b"GET " + url.encode() + b"/v1/models HTTP/1.1\r\nhost: " + host + b"\r\n" + _auth(ALICE))
+    assert status(answer) == 200 and tap.requests[-1] == ("GET", "/v1/models")
+
+
+CONTROL = [("POST", "/sleep?level=1"), ("POST", "/wake_up"), ("POST", "/collective_rpc"), ("POST", "/pause"),
+           ("POST", "/scale_elastic_ep"), ("POST", "/reset_prefix_cache"), ("POST", "/start_profile"),
+           ("GET", "/server_info"), ("POST", "/v1/load_lora_adapter"), ("GET", "/is_sleeping"),
+           ("POST", "/inference/v1/abort_requests")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "path"), CONTROL)
+def test_vllms_administrative_routes_need_an_admin_key(doors: Any, method: str, path: str) -> None:
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    for headers in ({}, ALICE, BOB, {"Authorization": "Bearer sk-scrape"}):
+        refused = httpx.request(method, url + path, headers=headers, json={})
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["code"] == "permission_denied"
+    assert untouched(tap, before)
+    admitted = httpx.request(method, url + path, headers=ADMIN, json={})
+    assert admitted.status_code < 500 and tap.requests[-1] == (method, path)  # forwarded as sent (query included)
+
+
+GPU = [
+    ("/v1/chat/completions/batch", {"messages": [[{"role": "user", "content": "hi"}]], "max_tokens": 100000}),
+    ("/inference/v1/generate", {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 100000}}),
+    ("/v2/embed", {"texts": ["hi"], "input_type": "search_query"}),
+    ("/v1/chat/completions/render", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}),
+    ("/v1/completions/render", {"prompt": "hi", "max_tokens": 100000}),
+    ("/v1/responses/render", {"input": "hi", "max_output_tokens": 100000}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), GPU, ids=[p for p, _ in GPU])
+def test_every_route_that_reaches_the_gpu_checks_the_keys_models(doors: Any, path: str, body: dict[str, Any]) -> None:
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    refused = httpx.post(url + path, headers=ALICE, json={"model": "other", **body})
+    assert refused.status_code in (400, 404) and refused.status_code < 500, refused.text
+    assert untouched(tap, before)
+    assert httpx.post(url + path, json={"model": MODEL, **body}).status_code == 401  # and a key
+
+
+def test_unguarded_generation_routes_are_closed_to_everyone(doors: Any) -> None:
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    for headers in ({}, ALICE, ADMIN):
+        answer = httpx.post(url + "/cohere/v2/chat", headers=headers, json={"model": MODEL, "messages": []})
+        assert answer.status_code == 404 and "server.passthrough_paths" in answer.json()["error"]["message"]
+    assert untouched(tap, before)
+
+
+@pytest.mark.parametrize("path", ["/v1/nope", "/metrics/x", "/V1/models", "//v1/models", "/v1/models/x/y",
+                                  "/v1/responses/a%20b", "/debug", "/"])  # fmt: skip
+def test_a_path_the_table_does_not_declare_never_reaches_the_upstream(doors: Any, path: str) -> None:
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    for method in ("GET", "POST", "DELETE"):
+        answer = httpx.request(method, url + path, headers=ADMIN)
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "route_not_found"
+    assert untouched(tap, before)
+
+
+def test_a_stream_over_the_whole_kv_budget_is_clamped_to_fit_it(doors: Any) -> None:
+    url, _, _, stats = doors
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 16, "max_tokens": 2000,
+            "stream": True}  # fmt: skip
+    with httpx.stream("POST", url + "/v1/chat/completions", headers=CAROL, json=body) as s:
+        assert s.status_code == 200 and s.headers["x-token-guard-action"] == "clamp"
+        limit, prompt = int(s.headers["x-token-guard-max-tokens"]), int(s.headers["x-token-guard-prompt-tokens"])
+        s.read()
+    assert (prompt + limit) * 16 <= BUDGET and (prompt + limit + 1) * 16 > BUDGET
+    assert stats.requests[-1]["max_tokens"] == limit
+
+
+def test_a_prompt_alone_over_the_budget_is_a_400(doors: Any) -> None:
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 1200}], "n": 16, "max_tokens": 10}
+    answer = httpx.post(url + "/v1/chat/completions", headers=BOB, json={**body, "model": "other"})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "request_too_large"
+    assert untouched(tap, before)
+
+
+def test_a_key_cannot_spend_ten_minutes_in_one_request(doors: Any) -> None:
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 500, "max_tokens": 5}
+    answer = httpx.post(url + "/v1/chat/completions", headers=ALICE, json=body)
+    assert answer.status_code == 429 and "Request too large" in answer.json()["error"]["message"]
+    assert answer.headers["x-ratelimit-remaining-tokens"] == "3000" and untouched(tap, before)
+
+
+def test_a_request_without_a_model_is_checked_against_the_model_that_answers(doors: Any) -> None:
+    url, tap, _, _ = doors
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    before = len(tap.requests)
+    refused = httpx.post(url + "/v1/chat/completions", headers=BOB, json=body)  # bob may use `other`; vLLM serves
+    assert refused.status_code == 404 and "tiny" in refused.json()["error"]["message"]  # `tiny` when none is named
+    assert untouched(tap, before)
+    served = httpx.post(url + "/v1/chat/completions", headers=ALICE, json=body)
+    assert served.status_code == 200 and served.json()["model"] == MODEL
+
+
+def test_metrics_name_no_key_and_no_upstream_without_the_metrics_key(doors: Any) -> None:
+    url, tap, _, _ = doors
+    httpx.post(url + "/v1/chat/completions", headers=ALICE, json={"model": MODEL, "messages": [
+        {"role": "user", "content": "hi"}], "max_tokens": 1})  # fmt: skip
+    for headers in ({}, ALICE, ADMIN):
+        text = httpx.get(url + "/metrics", headers=headers).text
+        assert "token_guard_requests_total" in text and "alice" not in text and "bob" not in text
+    full = httpx.get(url + "/metrics", headers={"Authorization": "Bearer sk-scrape"}).text
+    assert 'key="alice"' in full
+
+
+def test_path_tricks_still_land_on_the_declared_route(doors: Any) -> None:
+    url, tap, _, _ = doors
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+    head = b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body) + _auth(ALICE)[:-2]
+    for target in (b"/v1%2Fchat%2Fcompletions", b"/v1/chat/completions/"):
+        answer = raw(url, b"POST " + target + b" HTTP/1.1\r\nhost: guard\r\n" + head + b"\r\n" + body)
+        assert status(answer) == 200 and b"x-token-guard-action: pass" in answer.lower()
+        assert tap.requests[-1] == ("POST", "/v1/chat/completions")  # the route's own path went upstream
+    old = raw(url, b"POST /v1/chat/completions HTTP/1.0\r\n" + head + b"\r\n" + body)
+    assert status(old) == 200
+    two = raw(url, (b"GET /v1/models HTTP/1.1\r\nhost: g\r\n" + _auth(ALICE)) * 2)
+    assert two.count(b"HTTP/1.1 200") >= 1
+
+
+def test_nothing_reached_the_upstream_that_the_table_does_not_allow(doors: Any) -> None:
+    """Run last in this module: over every request above."""
+    _, tap, forbidden, _ = doors
+    table = RouteTable()
+    for method, target in tap.requests:
+        found = table.find(target.split("?", 1)[0])
+        assert found is not None and found.route.kind is not Kind.UNGUARDED, target
+        assert method in found.route.methods, (method, target)
+    assert forbidden.connections == 0 and tap.requests
+
+
+def _auth(headers: dict[str, str]) -> bytes:
+    return b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n"
