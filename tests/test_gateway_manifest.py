@@ -33,7 +33,16 @@ def guard() -> dict[str, Any]:
 
 
 def env_of(c: dict[str, Any]) -> dict[str, str]:
-    return {item["name"]: str(item["value"]) for item in c.get("env", [])}
+    """The plain values; a key from a Secret is a stand-in value (its setting must still load)."""
+    return {item["name"]: str(item["value"]) if "value" in item else "from-a-secret" for item in c.get("env", [])}
+
+
+def test_the_keys_come_from_a_secret_the_pod_starts_without() -> None:
+    secret = {item["name"]: item["valueFrom"]["secretKeyRef"] for item in guard()["env"] if "valueFrom" in item}
+    assert set(secret) == {"TOKEN_GUARD_SERVER_METRICS_API_KEY", "TOKEN_GUARD_SERVER_ADMIN_API_KEYS"}
+    assert all(ref["name"] == "token-guard-keys" and ref["optional"] for ref in secret.values())
+    settings = load_settings(environ=env_of(guard()))
+    assert settings.server.metrics_api_key and settings.server.admin_api_keys
 
 
 def named_port(c: dict[str, Any], port: int | str) -> int:

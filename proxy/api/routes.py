@@ -150,10 +150,16 @@ class Found:
 class RouteTable:
     def __init__(self, routes: Iterable[Route] = ROUTES, passthrough: Iterable[str] = ()) -> None:
         self._exact = {route.path: route for route in routes}
+        self.kept: list[Route] = []  # passthrough paths the table declares otherwise: left as declared
+        self.unguarded: list[str] = []  # passthrough paths that open unguarded generation, on purpose
         for path in passthrough:  # the operator's own read-only routes (server.passthrough_paths)
             declared = self._exact.get(path)
-            if declared is None or declared.kind is Kind.UNGUARDED:
-                self._exact[path] = Route(path, GET | POST, Kind.RELAY)
+            if declared is not None and declared.kind is not Kind.UNGUARDED:
+                self.kept.append(declared)
+                continue
+            if declared is not None:
+                self.unguarded.append(path)
+            self._exact[path] = Route(path, GET | POST, Kind.RELAY)
         self._found = {path: Found(route, path) for path, route in self._exact.items()}
 
     def find(self, path: str) -> Found | None:

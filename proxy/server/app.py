@@ -59,6 +59,11 @@ class GuardApp:
         handlers = Handlers(guard, registry, self.upstream, self.metrics, settings.server, self.quotas)
         server = settings.server
         self.routes = RouteTable(passthrough=server.passthrough_paths)
+        for route in self.routes.kept:
+            log.warning("server.passthrough_paths: %s is a %s route of the table and stays one", route.path, route.kind)
+        for path in self.routes.unguarded:
+            log.warning("server.passthrough_paths opens %s unguarded: its requests are relayed without being counted, "
+                        "clamped, admitted or charged", path)  # fmt: skip
         self._keys = ApiKeys(server.api_keys, settings.keys, server.admin_api_keys, server.metrics_api_key)
         self._handlers: dict[Kind, Handler] = {
             Kind.GENERATE: handlers.guarded, Kind.POOL: handlers.guarded, Kind.COUNT: handlers.guarded,

@@ -73,6 +73,8 @@ def test_passthrough_paths_open_only_what_the_table_does_not_decide() -> None:
     assert table.find("/v1/chat/completions").route.kind is Kind.GENERATE  # type: ignore[union-attr]
     assert table.find("/cohere/v2/chat").route.kind is Kind.RELAY  # type: ignore[union-attr]  # opened on purpose
     assert RouteTable().find("/cohere/v2/chat").route.who is Access.NOBODY  # type: ignore[union-attr]
+    assert [r.path for r in table.kept] == ["/sleep", "/v1/chat/completions"]  # the guard logs both at start-up
+    assert table.unguarded == ["/cohere/v2/chat"]
 
 
 def test_anthropic_routes_answer_in_anthropics_envelope() -> None:
