@@ -14,8 +14,9 @@ from bench.systems import MODEL, SYSTEMS, Running, SetupError, Upstream, free_po
 CEILING_SYSTEMS = ("direct", "nginx", "relay", "token-guard", "token-guard-relayed", "token-guard-2w", "litellm")
 GUARD_WORKERS = re.compile(r"token-guard-(\d+)w")
 OTHER_TREE = "token-guard@"  # token-guard@DIR: the code of another checkout (git worktree add DIR <rev>), 1 worker
-RELAYED = "token-guard-relayed"  # token-guard (1 worker) sent the same requests on a path it does not guard: its
+RELAYED = "token-guard-relayed"  # token-guard (1 worker) sent the same requests on a relay route of its own: its
 RELAYED_PREFIX = "/unguarded"  # cost as a relay alone (request line, metrics, upstream client), nothing counted
+RELAYED_PATHS = "/unguarded/v1/chat/completions,/unguarded/v1/completions"  # opened by server.passthrough_paths
 
 
 def start_instant(workdir: Path, workers: int = 1) -> Running:
@@ -37,8 +38,9 @@ def start_relay(upstream: Upstream, workdir: Path) -> Running:
 
 
 def start_token_guard_workers(
-    upstream: Upstream, workdir: Path, workers: int, name: str | None = None, tree: Path | None = None
-) -> Running:
+    upstream: Upstream, workdir: Path, workers: int, name: str | None = None, tree: Path | None = None,
+    passthrough: str | None = None,
+) -> Running:  # fmt: skip
     """token-guard as a user runs it (default settings: one request line per request in its log) with `--workers N`;
     a SetupError that says so when `serve` refuses the flag. `tree`: run the code of another checkout (an earlier
     version, for an A/B in one run)."""
@@ -48,6 +50,8 @@ def start_token_guard_workers(
     argv += ["--tokenizer", str(upstream.tokenizer), "--max-model-len", str(upstream.max_model_len)]
     argv += ["--port", str(port)] + (["--workers", str(workers)] if workers != 1 else [])
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    if passthrough is not None:  # the routes relayed without guarding (this checkout's setting)
+        env = {**(env or os.environ), "TOKEN_GUARD_SERVER_PASSTHROUGH_PATHS": passthrough}
     process, log = spawn(re.sub(r"[^\w.@-]", "_", name), argv, workdir, env, tree)
     running = Running(name, f"http://127.0.0.1:{port}", process, log)
     try:
@@ -70,7 +74,7 @@ def start_system(name: str, upstream: Upstream, workdir: Path) -> Running:
             raise SetupError(f"{name}: {tree} is not a token-guard checkout (no proxy/__main__.py)")
         return start_token_guard_workers(upstream, workdir, 1, name, tree)
     if name == RELAYED:  # the load generator posts to <url>/v1/chat/completions: here /unguarded/v1/chat/...
-        running = start_token_guard_workers(upstream, workdir, 1, RELAYED)
+        running = start_token_guard_workers(upstream, workdir, 1, RELAYED, passthrough=RELAYED_PATHS)
         running.url += RELAYED_PREFIX
         return running
     if match := GUARD_WORKERS.fullmatch(name):
