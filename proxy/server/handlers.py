@@ -105,7 +105,8 @@ class Handlers:
         key = record.findings.api_key = named_key(scope)
         body = b""
         try:
-            body = await read_body(receive, incoming, self.max_body_bytes, self.read_timeout_s)
+            if incoming.method != "OPTIONS":  # a CORS preflight, which needs no key, carries nothing upstream
+                body = await read_body(receive, incoming, self.max_body_bytes, self.read_timeout_s)
             headers = incoming.headers()
             headers["x-request-id"] = record.request_id  # vLLM makes it the response id
             async with ClientWatch(receive, lambda: reply.finished, incoming.on_gone):

@@ -110,8 +110,14 @@ def test_which_paths_need_a_key(keyed: str, method: str, path: str, without: int
     assert call(keyed, method, path, "Bearer k1").status_code == with_key
 
 
-def test_a_cors_preflight_needs_no_key(keyed: str) -> None:
-    assert call(keyed, "OPTIONS", "/v1/chat/completions", None).status_code not in (401, 403, 404)
+def test_a_cors_preflight_needs_no_key_and_carries_nothing_upstream(
+    keyed: str, upstream: tuple[str, HeaderTap]
+) -> None:
+    answer = httpx.request("OPTIONS", keyed + "/v1/chat/completions", content=b"x" * 100_000)
+    assert answer.status_code not in (401, 403, 404)
+    path, headers = upstream[1].seen[-1]
+    assert path == "/v1/chat/completions" and dict(headers).get("content-length", "0") == "0"
+    assert call(keyed, "OPTIONS", "/sleep", None).status_code == 403  # not on an administrative route
 
 
 def test_a_refused_request_never_reaches_the_upstream(keyed: str, upstream: tuple[str, HeaderTap]) -> None:
