@@ -105,33 +105,40 @@ class Guard:
         self, route: Route, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
         """A count route: Anthropic's count_tokens, answered by the guard as vLLM answers it, or a render route,
-        forwarded unchanged once its prompt is counted (vLLM renders it; nothing is generated, nothing is clamped)."""
-        max_messages = self.settings.server.max_messages
-        if route.reads == "count_tokens":
-            req = messages_request(body, True, max_messages)
-            model, _, _, limits = self._target(req.model, headers, findings)
-            chat = messages_chat(model.tokenizer, req, self.registry.upstream_newer())
-            prompt_tokens = await self._count(model, chat, findings)
-            if route.answered:
-                return count_answer(prompt_tokens, limits)
-        elif route.reads == "chat":
-            chat_req = chat_request(body, max_messages)
-            model, policy, _, _ = self._target(chat_req.model, headers, findings)
-            if not policy.trust_request_chat_template and _brings_template(chat_req):
-                raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
-            prompt_tokens = await self._count(model, chat_req, findings)
-        elif route.reads == "completion":
+        forwarded unchanged once its prompt is counted (vLLM renders it; nothing is generated, nothing is clamped). A
+        prompt whose size proves it over the window is refused from that floor, uncounted, as on the other routes."""
+        max_messages, newer = self.settings.server.max_messages, self.registry.upstream_newer()
+        if route.reads == "completion":
             completion = completion_request(body)
-            model = self._target(completion.model, headers, findings)[0]
+            model, policy, _, limits = self._target(completion.model, headers, findings)
+            texts = [[p] for p in completion.prompts if isinstance(p, str)]
+            proven = await _by_size(model, texts, limits, "reject", policy, "prompt", findings)
+            if proven is not None:
+                return proven
             counts, findings.count_source = await completion_tokens(model, completion, self.remote)
-            prompt_tokens = sum(counts)
+            return Forward(raw, Decision("count", sum(counts), count_source=findings.count_source))
+        if route.reads == "count_tokens":
+            messages = messages_request(body, True, max_messages)
+            model, policy, _, limits = self._target(messages.model, headers, findings)
+            chat = messages_chat(model.tokenizer, messages, newer)
         elif route.reads == "responses":
             responses = responses_request(body, max_messages)
-            model = self._target(responses.model, headers, findings)[0]
-            prompt_tokens = await self._count(model, responses_chat(responses, self.registry.upstream_newer()),
-                                              findings)  # fmt: skip
+            model, policy, _, limits = self._target(responses.model, headers, findings)
+            chat = responses_chat(responses, newer)
+        elif route.reads == "chat":
+            chat = chat_request(body, max_messages)
+            model, policy, _, limits = self._target(chat.model, headers, findings)
+            if not policy.trust_request_chat_template and _brings_template(chat):
+                raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
         else:
             raise InvalidRequest(f"token-guard cannot count requests of this endpoint ({route.reads}).")
+        texts = [list(verbatim_texts(chat.messages))]
+        proven = await _by_size(model, texts, limits, "reject", policy, "messages", findings)
+        if proven is not None:
+            return proven
+        prompt_tokens = await self._count(model, chat, findings)
+        if route.answered:
+            return count_answer(prompt_tokens, limits)
         return Forward(raw, Decision("count", prompt_tokens, count_source=findings.count_source))
 
     async def _chat(self, req: ChatRequest, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from proxy.counting.registry import ModelRegistry
 from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
+from tests.support.polling import eventually
 from tests.support.redis import RedisServer, redis_server
 from tests.support.servers import MODEL, simulator, wait_healthy
 from tests.support.tcp import Forbidden, TcpTap
@@ -80,13 +82,21 @@ def doors(deepseek_dir: Path, redis: RedisServer, tmp_path_factory: pytest.TempP
         app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
         with Forbidden() as forbidden, ServerThread(app, **uvicorn_options(settings.server)) as guard:
             wait_healthy(guard.url)
+            assert eventually(lambda: _quiet(tap), timeout_s=60)  # its start-up check (through the tap) is done
             yield guard.url, tap, forbidden, stats
+
+
+def _quiet(tap: TcpTap) -> bool:
+    """No request through the tap for a second."""
+    seen = len(tap.requests)
+    time.sleep(1.0)
+    return len(tap.requests) == seen
 
 
 def raw(url: str, request: bytes) -> bytes:
     """Send `request` on a fresh connection; everything the guard answers until it closes or goes quiet."""
     port = int(url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as conn:
         conn.sendall(request)
         data = b""
         try:
@@ -264,6 +274,20 @@ def test_path_tricks_still_land_on_the_declared_route(doors: Any) -> None:
     assert two.count(b"HTTP/1.1 200") >= 1
 
 
+def _auth(headers: dict[str, str]) -> bytes:
+    return b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n"
+
+
+@pytest.mark.parametrize("path", ["/v1/messages/count_tokens", "/v1/chat/completions/render"])
+def test_a_count_route_does_not_count_what_its_size_proves_too_long(doors: Any, path: str) -> None:
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "antidisestablishmentarianism " * 80_000}]}
+    answer = httpx.post(url + path, headers=CAROL, json=body, timeout=60)
+    assert answer.status_code == 400 and answer.headers["x-token-guard-count-source"] == "size"
+    assert "at least" in answer.text and untouched(tap, before)
+
+
 def test_nothing_reached_the_upstream_that_the_table_does_not_allow(doors: Any) -> None:
     """Run last in this module: over every request above."""
     _, tap, forbidden, _ = doors
@@ -273,7 +297,3 @@ def test_nothing_reached_the_upstream_that_the_table_does_not_allow(doors: Any) 
         assert found is not None and found.route.kind is not Kind.UNGUARDED, target
         assert method in found.route.methods, (method, target)
     assert forbidden.connections == 0 and tap.requests
-
-
-def _auth(headers: dict[str, str]) -> bytes:
-    return b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n"

@@ -8,6 +8,7 @@ import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import Self
 
 import httptools
 
@@ -34,7 +35,7 @@ class _Loop:
         self._ready.set()
         self._loop.run_forever()
 
-    def __enter__(self) -> _Loop:
+    def __enter__(self) -> Self:
         self._thread.start()
         if not self._ready.wait(timeout=10):
             raise RuntimeError(f"{type(self).__name__} did not start")
