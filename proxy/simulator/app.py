@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -110,7 +111,8 @@ class Endpoints:
             except ApiError as error:
                 tracker.finish("rejected")
                 return error_response(error)
-            self.stats.record_body({"form": spoken.fields, "file_bytes": spoken.file_bytes})
+            digest = hashlib.sha256(raw).hexdigest()  # a form is recorded by its fields and the hash of its bytes
+            self.stats.record_body({"form": spoken.fields, "file_bytes": spoken.file_bytes, "sha256": digest})
             tracker.generated(len(spoken.output))
             if spoken.stream:
                 return TrackedStream(_async(spoken_events(spoken)), tracker)
