@@ -128,6 +128,10 @@ def kind_of(value: Any) -> str:
     return names.get(type(value), "a number")
 
 
-def with_changes(body: dict[str, Any], changes: dict[str, int]) -> bytes:
+def is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def with_changes(body: dict[str, Any], changes: dict[str, Any]) -> bytes:
     """The body re-serialized with only `changes` applied; key order and every other value are kept."""
     return json.dumps({**body, **changes}, ensure_ascii=False, separators=(",", ":")).encode()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.api.chat import chat_request
+from proxy.api.cohere import CohereEmbedRequest
 from proxy.api.completions import CompletionRequest
 from proxy.api.pooling import PoolingRequest, ScoringRequest
 from proxy.counting.count import count_completion
@@ -27,6 +28,17 @@ async def pooling_tokens(model: GuardedModel, req: PoolingRequest, remote: Remot
         counts.append(count)
         source = UPSTREAM if who == UPSTREAM else source
     return counts, source
+
+
+async def cohere_tokens(
+    model: GuardedModel, req: CohereEmbedRequest, remote: RemoteCount | None
+) -> tuple[list[int], str]:
+    """Cohere's /v2/embed: texts as completion-style inputs, images and mixed inputs as the conversations vLLM
+    renders them (images counted where the upstream can count them, as chat's are)."""
+    if req.texts:
+        return await completion_tokens(model, _prompts(req.model, req.texts, True), remote)
+    rendered = PoolingRequest({}, "embeddings", req.model, [], req.conversations, False, None)
+    return await pooling_tokens(model, rendered, remote)
 
 
 async def scoring_tokens(model: GuardedModel, req: ScoringRequest) -> tuple[list[int], list[int]]:

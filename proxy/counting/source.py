@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from proxy.api.batch import BatchChatRequest
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
 from proxy.counting.count import count_chat, count_completion
@@ -41,6 +42,16 @@ async def chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount
             raise
         log.info("model %s: %s; counted by the upstream", model.name, exc.message)
         return await remote.chat(model.name, req.body), UPSTREAM
+
+
+async def batch_tokens(model: GuardedModel, req: BatchChatRequest, remote: RemoteCount | None) -> tuple[list[int], str]:
+    """Each conversation of a batch chat request counted as chat, and who counted them ("upstream" when any was)."""
+    counts, source = [], LOCAL
+    for chat in req.chats:
+        count, who = await chat_tokens(model, chat, remote)
+        counts.append(count)
+        source = UPSTREAM if who == UPSTREAM else source
+    return counts, source
 
 
 async def completion_tokens(

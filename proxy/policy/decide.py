@@ -109,10 +109,12 @@ def decide_completion(req: CompletionRequest, prompt_tokens: list[int], limits: 
     return _limited(longest, min(requested, cap), changes, req.min_tokens)
 
 
-def decide_output(prompt_tokens: int, limits: Limits, field: str, requested: int | None, param: str) -> Plan:
+def decide_output(
+    prompt_tokens: int, limits: Limits, field: str, requested: int | None, param: str, sequences: int = 1
+) -> Plan:
     """The chat rules for a request with one output-limit field (Responses `max_output_tokens`, Anthropic
-    `max_tokens`); `param` is what a rejection names."""
-    room = _room(prompt_tokens, limits, 1, param)
+    `max_tokens`, token-in generate's `max_tokens`); `param` is what a rejection names."""
+    room = _room(prompt_tokens, limits, sequences, param)
     if isinstance(room, Plan):
         return room
     cap = limits.cap(room)

@@ -9,25 +9,32 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.api.anthropic import MessagesRequest, messages_request
+from proxy.api.audio import AudioRequest, audio_request
+from proxy.api.batch import BatchChatRequest, batch_chat_request
 from proxy.api.body import with_changes
 from proxy.api.chat import ChatRequest, chat_request
+from proxy.api.cohere import CohereEmbedRequest, cohere_embed_request
 from proxy.api.completions import CompletionRequest, completion_request
 from proxy.api.invocations import invocation_kind
 from proxy.api.pooling import Kind as PoolingKind
 from proxy.api.pooling import PoolingRequest, ScoringRequest, pooling_request
 from proxy.api.responses import LIMIT_FIELD, ResponsesRequest, responses_request
 from proxy.api.routes import Kind, Route
+from proxy.api.tokens import GenerateRequest, generate_request
 from proxy.counting.anthropic import messages_chat
 from proxy.counting.bound import verbatim_texts
 from proxy.counting.count import count_chat
 from proxy.counting.isolated import PARSER
-from proxy.counting.pooling import pooling_tokens, scoring_tokens
+from proxy.counting.pooling import cohere_tokens, pooling_tokens, scoring_tokens
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat
-from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
+from proxy.counting.source import LOCAL, RemoteCount, batch_tokens, chat_tokens, completion_tokens
 from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from proxy.policy.audio import settle_audio
+from proxy.policy.batch import refuse_batch, settle_batch
 from proxy.policy.choice import choose_policy
 from proxy.policy.chunk import MAX_PARTS, CannotChunk, refuse_too_many_parts
+from proxy.policy.cohere import settle_cohere
 from proxy.policy.converted import (
     Converted,
     count_answer,
@@ -38,6 +45,7 @@ from proxy.policy.converted import (
     settle,
 )
 from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion, limits_for, reject_at_least
+from proxy.policy.generate import settle_generate
 from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse
 from proxy.policy.overflow import overflow_chat, overflow_completion, refuse
 from proxy.policy.pooling import Pooled, settle_pooling
@@ -72,11 +80,14 @@ class Guard:
         """What to do with a request to a guarded `route` (api/routes.py: its kind, and the wire model that reads
         it). `findings.api_key`, when set, is the client's named key: its models and output cap apply."""
         server = self.settings.server
-        body = await PARSER.parse(raw, server.max_json_depth)  # the largest in a child process: the loop goes on
-        if route.kind is Kind.COUNT:
-            outcome = await self._counted(route, body, raw, headers, findings)
+        if route.reads == "audio":  # a multipart form, not JSON
+            outcome = self._audio(audio_request(raw, headers.get("content-type", "")), raw, headers, findings)
         else:
-            outcome = await self._read(route.reads, body, raw, headers, findings)
+            body = await PARSER.parse(raw, server.max_json_depth)  # the largest in a child process: the loop goes on
+            if route.kind is Kind.COUNT:
+                outcome = await self._counted(route, body, raw, headers, findings)
+            else:
+                outcome = await self._read(route.reads, body, raw, headers, findings)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
         findings.decision = outcome.decision
@@ -99,6 +110,12 @@ class Guard:
             return await self._read(invocation_kind(body), body, raw, headers, findings)
         if reads in POOLING_KINDS:
             return await self._pooling(pooling_request(body, POOLING_KINDS[reads]), raw, headers, findings)
+        if reads == "chat_batch":
+            return await self._batch(batch_chat_request(body, max_messages), raw, headers, findings)
+        if reads == "tokens":
+            return self._tokens(generate_request(body), raw, headers, findings)
+        if reads == "cohere_embed":
+            return await self._cohere(cohere_embed_request(body), raw, headers, findings)
         raise InvalidRequest(f"token-guard cannot read requests of this endpoint ({reads}).")
 
     async def _counted(
@@ -231,6 +248,48 @@ class Guard:
                             partial=True, paired=paired)  # fmt: skip
         findings.count_s = time.perf_counter() - started
         return settle_pooling(pooled, limits, choice, findings.count_source)
+
+    async def _batch(
+        self, req: BatchChatRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
+    ) -> Outcome:
+        """Each conversation counted as chat; the shared output limit decided for the longest (policy/batch.py)."""
+        findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
+        model, policy, choice, limits = self._target(req.model, headers, findings)
+        if not policy.trust_request_chat_template and _brings_template(req.chats[0]):
+            raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
+        if model.tokenizer.native is None:
+            texts = [list(verbatim_texts(chat.messages)) for chat in req.chats]
+            floor = await _proven_over(model, texts, limits.max_model_len - limits.min_output_tokens)
+            if floor is not None:
+                findings.count_source = SIZE_FLOOR
+                return refuse_batch(reject_at_least(floor, limits, "messages"), floor, "", choice, SIZE_FLOOR)
+        started = time.perf_counter()
+        counts, findings.count_source = await batch_tokens(model, req, self.remote)
+        findings.count_s = time.perf_counter() - started
+        return settle_batch(req, counts, raw, limits, choice, findings.count_source)
+
+    def _tokens(self, req: GenerateRequest, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
+        """Token-in generation: the token ids are the count (policy/generate.py)."""
+        findings.max_tokens_before = req.max_tokens
+        _, _, choice, limits = self._target(req.model, headers, findings)
+        findings.count_source = LOCAL
+        return settle_generate(req, raw, limits, choice)
+
+    def _audio(self, req: AudioRequest, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
+        """Transcription and translation: the audio prompt is not counted, the output limit is (policy/audio.py)."""
+        findings.max_tokens_before = req.max_completion_tokens
+        limits = self._target(req.model, headers, findings)[3]
+        return settle_audio(req, raw, limits)
+
+    async def _cohere(
+        self, req: CohereEmbedRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
+    ) -> Outcome:
+        """Cohere's /v2/embed: a pooling request that says its cuts its own way (policy/cohere.py)."""
+        model, _, choice, limits = self._target(req.model, headers, findings)
+        started = time.perf_counter()
+        counts, findings.count_source = await cohere_tokens(model, req, self.remote)
+        findings.count_s = time.perf_counter() - started
+        return settle_cohere(req, counts, raw, limits, choice, findings.count_source)
 
     async def _count(self, model: GuardedModel, req: ChatRequest, findings: Findings) -> int:
         started = time.perf_counter()

@@ -30,7 +30,11 @@ from proxy.settings import PolicySettings
 
 
 def refuse(plan: Plan, why: str) -> Refuse:
+    """The plan's refusal, saying `why` the overflow policy did not apply (a request over the whole KV budget keeps
+    its own reason: no policy would have made it fit)."""
     assert plan.error is not None
+    if not isinstance(plan.error, ContextLengthExceeded):
+        return Refuse(plan.error, Decision.of(plan))
     error = ContextLengthExceeded(f"{plan.error.message} {why}", param=plan.error.param or "messages")
     return Refuse(error, Decision.of(plan))
 

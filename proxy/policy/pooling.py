@@ -13,7 +13,7 @@ when it is at most the window (vLLM accepts exactly max_model_len tokens here), 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.api.body import with_changes
@@ -34,6 +34,7 @@ class Pooled:
     truncate_prompt_tokens: int | None  # the client's own
     partial: bool = False  # score / rerank: the counts are lower bounds
     paired: int = 0  # score / rerank: the longest query and the longest document together
+    cut: dict[str, Any] = field(default_factory=lambda: TRUNCATE)  # what has vLLM cut each prompt to the window
 
 
 def settle_pooling(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outcome:
@@ -55,12 +56,12 @@ def _settled(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outc
     total, longest = sum(counts), max(counts, default=0)
     if longest <= window:
         if p.partial and choice == "truncate" and p.truncate_prompt_tokens is None and p.paired > window:
-            return Forward(with_changes(p.body, TRUNCATE), Decision("partial", total, count_source=source), total)
+            return Forward(with_changes(p.body, p.cut), Decision("partial", total, count_source=source), total)
         return Forward(p.raw, Decision("partial" if p.partial else "pass", total, count_source=source), total)
     if choice == "truncate":
         cut = [min(n, window) for n in counts]
         decision = Decision("truncate", sum(cut), truncated_tokens=total - sum(cut), count_source=source)
-        return Forward(with_changes(p.body, TRUNCATE), decision, sum(cut))
+        return Forward(with_changes(p.body, p.cut), decision, sum(cut))
     error = _too_long(p, counts, window)
     if choice == "chunk":
         why = f"The chunk policy was not applied: the result of {p.endpoint} for parts of an input is not the one " \

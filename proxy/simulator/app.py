@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
@@ -20,7 +21,12 @@ from starlette.routing import Route
 
 from proxy.api.pooling import KINDS as POOLING_KINDS
 from proxy.api.pooling import Kind
+from proxy.simulator.audio import Task, plan_audio
+from proxy.simulator.audio import answer as spoken_answer
+from proxy.simulator.audio import events as spoken_events
+from proxy.simulator.batch import plan_batch
 from proxy.simulator.chat import plan_chat
+from proxy.simulator.cohere import cohere_embed
 from proxy.simulator.completions import plan_completion
 from proxy.simulator.context import Context
 from proxy.simulator.converted import count_tokens, plan_invocation, plan_messages, plan_responses
@@ -31,6 +37,7 @@ from proxy.simulator.responses import Wire
 from proxy.simulator.settings import SimulatorSettings
 from proxy.simulator.stats import RequestTracker, SimulatorStats
 from proxy.simulator.streaming import TrackedStream, events, generate_body, run_unless_disconnected
+from proxy.simulator.token_in import plan_generate
 from proxy.simulator.tokenize import detokenize, tokenize
 from proxy.simulator.wire import parse_json_body
 
@@ -56,6 +63,11 @@ def _outcome(planner: Planner, ctx: Context, body: Any, headers: Mapping[str, st
         return planner(ctx, body, headers)
     except Exception as exc:
         return exc
+
+
+async def _async(items: Iterable[str]) -> AsyncGenerator[str, None]:
+    for item in items:
+        yield item
 
 
 async def read_body(request: Request) -> Any:
@@ -84,6 +96,31 @@ class Endpoints:
     async def responses(self, request: Request) -> Response:
         return await self._generate(request, plan_responses)
 
+    async def batch(self, request: Request) -> Response:
+        return await self._generate(request, plan_batch)
+
+    async def generate_tokens(self, request: Request) -> Response:
+        return await self._generate(request, plan_generate)
+
+    def audio(self, task: Task) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            tracker = self.stats.start(request.headers.get("x-request-id"))
+            try:
+                raw, kind = await request.body(), request.headers.get("content-type", "")
+                spoken = plan_audio(self.ctx, raw, kind, task, request.headers)
+            except ApiError as error:
+                tracker.finish("rejected")
+                return error_response(error)
+            digest = hashlib.sha256(raw).hexdigest()  # a form is recorded by its fields and the hash of its bytes
+            self.stats.record_body({"form": spoken.fields, "file_bytes": spoken.file_bytes, "sha256": digest})
+            tracker.generated(len(spoken.output))
+            if spoken.stream:
+                return TrackedStream(_async(spoken_events(spoken)), tracker)
+            tracker.finish("completed")
+            return JSONResponse(spoken_answer(spoken))
+
+        return route
+
     async def messages(self, request: Request) -> Response:
         return await self._generate(request, plan_messages, anthropic=True)
 
@@ -102,12 +139,18 @@ class Endpoints:
 
         return route
 
-    async def _pool(self, request: Request, kind: Kind) -> Response:
+    async def cohere_embed(self, request: Request) -> Response:
+        return await self._pool(request, None)
+
+    async def _pool(self, request: Request, kind: Kind | None) -> Response:
+        """A pooling route (`kind`), or Cohere's /v2/embed (None)."""
         tracker = self.stats.start()
         try:
             body = await read_body(request)
             self.stats.record_body(body)
-            answer = await self._off_loop(partial(pool, self.ctx, body, kind, dict(request.headers)))
+            work = partial(cohere_embed, self.ctx, body, dict(request.headers)) if kind is None else \
+                partial(pool, self.ctx, body, kind, dict(request.headers))  # fmt: skip
+            answer = await self._off_loop(work)
         except ApiError as error:
             tracker.finish("rejected")
             return error_response(error)
@@ -245,6 +288,11 @@ def create_app(settings: SimulatorSettings) -> Starlette:
         Route("/v1/messages", endpoints.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", endpoints.count_tokens, methods=["POST"]),
         Route("/invocations", endpoints.invocations, methods=["POST"]),
+        Route("/v1/chat/completions/batch", endpoints.batch, methods=["POST"]),
+        Route("/inference/v1/generate", endpoints.generate_tokens, methods=["POST"]),
+        Route("/v1/audio/transcriptions", endpoints.audio("transcribe"), methods=["POST"]),
+        Route("/v1/audio/translations", endpoints.audio("translate"), methods=["POST"]),
+        Route("/v2/embed", endpoints.cohere_embed, methods=["POST"]),
         *[Route(path, endpoints.pooled(kind), methods=["POST"]) for path, kind in POOLING_KINDS.items()],
         Route("/v1/models", endpoints.models, methods=["GET"]),
         Route("/tokenize", endpoints.tokenize, methods=["POST"]),

@@ -33,7 +33,7 @@ class PromptPlan:
 class Generation:
     """Everything the response builders need, decided before the first byte is sent."""
 
-    endpoint: Literal["chat", "completion", "responses", "messages"]
+    endpoint: Literal["chat", "completion", "responses", "messages", "generate"]
     response_id: str
     created: int
     model: str
@@ -44,6 +44,7 @@ class Generation:
     continuous_usage: bool = False
     return_token_ids: bool = False
     role: str = "assistant"
+    roles: tuple[str, ...] = ()  # batch chat: each conversation's response role (else `role` for every choice)
     chat_echo: str | None = None
     # Checks the engine itself runs (empty prompt, unknown token id): a 400 before a non-stream answer, an SSE
     # error event after the 200 of a stream.

@@ -50,9 +50,9 @@ def pool(ctx: Context, body: Any, kind: Kind, headers: dict[str, str]) -> dict[s
     answer = {"id": response_id(PREFIX[kind], headers, _str(body.get("request_id")))}
     if isinstance(req, ScoringRequest):
         return {**answer, **_scored(ctx, req, limits)}
-    prompts = [_fitted(ctx, limits, ids, chars) for ids, chars in _prompts(ctx, req)]
+    prompts = [fitted(ctx, limits, ids, chars) for ids, chars in _prompts(ctx, req)]
     usage = _usage(sum(len(ids) for ids in prompts))
-    data = [_item(kind, i, _vector(ids), body.get("encoding_format")) for i, ids in enumerate(prompts)]
+    data = [_item(kind, i, vector(ids), body.get("encoding_format")) for i, ids in enumerate(prompts)]
     return {**answer, "object": "list", "created": int(time.time()), "model": ctx.settings.model, "data": data,
             "usage": usage}  # fmt: skip
 
@@ -77,7 +77,7 @@ def _prompts(ctx: Context, req: PoolingRequest) -> list[tuple[list[int], int | N
     ]
 
 
-def _fitted(ctx: Context, limits: OutputRequest, ids: list[int], chars: int | None) -> list[int]:
+def fitted(ctx: Context, limits: OutputRequest, ids: list[int], chars: int | None) -> list[int]:
     """The ids the engine gets: cut on the right when truncation is asked for, else vLLM's 400 when too long."""
     shape = PromptShape(len(ids), chars, ctx.tokenizer.max_chars_per_token)
     _raise(check_prompt_text(ctx.profile, limits, shape))
@@ -93,12 +93,12 @@ def _fitted(ctx: Context, limits: OutputRequest, ids: list[int], chars: int | No
 
 def _scored(ctx: Context, req: ScoringRequest, limits: OutputRequest) -> dict[str, Any]:
     """A bi-encoder: every text embedded alone (the query once), scores are cosine similarities."""
-    queries = [_fitted(ctx, limits, ctx.tokenizer.encode(t, True), len(t)) for t in req.queries]
-    documents = [_fitted(ctx, limits, ctx.tokenizer.encode(t, True), len(t)) for t in req.documents]
+    queries = [fitted(ctx, limits, ctx.tokenizer.encode(t, True), len(t)) for t in req.queries]
+    documents = [fitted(ctx, limits, ctx.tokenizer.encode(t, True), len(t)) for t in req.documents]
     if len(queries) != 1 and len(queries) != len(documents):
         raise ApiError("Input lengths must be either 1:1, 1:N or N:N")
     pairs = [(queries[0] if len(queries) == 1 else queries[i], d) for i, d in enumerate(documents)]
-    scores = [_cosine(_vector(q), _vector(d)) for q, d in pairs]
+    scores = [_cosine(vector(q), vector(d)) for q, d in pairs]
     tokens = sum(len(ids) for ids in queries + documents)
     if req.kind == "score":
         data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
@@ -125,7 +125,7 @@ def _item(kind: Kind, index: int, vector: list[float], encoding: Any) -> dict[st
     return {"index": index, "object": "embedding", "embedding": value}
 
 
-def _vector(ids: list[int]) -> list[float]:
+def vector(ids: list[int]) -> list[float]:
     seed = int.from_bytes(hashlib.sha256(struct.pack(f"<{len(ids)}q", *ids)).digest()[:8], "little")
     rng = random.Random(seed)
     raw = [rng.gauss(0, 1) for _ in range(DIMENSIONS)]

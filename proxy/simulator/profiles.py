@@ -19,11 +19,25 @@ class Profile:
     reserves_output: bool
     # 0.32 appends " Valid aliases: a, b." to the unknown-model message.
     lists_aliases_on_not_found: bool
+    # 0.32's /inference/v1/generate answers carry output_mode, and each choice stop_reason and weight_versions.
+    generate_output_mode: bool
 
 
 PROFILES: dict[str, Profile] = {
-    "0.31": Profile(name="0.31", version="0.31.0", reserves_output=True, lists_aliases_on_not_found=False),
-    "0.32": Profile(name="0.32", version="0.32.0", reserves_output=False, lists_aliases_on_not_found=True),
+    "0.31": Profile(
+        name="0.31",
+        version="0.31.0",
+        reserves_output=True,
+        lists_aliases_on_not_found=False,
+        generate_output_mode=False,
+    ),
+    "0.32": Profile(
+        name="0.32",
+        version="0.32.0",
+        reserves_output=False,
+        lists_aliases_on_not_found=True,
+        generate_output_mode=True,
+    ),
 }
 
 

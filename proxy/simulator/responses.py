@@ -67,18 +67,20 @@ class Wire:
             }
             for o in outputs
         ]
-        prompt_ids = g.prompts[0].token_ids
+        prompt_ids = g.prompts[0].token_ids if len(g.prompts) == 1 and g.return_token_ids else None
         body = self._head("chat.completion")
         body.update(choices=choices, service_tier=None, system_fingerprint=self.fingerprint)
-        body["usage"] = usage(len(prompt_ids), sum(len(o.token_ids) for o in outputs))
-        body.update(prompt_logprobs=None, prompt_token_ids=prompt_ids if g.return_token_ids else None)
+        prompt_tokens = sum(len(p.token_ids) for p in g.prompts)  # a batch's usage sums its conversations
+        body["usage"] = usage(prompt_tokens, sum(len(o.token_ids) for o in outputs))
+        body.update(prompt_logprobs=None, prompt_token_ids=prompt_ids)
         body.update(prompt_text=None, kv_transfer_params=None, ec_transfer_params=None, metrics=None)
         return body
 
     def _message(self, output: Output) -> dict[str, Any]:
         g = self.generation
         content = (g.chat_echo or "") + ("" if g.tool_call else output.text)
-        message: dict[str, Any] = {"role": g.role, "content": content, "refusal": None, "annotations": None}
+        role = g.roles[output.sequence.prompt] if g.roles else g.role
+        message: dict[str, Any] = {"role": role, "content": content, "refusal": None, "annotations": None}
         message.update(audio=None, function_call=None)
         if g.tool_call:  # an empty tool_calls list is left out (0.24+)
             function = {"name": g.tool_call.name, "arguments": output.text}

@@ -18,6 +18,8 @@ from proxy.simulator.api_shapes import api_events, whole_body
 from proxy.simulator.generation import Engine, Generation, Piece, Token, duration, output_of, sequences, steps
 from proxy.simulator.responses import DONE, Output, Wire
 from proxy.simulator.stats import RequestTracker
+from proxy.simulator.token_out import generate_body as token_body
+from proxy.simulator.token_out import generate_events
 
 T = TypeVar("T")
 
@@ -61,6 +63,8 @@ async def generate_body(generation: Generation, wire: Wire, engine: Engine, trac
     tracker.generated(sum(len(o.token_ids) for o in done))
     if generation.endpoint in ("responses", "messages"):
         return whole_body(generation, done[0].text, len(done[0].token_ids))
+    if generation.endpoint == "generate":
+        return token_body(generation, done)
     return wire.chat_body(done) if generation.endpoint == "chat" else wire.completion_body(done)
 
 
@@ -73,6 +77,10 @@ async def events(
         return
     if generation.endpoint in ("responses", "messages"):  # their own event streams, without [DONE]
         async for event in api_events(generation, engine, tracker):
+            yield event
+        return
+    if generation.endpoint == "generate":
+        async for event in generate_events(generation, engine, tracker):
             yield event
         return
     seqs = sequences(generation)

@@ -1,7 +1,7 @@
 """Embeddings, score and rerank against a real vLLM 0.32.0 serving the tiny model as an embedding model
 (`--runner pooling --convert embed`), with the real `openai` SDK: the guard's count equals vLLM's
 `usage.prompt_tokens` on a corpus of input forms, an input over the window is refused without reaching vLLM, and
-truncate answers where vLLM alone refuses.
+truncate answers where vLLM alone refuses; Cohere's /v2/embed is counted as vLLM bills it (`meta.billed_units`).
 
 One version only, in a stack of its own started for this module and stopped after it (about 50 s of `make e2e`, most
 of it vLLM's start-up): the pooling code of 0.31.0 and 0.32.0 is the same apart from the wording of the 400 (read in
@@ -116,3 +116,42 @@ def test_over_the_window_is_refused_without_reaching_vllm(pooling: Pooling) -> N
     exactly = pooling.guarded.embeddings.with_raw_response.create(model=SERVED_NAME, input=[words(2048)])
     assert exactly.headers[GUARD_ACTION] == "pass" and exactly.parse().usage.prompt_tokens == MAX_MODEL_LEN
     assert pooling.seen("/v1/embeddings") == before + 1  # only the one that fits
+
+
+# --- Cohere's /v2/embed ------------------------------------------------------------------------------------------
+
+TWO_PARTS = [{"content": [{"type": "text", "text": "Hello there"}, {"type": "text", "text": "and more"}]}]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"texts": ["Hello world, this is a test.", "東京の天気は？ 🌧️", words(300)]},
+        {"inputs": TWO_PARTS},
+        {"texts": [words(3000), "short"]},  # truncate END by default: vLLM keeps the first 2048
+        {"texts": [words(3000)], "truncate": "START", "max_tokens": 100},
+        {"texts": [words(50)], "truncate": "NONE", "max_tokens": 50},
+    ],
+    ids=["texts", "text inputs", "END to the window", "START to max_tokens", "NONE within max_tokens"],
+)
+def test_cohere_embed_is_counted_as_vllm_bills_it(pooling: Pooling, body: dict[str, Any]) -> None:
+    response = pooling.http.post(pooling.proxy + "/v2/embed", json={"model": SERVED_NAME, **body})
+    assert response.status_code == 200, response.text
+    assert response.headers[GUARD_ACTION] == "pass"
+    assert int(response.headers[GUARD_PROMPT]) == response.json()["meta"]["billed_units"]["input_tokens"]
+
+
+def test_cohere_none_is_refused_before_vllm_and_truncate_asks_for_vllms_cut(pooling: Pooling) -> None:
+    before = pooling.seen("/v2/embed")
+    over = pooling.http.post(pooling.proxy + "/v2/embed", json={"texts": ["a", words(3000)], "truncate": "NONE"})
+    assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
+    capped = {"texts": [words(60)], "truncate": "NONE", "max_tokens": 50}
+    direct = pooling.http.post(pooling.vllm + "/v2/embed", json=capped)  # vLLM refuses it once it has embedded it
+    assert direct.status_code == 400 and "Input of 60 tokens exceeds max_tokens=50" in direct.text
+    guarded = pooling.http.post(pooling.proxy + "/v2/embed", json=capped)
+    assert guarded.status_code == 400 and guarded.json()["error"]["message"] == direct.json()["error"]["message"]
+    assert pooling.seen("/v2/embed") == before + 1  # only the direct one
+    cut = pooling.http.post(pooling.proxy + "/v2/embed", json={"texts": [words(3000)], "truncate": "NONE"},
+                            headers=TRUNCATE)  # fmt: skip
+    assert cut.status_code == 200 and cut.headers[GUARD_ACTION] == "truncate"
+    assert int(cut.headers[GUARD_PROMPT]) == cut.json()["meta"]["billed_units"]["input_tokens"] == MAX_MODEL_LEN

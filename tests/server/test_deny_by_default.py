@@ -183,9 +183,19 @@ def test_every_route_that_reaches_the_gpu_checks_the_keys_models(doors: Any, pat
     url, tap, _, _ = doors
     before = len(tap.requests)
     refused = httpx.post(url + path, headers=ALICE, json={"model": "other", **body})
-    assert refused.status_code in (400, 404) and refused.status_code < 500, refused.text
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found", refused.text
     assert untouched(tap, before)
     assert httpx.post(url + path, json={"model": MODEL, **body}).status_code == 401  # and a key
+
+
+@pytest.mark.parametrize("path", ["/v1/audio/transcriptions", "/v1/audio/translations"])
+def test_audio_checks_the_keys_models_too(doors: Any, path: str) -> None:
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    form = {"model": "other", "max_completion_tokens": "100000"}
+    refused = httpx.post(url + path, headers=ALICE, data=form, files={"file": ("a.wav", b"RIFF" + b"\0" * 64)})
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found", refused.text
+    assert untouched(tap, before)
 
 
 def test_unguarded_generation_routes_are_closed_to_everyone(doors: Any) -> None:

@@ -337,7 +337,7 @@ def test_small_endpoints(sim031: RunningSim, sim032: RunningSim) -> None:
     assert sim032.client.get("/version").json() == {"version": "0.32.0"}
     health = sim032.client.get("/health")
     assert health.status_code == 200 and health.content == b""
-    unknown = sim032.client.post("/v1/audio/transcriptions", json={"input": "x"})
+    unknown = sim032.client.post("/v1/images/generations", json={"prompt": "x"})
     assert unknown.status_code == 404 and unknown.json() == {"detail": "Not Found"}
     wrong_method = sim032.client.get("/v1/chat/completions")
     assert wrong_method.status_code == 405 and wrong_method.json() == {"detail": "Method Not Allowed"}

@@ -1,0 +1,57 @@
+"""The decision for a batch chat request (`/v1/chat/completions/batch`): each conversation is counted as chat, and
+the one output limit the batch shares is decided for its longest conversation, as a completions batch is.
+
+    pass / clamp    the chat rules on the longest conversation: every sent limit field above the room it leaves is
+                    lowered to it (min_tokens with it), so that every conversation fits
+    reject          the longest leaves no room: the 400 names which conversation
+    truncate, chunk refused with the reason: cutting or splitting one conversation of a batch answers another
+                    question than the one asked, and the batch's answers are not merged
+
+The prompt tokens the guard reports are the conversations' sum (vLLM's `usage.prompt_tokens` for the batch), and
+the cost is the KV cache the batch holds: every conversation's prompt plus its output limit (the room it leaves when
+the request sets none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from proxy.api.batch import BatchChatRequest
+from proxy.api.body import with_changes
+from proxy.errors import ContextLengthExceeded
+from proxy.policy.decide import Limits, Plan, decide_chat
+from proxy.policy.outcome import Decision, Forward, Outcome, Refuse
+
+WHY_NOT = {
+    "truncate": "The truncate policy was not applied: a cut conversation of a batch asks another question.",
+    "chunk": "The chunk policy was not applied: the answers of a batch's parts cannot be merged.",
+}
+
+
+def settle_batch(req: BatchChatRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
+                 source: str | None) -> Outcome:  # fmt: skip
+    longest = max(range(len(counts)), key=counts.__getitem__)
+    if limits.max_cost is not None:  # the conversations share the KV budget, as a completions batch's prompts do
+        limits = replace(limits, max_cost=limits.max_cost // len(counts))
+    plan = decide_chat(req.chats[longest], counts[longest], limits)
+    total = sum(counts)
+    if plan.error is not None:
+        which = f" That is conversation {longest} (messages[{longest}]) of {len(counts)}." if len(counts) > 1 else ""
+        return refuse_batch(plan, total, which, choice, source)
+    decision = Decision(plan.action, total, plan.max_tokens, count_source=source)
+    body = with_changes(req.body, plan.changes) if plan.changes else raw
+    return Forward(body, decision, batch_cost(counts, plan.max_tokens, limits))
+
+
+def refuse_batch(plan: Plan, total: int, which: str, choice: str, source: str | None) -> Refuse:
+    assert plan.error is not None
+    if not isinstance(plan.error, ContextLengthExceeded):  # over the whole KV budget: its own reason
+        return Refuse(plan.error, Decision("reject", total, count_source=source))
+    why = f" {WHY_NOT[choice]}" if choice in WHY_NOT else ""
+    error = ContextLengthExceeded(f"{plan.error.message}{which}{why}", param="messages")
+    return Refuse(error, Decision("reject", total, count_source=source))
+
+
+def batch_cost(counts: list[int], limit: int | None, limits: Limits) -> int:
+    """KV tokens the batch holds: each conversation's prompt plus its output limit (with none, the window)."""
+    return sum(n + limit for n in counts) if limit is not None else limits.max_model_len * len(counts)

@@ -1,0 +1,37 @@
+"""The decision for Cohere's embed route (`/v2/embed`): a pooling request (policy/pooling.py) whose cuts are asked
+for in its own fields.
+
+    pass      every input fits once vLLM has cut what `truncate` (END by default, or START) tells it to: the prompt
+              tokens are what it keeps, `max_tokens` of each input (the window when absent), as vLLM bills them
+    reject    `truncate: NONE` and an input over the window (vLLM's 400, before it reaches the GPU); or NONE with
+              `max_tokens` (at most the window) and an input over it, which vLLM refuses only after embedding it (its
+              words; the client's cap decides, whatever the overflow policy)
+    truncate  the guard's truncate policy on an input over the window under NONE: `truncate` set to END (and a
+              `max_tokens` over the window to the window), vLLM's own cut
+    partial   `input_type`: vLLM puts the model's instruction for it in front of each input, which the guard cannot
+              see; its count is a lower bound
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.api.cohere import CohereEmbedRequest
+from proxy.errors import InvalidRequest
+from proxy.policy.decide import Limits
+from proxy.policy.outcome import Decision, Outcome, Refuse
+from proxy.policy.pooling import Pooled, settle_pooling
+
+
+def settle_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
+                  source: str | None) -> Outcome:  # fmt: skip
+    window, most = limits.max_model_len, req.max_tokens
+    if req.truncate == "NONE" and most is not None and most <= window:  # the client's own cap rules
+        over = next((n for n in counts if n > most), None)
+        if over is not None:  # vLLM's words; it says them once the GPU has embedded the inputs
+            error = InvalidRequest(f"Input of {over} tokens exceeds max_tokens={most} with truncate=NONE. Set "
+                                   "truncate to END or START to allow truncation.", param="max_tokens")  # fmt: skip
+            return Refuse(error, Decision("reject", sum(counts), count_source=source))
+    cut: dict[str, Any] = {"truncate": "END"} if most is None else {"truncate": "END", "max_tokens": window}
+    pooled = Pooled("embed", req.body, raw, counts, req.param, req.keep, partial=req.input_type is not None, cut=cut)
+    return settle_pooling(pooled, limits, choice, source)

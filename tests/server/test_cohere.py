@@ -1,0 +1,79 @@
+"""Cohere's /v2/embed end to end over loopback: httpx -> token-guard -> the vLLM simulator (0.31 profile): texts
+counted as vLLM bills them, its own cuts (END by default) counted as what it keeps, NONE over the window refused
+before it reaches vLLM, the truncate policy answered by asking vLLM for its own cut."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.servers import MODEL
+
+WINDOW = 2048
+LONG = "word " * 3000
+
+
+def embed(proxy: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.post(f"{proxy}/v2/embed", json={"model": MODEL, **body}, headers=headers, timeout=30)
+
+
+def billed(response: httpx.Response) -> int:
+    assert response.status_code == 200, response.text
+    tokens: int = response.json()["meta"]["billed_units"]["input_tokens"]
+    return tokens
+
+
+def test_texts_are_counted_as_vllm_bills_them_and_go_as_sent(proxy: str, sim: Any) -> None:
+    body = {"model": MODEL, "texts": ["Hello world", "東京の天気は？"], "embedding_types": ["float", "base64"]}
+    raw = json.dumps(body, indent=1).encode()
+    response = httpx.post(f"{proxy}/v2/embed", content=raw, headers={"content-type": "application/json"})
+    assert response.headers["x-token-guard-action"] == "pass" and "x-token-guard-max-tokens" not in response.headers
+    assert int(response.headers["x-token-guard-prompt-tokens"]) == billed(response) > 0
+    assert sim[1].requests[-1] == body
+
+
+def test_text_inputs_are_counted_as_the_conversations_vllm_renders(proxy: str) -> None:
+    inputs = [{"content": [{"type": "text", "text": "Hello there"}, {"type": "text", "text": "and more"}]}]
+    response = embed(proxy, {"inputs": inputs})
+    assert response.headers["x-token-guard-action"] == "pass"
+    assert int(response.headers["x-token-guard-prompt-tokens"]) == billed(response)
+
+
+@pytest.mark.parametrize(
+    "body,kept",
+    [({"texts": [LONG]}, WINDOW), ({"texts": [LONG], "truncate": "START"}, WINDOW),
+     ({"texts": [LONG, LONG], "max_tokens": 10}, 20)],
+)  # fmt: skip
+def test_vllms_own_cut_is_counted_as_what_it_keeps(proxy: str, body: dict[str, Any], kept: int) -> None:
+    response = embed(proxy, body)  # END by default: vLLM keeps each text's first max_tokens (or window) tokens
+    assert response.headers["x-token-guard-action"] == "pass"
+    assert int(response.headers["x-token-guard-prompt-tokens"]) == billed(response) == kept
+
+
+def test_none_over_the_window_or_max_tokens_is_refused_without_reaching_vllm(proxy: str, sim: Any) -> None:
+    before = sim[1].received
+    over = embed(proxy, {"texts": ["short", LONG], "truncate": "NONE"})
+    error = over.json()["error"]
+    assert over.status_code == 400 and error["code"] == "context_length_exceeded" and error["param"] == "texts"
+    assert "contains 3001 input tokens" in error["message"] and "texts 2 of 2" in error["message"]
+    capped = embed(proxy, {"texts": ["word " * 20], "truncate": "NONE", "max_tokens": 10})
+    assert capped.status_code == 400 and capped.json()["error"]["message"].startswith(
+        "Input of 21 tokens exceeds max_tokens=10 with truncate=NONE"
+    )
+    assert sim[1].received == before
+
+
+def test_the_truncate_policy_asks_vllm_for_its_own_cut(proxy: str, sim: Any) -> None:
+    response = embed(proxy, {"texts": [LONG, "short"], "truncate": "NONE"}, **{"x-token-guard-overflow": "truncate"})
+    assert response.headers["x-token-guard-action"] == "truncate" and sim[1].requests[-1]["truncate"] == "END"
+    assert int(response.headers["x-token-guard-prompt-tokens"]) == billed(response)
+    assert int(response.headers["x-token-guard-truncated-tokens"]) == 3001 - WINDOW
+
+
+@pytest.mark.parametrize("body", [{"texts": []}, {"texts": ["a"], "images": ["x"]}, {"texts": ["a"], "truncate": "no"}])
+def test_malformed_requests_are_400s_before_vllm(proxy: str, sim: Any, body: dict[str, Any]) -> None:
+    before = sim[1].received
+    assert embed(proxy, body).status_code == 400 and sim[1].received == before
