@@ -1,4 +1,5 @@
-"""uvicorn's httptools protocol with a deadline for a request's headers, and its parser errors in the OpenAI envelope.
+"""uvicorn's httptools protocol with deadlines for a request's headers and for a client that stops reading, and its
+parser errors in the OpenAI envelope.
 
 uvicorn waits for a request's headers for ever: a client that opens connections and sends nothing, or sends its
 headers a byte at a time, holds a connection and a file descriptor as long as it likes. Here a connection that has
@@ -6,13 +7,22 @@ not finished a request's headers within `header_timeout_s` is answered 408 and c
 started one); request lines and headers larger than `max_header_bytes` (the parser would buffer any size) get 431.
 What the parser (llhttp) refuses as not HTTP gets uvicorn's 400, here in the usual error envelope instead of plain
 text. The body's own deadline is the app's (asgi.read_body).
+
+uvicorn also waits for ever for a client that stops reading its answer: the request's task sleeps in send() holding
+its admission ticket and its key's reservation. The transport's flow control says when its buffer is full
+(pause_writing) and when it drained (resume_writing); a connection that stays paused for `write_timeout_s` is aborted,
+which reaches the request as any disconnect does (connection_lost, then the client-gone callbacks). A timer armed
+only while paused costs nothing per chunk, where a deadline around every send would cost ~10 us each.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +33,7 @@ from proxy.errors import GuardError, InvalidRequest, RequestTimeout
 from proxy.server.asgi import BODY_IN, CLIENT_GONE, ON_GONE
 
 log = logging.getLogger("token_guard.server")
+LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 
 class HeaderTooLarge(GuardError):
@@ -35,10 +46,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # itself, by class, also in each worker process).
     header_timeout_s = 30.0
     max_header_bytes = 64 * 1024
+    write_timeout_s = 30.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._stalled: asyncio.TimerHandle | None = None  # armed while the client leaves the guard's writes unread
         self._header_bytes = 0  # received since the current request's headers began, while they are incomplete
         self._in_request = False
         self._lost_at: float | None = None  # when the connection closed (time.monotonic())
@@ -51,6 +64,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost_at = time.monotonic()
         self._disarm()
+        self._unstall()
         super().connection_lost(exc)
         cycle = getattr(self, "cycle", None)
         if cycle is not None and not cycle.response_complete:
@@ -70,6 +84,30 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
                 self._refuse(HeaderTooLarge(f"The request line and headers are larger than {self.max_header_bytes} "
                                             "bytes."))  # fmt: skip
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stalled is None:
+            self._stalled = self.loop.call_later(self.write_timeout_s, self._not_reading)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._unstall()
+
+    def _unstall(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
+    def _not_reading(self) -> None:
+        self._stalled = None
+        log.info("client %s read nothing of its answer for %g s (server.write_timeout_s): connection aborted",
+                 _address(self.client), self.write_timeout_s)  # fmt: skip
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset: the kernel drops what it still holds for the client too, instead of
+            with contextlib.suppress(OSError):  # trying to deliver it for minutes after the guard let go
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+        self.transport.abort()  # not close(), which would wait for the unread bytes to go out
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(InvalidRequest(f"{msg} (the request line or headers could not be parsed, or are too large)"))
@@ -122,3 +160,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         head += f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
         self.transport.write(head.encode() + body)
         self.transport.close()
+
+
+def _address(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "(unknown)"
