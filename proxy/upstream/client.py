@@ -20,7 +20,7 @@ from proxy.errors import GuardError, UpstreamConnectTimeout, UpstreamRefused, Up
 from proxy.settings import AdmissionSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
 from proxy.upstream.headers import forwardable, outgoing, upstream_auth
-from proxy.upstream.http import HttpClient, UpstreamResponse
+from proxy.upstream.http import GET_BYTES, METRICS_BYTES, HttpClient, UpstreamResponse
 
 if TYPE_CHECKING:
     from proxy.shared.link import RedisLink
@@ -158,10 +158,11 @@ class Upstream:
                 errors.append(UpstreamUnavailable(f"The upstream at {replica.url} answered {path} with invalid JSON."))
         raise errors[0]
 
-    async def get_text(self, replica: str, path: str, timeout_s: float = 5.0) -> str | None:
+    async def get_text(self, replica: str, path: str, timeout_s: float = 5.0, limit: int = GET_BYTES) -> str | None:
         try:
-            status, raw = await self._client.get(replica, path, self._own, timeout_s)
-        except GuardError:
+            status, raw = await self._client.get(replica, path, self._own, timeout_s, limit)
+        except GuardError as exc:
+            log.warning("replica %s: GET %s failed: %s", replica, path, exc.message)
             return None
         return raw.decode(errors="replace") if status == 200 else None
 
@@ -195,7 +196,7 @@ class Upstream:
     async def learn_budgets(self) -> None:
         """admission.max_inflight_tokens = "auto": each replica's KV cache size from its Prometheus metrics."""
         for replica in self.replicas:
-            capacity = kv_capacity(await self.get_text(replica.url, "/metrics") or "")
+            capacity = kv_capacity(await self.get_text(replica.url, "/metrics", limit=METRICS_BYTES) or "")
             if capacity is None:
                 log.warning("replica %s does not expose vllm:cache_config_info; admission by tokens is off for it",
                             replica.url)  # fmt: skip

@@ -10,12 +10,17 @@ An answer is opened when its status and headers have arrived, within the shorter
 read_timeout_s; its body is then read whole or relayed chunk by chunk as it comes, each wait for the next chunk at
 most read_timeout_s (silence.py). Closing an answer that was not read to its end closes its connection, which is what
 makes vLLM abort the generation.
+
+What is read whole has a limit: an upstream that answers with hundreds of megabytes (broken, or not the server it
+should be) would otherwise take the guard's memory and hold its event loop while the body is joined. The limits are
+below; what is relayed chunk by chunk needs none, as flow control keeps only a buffer of it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import contextlib
+from collections.abc import AsyncGenerator, Mapping
 
 import aiohttp
 from yarl import URL
@@ -25,6 +30,7 @@ from proxy.errors import (
     UpstreamConnectTimeout,
     UpstreamRefused,
     UpstreamTimeout,
+    UpstreamTooLarge,
     UpstreamUnavailable,
 )
 from proxy.settings import UpstreamSettings
@@ -34,6 +40,19 @@ NOT_ADDED = ("user-agent", "accept", "accept-encoding", "content-type")  # aioht
 # An idle pooled connection is dropped before the upstream drops it (vLLM's and uvicorn's keep-alive is 5 s): reusing
 # one the upstream is closing at that moment fails a request that never reached it ("server disconnected", a 502).
 KEEPALIVE_S = 3.0
+
+# The most the guard reads of an answer it reads whole (UpstreamResponse.read, HttpClient.get).
+ERROR_BYTES = 64 * 2**10  # an error's body: a 5xx is relayed cut to this, the rest dropped with the connection
+GET_BYTES = 2**20  # the guard's own GETs (/health, /v1/models, /version) and the model lists it filters for a key
+METRICS_BYTES = 16 * 2**20  # vLLM's Prometheus /metrics, read for the KV budget (~100 KB for one model)
+ANSWER_BYTES = 64 * 2**20  # a whole generation's answer (a chunked request's parts)
+EVENT_BYTES = 4 * 2**20  # one event of a stream the guard parses (a chunked request's parts)
+
+
+def count_bytes(sent: int) -> int:
+    """The limit for a counting answer (/tokenize, the render endpoints): it lists a token id per prompt token, so it
+    grows with the request; 16 bytes per byte sent holds a token per byte, and 1 MiB the images a URL names."""
+    return 2**20 + 16 * sent
 
 
 def translate(exc: BaseException, base: str) -> GuardError:
@@ -71,7 +90,7 @@ class UpstreamResponse:
         self.content_type = response.headers.get("content-type", "")
         self.is_sse = self.content_type.startswith("text/event-stream")
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body's bytes as they arrive."""
         watch = self._watch
         try:
@@ -84,8 +103,25 @@ class UpstreamResponse:
         finally:
             watch.stop()
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+    async def read(self, limit: int) -> bytes:
+        """The whole body, or UpstreamTooLarge once it passes `limit` bytes (then nothing more is read, and close()
+        closes the connection instead of draining it)."""
+        body, cut = await self.head(limit)
+        if cut:
+            raise UpstreamTooLarge(f"The upstream's answer is larger than {limit} bytes; the guard reads no more.")
+        return body
+
+    async def head(self, limit: int) -> tuple[bytes, bool]:
+        """The body's first `limit` bytes, and whether there was more (left unread)."""
+        chunks: list[bytes] = []
+        size = 0
+        async with contextlib.aclosing(self.chunks()) as reading:
+            async for chunk in reading:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    return b"".join(chunks)[:limit], True
+        return b"".join(chunks), False
 
     def _silent(self) -> None:
         # What aiohttp's own read timeout does: the waiting reader wakes up with it.
@@ -139,13 +175,19 @@ class HttpClient:
             raise translate(exc, base) from None
         return UpstreamResponse(response, base, self.read_timeout_s)
 
-    async def get(self, base: str, path: str, headers: Mapping[str, str], timeout_s: float) -> tuple[int, bytes]:
-        """A small GET read whole (health, discovery, metrics): status and body."""
+    async def get(
+        self, base: str, path: str, headers: Mapping[str, str], timeout_s: float, limit: int = GET_BYTES
+    ) -> tuple[int, bytes]:
+        """A small GET read whole (health, discovery, metrics): status and body, at most `limit` bytes of it."""
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._client().get(base + path, headers=headers, allow_redirects=False,
-                                              skip_auto_headers=not_added(headers)) as response:  # fmt: skip
-                    return response.status, await response.read()
+                response = await self._client().get(base + path, headers=headers, allow_redirects=False,
+                                                    skip_auto_headers=not_added(headers))  # fmt: skip
+                answer = UpstreamResponse(response, base, timeout_s)
+                try:
+                    return answer.status, await answer.read(limit)
+                finally:
+                    answer.close()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc, base) from None
 

@@ -19,6 +19,7 @@ import pytest
 from proxy.server.running import ServerThread, bind_socket
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
+from tests.server.test_quotas import keyed_guard
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, guard_unchecked, simulator
 
@@ -219,3 +220,69 @@ def test_garbage_from_the_upstream_is_502(deepseek_dir: Path) -> None:
             assert "Traceback" not in response.text
     finally:
         raw.close()
+
+
+class HugeServer:
+    """A loopback upstream that answers every request with `status` and a 100 MB body (sent 64 KB at a time);
+    `finished` counts the answers it got out whole, `cut` those whose reader hung up first."""
+
+    SIZE = 100 * 2**20
+
+    def __init__(self, status: int) -> None:
+        self.status, self.finished, self.cut = status, 0, 0
+        self.sock = bind_socket()
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        chunk = b'{"error": "' + b"x" * (65536 - 11)
+        with conn:
+            try:
+                while b"\r\n\r\n" not in conn.recv(65536):
+                    pass
+                conn.sendall(b"HTTP/1.1 %d Oops\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                             % (self.status, self.SIZE))  # fmt: skip
+                for _ in range(self.SIZE // len(chunk)):
+                    conn.sendall(chunk)
+                self.finished += 1
+            except OSError:
+                self.cut += 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "method", "path", "answered"),
+    [(500, "POST", "/v1/chat/completions", 500), (200, "GET", "/v1/models", 502)],
+    ids=["a 5xx error's body", "a model list filtered for a key"],
+)
+def test_an_upstream_answer_read_whole_is_read_only_so_far(
+    deepseek_dir: Path, tmp_path: Path, status: int, method: str, path: str, answered: int
+) -> None:
+    """An upstream answering with 100 MB where the guard reads the answer whole: the guard reads 64 KB (1 MiB for a
+    list), answers in the envelope and hangs up on the upstream, instead of holding it all in memory."""
+    config = tmp_path / "guard.toml"
+    config.write_text(f'[[keys]]\nname = "listed"\nkey = "sk-listed"\nrequests_per_minute = 99\nmodels = ["{MODEL}"]\n')
+    huge = HugeServer(status)
+    try:
+        with keyed_guard(huge.url, deepseek_dir, config, **{"model.max_model_len": WINDOW}) as proxy:
+            sent = body() if method == "POST" else None
+            response = httpx.request(method, proxy.url + path, json=sent, timeout=30,
+                                     headers={"authorization": "Bearer sk-listed"})  # fmt: skip
+            assert response.status_code == answered and len(response.content) < 4096
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+            assert huge.url.removeprefix("http://") not in response.text
+            assert eventually(lambda: huge.cut >= 1) and huge.finished == 0
+            assert httpx.get(proxy.url + "/livez", timeout=10).status_code == 200
+    finally:
+        huge.close()
