@@ -4,7 +4,9 @@ parser errors in the OpenAI envelope.
 uvicorn waits for a request's headers for ever: a client that opens connections and sends nothing, or sends its
 headers a byte at a time, holds a connection and a file descriptor as long as it likes. Here a connection that has
 not finished a request's headers within `header_timeout_s` is answered 408 and closed (or just closed, if it never
-started one); request lines and headers larger than `max_header_bytes` (the parser would buffer any size) get 431.
+started one); a request line and headers larger than `max_header_bytes` (the parser would buffer any size) get 431,
+whether they arrive in one read or many, while still incomplete or once complete. A refusal for a request pipelined
+behind others waits for their answers, so that it is never written into the middle of one.
 What the parser (llhttp) refuses as not HTTP gets uvicorn's 400, here in the usual error envelope instead of plain
 text. The body's own deadline is the app's (asgi.read_body).
 
@@ -41,6 +43,10 @@ class HeaderTooLarge(GuardError):
     error_type = "RequestHeaderFieldsTooLargeError"
 
 
+class _StopParsing(Exception):
+    """Raised in a parser callback: the parser stops, and uvicorn answers through send_400_response."""
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     # Set once per process from the settings, before the server accepts connections (uvicorn builds the protocol
     # itself, by class, also in each worker process).
@@ -53,6 +59,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._stalled: asyncio.TimerHandle | None = None  # armed while the client leaves the guard's writes unread
         self._header_bytes = 0  # received since the current request's headers began, while they are incomplete
+        self._read = 0  # the size of the data being parsed
+        self._since_begin = 0  # at least the bytes of the current request so far (from the read it began in)
+        self._too_large = False  # the parser was stopped for the size of a request's headers
+        self._refusal: GuardError | None = None  # written once the answers to the requests before it are out
         self._in_request = False
         self._lost_at: float | None = None  # when the connection closed (time.monotonic())
         self._on_gone: list[Callable[[], None]] = []  # the current request's, called when the connection closes
@@ -78,12 +88,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         waiting = self._deadline is not None
+        self._read = len(data)
+        self._since_begin += self._read
         super().data_received(data)
         if waiting and self._deadline is not None:  # the headers are still incomplete after this data
             self._header_bytes += len(data)
-            if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
-                self._refuse(HeaderTooLarge(f"The request line and headers are larger than {self.max_header_bytes} "
-                                            "bytes."))  # fmt: skip
+            if self._header_bytes > self.max_header_bytes:
+                self._refuse(self._header_too_large())
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -110,15 +121,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.transport.abort()  # not close(), which would wait for the unread bytes to go out
 
     def send_400_response(self, msg: str) -> None:
-        self._refuse(InvalidRequest(f"{msg} (the request line or headers could not be parsed, or are too large)"))
+        if self._too_large:
+            self._refuse(self._header_too_large())
+        else:
+            self._refuse(InvalidRequest(f"{msg} (the request line or headers could not be parsed)"))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_request = True
+        self._since_begin = self._read  # the whole read it began in: more than its own bytes, never fewer
         self._arm()  # the next request on a kept-alive connection gets its own deadline
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        if self._since_begin > self.max_header_bytes and self._header_size() > self.max_header_bytes:
+            self._too_large = True  # measured only when its read(s) could hold that much: nothing on the hot path
+            raise _StopParsing()
         super().on_headers_complete()
         cycle = getattr(self, "cycle", None)
         if cycle is not None and cycle.scope is self.scope:
@@ -132,8 +150,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._in_request = False
-        if not self.transport.is_closing():
+        if self._refusal is not None:
+            self._refuse(self._refusal)
+        elif not self.transport.is_closing():
             self._arm()  # idle between requests: uvicorn's keep-alive timeout applies too, and the shorter wins
+
+    def _header_size(self) -> int:
+        """The request line and headers as parsed (the method and version aside)."""
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+
+    def _header_too_large(self) -> HeaderTooLarge:
+        return HeaderTooLarge(f"The request line and headers are larger than {self.max_header_bytes} bytes.")
 
     def _arm(self) -> None:
         if self._deadline is None:
@@ -154,7 +181,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _refuse(self, error: GuardError) -> None:
+        """Answer `error` and close, once every answer to a request before this one is out."""
         self._disarm()
+        if self.transport.is_closing() or self._refusal not in (None, error):
+            return  # already answered, or to be: the parser stays stopped, and says so again on the next read
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and not cycle.response_complete and cycle.scope is not self.scope:
+            self._refusal = error  # an earlier request's answer is still going out
+            self.flow.pause_reading()
+            return
+        self._refusal = None
         body = json.dumps(error.body()).encode()
         head = f"HTTP/1.1 {error.status} {error.error_type}\r\ncontent-type: application/json\r\n"
         head += f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,55 @@ def test_what_cannot_be_a_request_is_refused_in_the_envelope(proxy: str, request
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 %d" % request_bytes[1]) and set(json.loads(body)["error"]) >= {"message", "type"}
     assert_still_serving(proxy)
+
+
+def with_header(size: int, close: bool = True) -> bytes:
+    """A GET whose request line and headers come to about `size` bytes."""
+    head = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + (b"connection: close\r\n" if close else b"")
+    return head + b"x-junk: " + b"a" * (size - len(head) - 12) + b"\r\n\r\n"
+
+
+def answers(raw: bytes) -> list[tuple[int, bytes]]:
+    """The status and body of each response in `raw` (each with a Content-Length)."""
+    found = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.startswith(b"content-length")))
+        found.append((int(head.split(b" ")[1]), rest[:length]))
+        raw = rest[length:]
+    return found
+
+
+@pytest.mark.parametrize("size", [70_000, 120_000])
+@pytest.mark.parametrize("reads", [1, 2], ids=["sent at once", "completed by a second write"])
+def test_a_request_line_and_headers_over_64_kib_get_431_however_they_arrive(proxy: str, size: int, reads: int) -> None:
+    request = with_header(size)
+    with raw_socket(proxy) as conn:
+        try:
+            conn.sendall(request[: 60_000 if reads == 2 else None])
+            if reads == 2:
+                time.sleep(0.2)  # most likely read apart: the first read leaves the headers incomplete
+                conn.sendall(request[60_000:])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it was all sent
+        ((status, body),) = answers(read_all(conn))
+    assert status == 431 and json.loads(body)["error"]["code"] == 431
+    assert_still_serving(proxy)
+
+
+def test_headers_just_under_64_kib_are_served(proxy: str) -> None:
+    with raw_socket(proxy) as conn:
+        conn.sendall(with_header(60_000))
+        assert [status for status, _ in answers(read_all(conn))] == [200]
+
+
+def test_a_request_with_headers_over_64_kib_pipelined_behind_others_gets_431_after_their_answers(proxy: str) -> None:
+    with raw_socket(proxy) as conn:
+        conn.sendall(with_header(200, close=False) * 2 + with_header(70_000))
+        replies = answers(read_all(conn))  # then closed by the guard (a socket timeout would fail the test)
+    assert [status for status, _ in replies] == [200, 200, 431]
+    assert json.loads(replies[0][1])["data"][0]["id"] == MODEL
+    assert json.loads(replies[2][1])["error"]["type"] == "RequestHeaderFieldsTooLargeError"
 
 
 def test_a_client_that_leaves_mid_upload_is_a_499_record_not_an_error(
