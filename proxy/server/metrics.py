@@ -236,7 +236,9 @@ class _CounterCaches(Collector):
 
 
 class _Gate(Collector):
-    """The admission gate's state, read when scraped: requests queued, and tokens in flight per replica."""
+    """The admission gate's state, read when scraped: requests queued, and tokens in flight per replica. A replica is
+    labelled by its place in upstream.urls (the gate lists them in that order), never by its address: whoever reads
+    /metrics learns nothing of where the upstream listens."""
 
     def __init__(self, gate: Callable[[], tuple[int, dict[str, int]]]) -> None:
         self.gate = gate
@@ -246,6 +248,6 @@ class _Gate(Collector):
         depth = GaugeMetricFamily("token_guard_admission_queue_depth", "Requests waiting for admission")
         depth.add_metric([], queued)
         tokens = GaugeMetricFamily("token_guard_inflight_tokens", "KV tokens admitted and running", labels=["replica"])
-        for replica, value in inflight.items():
-            tokens.add_metric([replica], value)
+        for index, value in enumerate(inflight.values()):
+            tokens.add_metric([str(index)], value)
         return [depth, tokens]

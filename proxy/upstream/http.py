@@ -55,19 +55,20 @@ def count_bytes(sent: int) -> int:
     return 2**20 + 16 * sent
 
 
-def translate(exc: BaseException, base: str) -> GuardError:
-    """The guard's error for an aiohttp failure, worded without the library's class names."""
+def translate(exc: BaseException) -> GuardError:
+    """The guard's error for an aiohttp failure, worded without the library's class names, nor the upstream's
+    address: the message is the client's (the guard's own log lines name the replica)."""
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return UpstreamConnectTimeout(f"The upstream at {base} did not answer in time (no connection).")
+        return UpstreamConnectTimeout("The upstream did not answer in time (no connection).")
     if isinstance(exc, aiohttp.SocketTimeoutError):
-        return UpstreamTimeout(f"The upstream at {base} did not answer in time (silent for read_timeout_s).")
+        return UpstreamTimeout("The upstream did not answer in time (silent for read_timeout_s).")
     if isinstance(exc, TimeoutError):
-        return UpstreamTimeout(f"The upstream at {base} did not answer in time (no response headers).")
+        return UpstreamTimeout("The upstream did not answer in time (no response headers).")
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamRefused(f"The upstream at {base} could not be reached (connection refused).")
+        return UpstreamRefused("The upstream could not be reached (connection refused).")
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError):
-        return UpstreamUnavailable(f"The upstream at {base} broke the connection.")
-    return UpstreamUnavailable(f"The upstream at {base} answered something that is not HTTP ({type(exc).__name__}).")
+        return UpstreamUnavailable("The upstream broke the connection.")
+    return UpstreamUnavailable(f"The upstream answered something that is not HTTP ({type(exc).__name__}).")
 
 
 def not_added(headers: Mapping[str, str]) -> list[str] | None:
@@ -99,7 +100,7 @@ class UpstreamResponse:
                 yield chunk
                 watch.resume()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise translate(exc, self.url) from None
+            raise translate(exc) from None
         finally:
             watch.stop()
 
@@ -172,7 +173,7 @@ class HttpClient:
             async with asyncio.timeout(self.header_timeout_s):
                 response = await sending
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise translate(exc, base) from None
+            raise translate(exc) from None
         return UpstreamResponse(response, base, self.read_timeout_s)
 
     async def get(
@@ -189,7 +190,7 @@ class HttpClient:
                 finally:
                     answer.close()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise translate(exc, base) from None
+            raise translate(exc) from None
 
     async def aclose(self) -> None:
         if self._session is not None:

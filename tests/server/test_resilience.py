@@ -21,6 +21,7 @@ from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
 from tests.server.test_quotas import keyed_guard
 from tests.support.polling import eventually
+from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 from tests.support.servers import MODEL, guard, guard_unchecked, simulator
 
 WINDOW = 2048
@@ -53,7 +54,7 @@ def test_forty_concurrent_requests_within_a_budget_of_four(deepseek_dir: Path) -
     assert [r.status_code for r in responses] == [200] * 40
     waits = [line for line in scraped.splitlines() if line.startswith("token_guard_admission_wait_seconds_count")]
     assert waits and float(waits[0].rsplit(" ", 1)[1]) >= 30
-    assert f'token_guard_inflight_tokens{{replica="{sim.url}"}} 0.0' in scraped  # all released
+    assert 'token_guard_inflight_tokens{replica="0"} 0.0' in scraped  # all released
     assert "token_guard_admission_queue_depth 0.0" in scraped
     assert all(r.json()["usage"]["completion_tokens"] == 100 for r in responses)
     assert stats.kv.peak <= budget  # what the simulator itself saw running at once
@@ -286,3 +287,27 @@ def test_an_upstream_answer_read_whole_is_read_only_so_far(
             assert httpx.get(proxy.url + "/livez", timeout=10).status_code == 200
     finally:
         huge.close()
+
+
+def test_nothing_a_client_sees_names_the_upstream_while_it_is_down(deepseek_dir: Path, redis: RedisServer) -> None:
+    """/health, a request's 502 (streamed or not) and /metrics with every replica down: none tells where the
+    upstream listens (the replicas are numbered in the metrics, by their place in upstream.urls)."""
+    closed = [bind_socket() for _ in range(2)]
+    addresses = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in closed]
+    for sock in closed:
+        sock.close()
+    flags = {"upstream.urls": ",".join(f"http://{a}" for a in addresses), "model.max_model_len": WINDOW,
+             "admission.max_inflight_tokens": 100_000, "admission.redis_url": redis.url}  # fmt: skip
+    with guard_unchecked(f"http://{addresses[0]}", deepseek_dir, **flags) as proxy:
+        answers = [httpx.get(f"{proxy.url}/health")]
+        for stream in (False, True):
+            answers.append(httpx.post(f"{proxy.url}/v1/chat/completions", json=body(stream=stream), timeout=30))
+        assert [a.status_code for a in answers] == [503, 502, 502]
+        assert answers[0].json()["status"] == "unhealthy"
+        assert all(a.json()["error"]["type"] == "BadGatewayError" for a in answers[1:])
+        scraped = httpx.get(f"{proxy.url}/metrics").text
+    assert 'token_guard_inflight_tokens{replica="0"} 0.0' in scraped
+    assert 'token_guard_inflight_tokens{replica="1"} 0.0' in scraped
+    assert 'token_guard_shared_inflight_tokens{replica="' in scraped
+    for text in [*(a.text for a in answers), scraped]:
+        assert not any(address in text for address in addresses), text
