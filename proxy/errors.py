@@ -16,7 +16,8 @@
     ├── NotReady                    503  still learning the upstream's models, or a window not known yet
     ├── SharedStateUnavailable      503  Redis (admission.redis_url) does not answer in time
     ├── UpstreamUnavailable         502  connection reset, broken answer, garbage
-    │   └── UpstreamRefused         502  no connection could be made: safe to retry on another replica
+    │   ├── UpstreamRefused         502  no connection could be made: safe to retry on another replica
+    │   └── UpstreamTooLarge        502  an answer read whole was larger than its limit (upstream/http.py)
     └── UpstreamTimeout             504  the upstream did not answer in time
         └── UpstreamConnectTimeout  504  no connection in time: safe to retry on another replica
 
@@ -154,6 +155,10 @@ class UpstreamUnavailable(GuardError):
 
 
 class UpstreamRefused(UpstreamUnavailable):
+    pass
+
+
+class UpstreamTooLarge(UpstreamUnavailable):
     pass
 
 

@@ -16,6 +16,7 @@ from proxy.counting.registry import GuardedModel
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.upstream.client import Upstream
 from proxy.upstream.counting import chat_tokenize_body
+from proxy.upstream.http import count_bytes
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -90,9 +91,10 @@ def _error_message(payload: Any, raw: bytes) -> str:
 
 
 async def _post(upstream: Upstream, path: str, payload: dict[str, Any]) -> tuple[int, bytes]:
-    response = (await upstream.open("POST", path, JSON_HEADERS, json.dumps(payload).encode())).response
+    sent = json.dumps(payload).encode()
+    response = (await upstream.open("POST", path, JSON_HEADERS, sent)).response
     try:
-        return response.status, await response.read()
+        return response.status, await response.read(count_bytes(len(sent)))
     finally:
         response.close()
 

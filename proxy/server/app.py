@@ -46,7 +46,10 @@ class GuardApp:
         )
         self.metrics = Metrics(
             lambda: {name: registry.resolve(name).counter.stats() for name in registry.names},
-            lambda: (self.upstream.admission.queued, {r.url: r.budget.tokens for r in self.upstream.replicas}),
+            lambda: (
+                self.upstream.admission.queued,
+                {str(i): r.budget.tokens for i, r in enumerate(self.upstream.replicas)},
+            ),  # fmt: skip
         )
         if self.link is not None:
             from proxy.server.shared_metrics import SharedState
@@ -175,7 +178,7 @@ async def _heartbeat(link: RedisLink, settings: Settings) -> None:
 async def _refuse(scope: Scope, send: Send, error: GuardError, envelope: str, closing: bool = False) -> None:
     """An answer from the route table itself (400, 401, 403, 404): logged, never forwarded."""
     rid = request_id(next((v.decode("latin-1") for k, v in scope["headers"] if k == REQUEST_ID), None))
-    log.info("%d for %s: %s (request %s)", error.status, scope["method"], error.message, rid)
+    log.info("%d for %s: %r (request %r)", error.status, scope["method"], error.message, rid)  # quoted: no forged line
     headers = [(REQUEST_ID, rid.encode())]
     if error.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))

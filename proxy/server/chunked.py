@@ -16,6 +16,7 @@ from proxy.policy.outcome import Chunked
 from proxy.policy.usage import Charge
 from proxy.server.asgi import Headers, Reply
 from proxy.server.responses import internal_error, send_error
+from proxy.server.sanitize import sanitize_upstream_error
 from proxy.server.streaming import send_stream
 from proxy.upstream.parts import PartFailed, PartRunner
 
@@ -42,8 +43,10 @@ async def answer_chunked(
 
 async def failed(reply: Reply, exc: Exception, headers: Headers) -> None:
     """The answer for a chunked request that failed before its answer started."""
-    if isinstance(exc, PartFailed):  # the upstream's own error for that part, as it said it
-        await reply.whole(exc.status, headers, exc.body, exc.content_type.encode("latin-1"))
+    if isinstance(exc, PartFailed):  # the upstream's own error for that part, as it said it (but no internals)
+        sanitized = sanitize_upstream_error(exc.status, exc.content_type, exc.body, exc.cut)
+        content_type = b"application/json" if sanitized is not None else exc.content_type.encode("latin-1")
+        await reply.whole(exc.status, headers, sanitized or exc.body, content_type)
     elif isinstance(exc, GuardError):
         await send_error(reply, exc, headers)
     else:

@@ -82,7 +82,7 @@ class Handlers:
         if self.registry.discovering:
             status, body = 503, {"status": "starting", "detail": "learning the upstream's models"}
         elif not await self.upstream.is_healthy():
-            status, body = 503, {"status": "unhealthy", "detail": f"upstream {self.upstream.url} is not healthy"}
+            status, body = 503, {"status": "unhealthy", "detail": "no upstream replica answers its /health"}
         else:
             status, body = 200, {"status": "ok", "models": self.registry.names}
         await Reply(send).whole(status, [], json.dumps(body).encode())

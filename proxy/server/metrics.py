@@ -245,7 +245,9 @@ class _CounterCaches(Collector):
 
 
 class _Gate(Collector):
-    """The admission gate's state, read when scraped: requests queued, and tokens in flight per replica."""
+    """The admission gate's state, read when scraped: requests queued, and tokens in flight per replica. A replica is
+    labelled by its place in upstream.urls, never by its address: whoever reads /metrics learns nothing of where the
+    upstream listens."""
 
     def __init__(self, gate: Callable[[], tuple[int, dict[str, int]]]) -> None:
         self.gate = gate

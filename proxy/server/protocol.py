@@ -1,18 +1,30 @@
-"""uvicorn's httptools protocol with a deadline for a request's headers, and its parser errors in the OpenAI envelope.
+"""uvicorn's httptools protocol with deadlines for a request's headers and for a client that stops reading, and its
+parser errors in the OpenAI envelope.
 
 uvicorn waits for a request's headers for ever: a client that opens connections and sends nothing, or sends its
 headers a byte at a time, holds a connection and a file descriptor as long as it likes. Here a connection that has
 not finished a request's headers within `header_timeout_s` is answered 408 and closed (or just closed, if it never
-started one); request lines and headers larger than `max_header_bytes` (the parser would buffer any size) get 431.
+started one); a request line and headers larger than `max_header_bytes` (the parser would buffer any size) get 431,
+whether they arrive in one read or many, while still incomplete or once complete. A refusal for a request pipelined
+behind others waits for their answers, so that it is never written into the middle of one.
 What the parser (llhttp) refuses as not HTTP gets uvicorn's 400, here in the usual error envelope instead of plain
 text. The body's own deadline is the app's (asgi.read_body).
+
+uvicorn also waits for ever for a client that stops reading its answer: the request's task sleeps in send() holding
+its admission ticket and its key's reservation. The transport's flow control says when its buffer is full
+(pause_writing) and when it drained (resume_writing); a connection that stays paused for `write_timeout_s` is aborted,
+which reaches the request as any disconnect does (connection_lost, then the client-gone callbacks). A timer armed
+only while paused costs nothing per chunk, where a deadline around every send would cost ~10 us each.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +35,7 @@ from proxy.errors import GuardError, InvalidRequest, RequestTimeout
 from proxy.server.asgi import BODY_IN, CLIENT_GONE, ON_GONE, TARGET
 
 log = logging.getLogger("token_guard.server")
+LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 
 class HeaderTooLarge(GuardError):
@@ -30,16 +43,26 @@ class HeaderTooLarge(GuardError):
     error_type = "RequestHeaderFieldsTooLargeError"
 
 
+class _StopParsing(Exception):
+    """Raised in a parser callback: the parser stops, and uvicorn answers through send_400_response."""
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     # Set once per process from the settings, before the server accepts connections (uvicorn builds the protocol
     # itself, by class, also in each worker process).
     header_timeout_s = 30.0
     max_header_bytes = 64 * 1024
+    write_timeout_s = 30.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._stalled: asyncio.TimerHandle | None = None  # armed while the client leaves the guard's writes unread
         self._header_bytes = 0  # received since the current request's headers began, while they are incomplete
+        self._read = 0  # the size of the data being parsed
+        self._since_begin = 0  # at least the bytes of the current request so far (from the read it began in)
+        self._too_large = False  # the parser was stopped for the size of a request's headers
+        self._refusal: GuardError | None = None  # written once the answers to the requests before it are out
         self._in_request = False
         self._lost_at: float | None = None  # when the connection closed (time.monotonic())
         self._on_gone: list[Callable[[], None]] = []  # the current request's, called when the connection closes
@@ -51,6 +74,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost_at = time.monotonic()
         self._disarm()
+        self._unstall()
         super().connection_lost(exc)
         cycle = getattr(self, "cycle", None)
         if cycle is not None and not cycle.response_complete:
@@ -64,23 +88,55 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         waiting = self._deadline is not None
+        self._read = len(data)
+        self._since_begin += self._read
         super().data_received(data)
         if waiting and self._deadline is not None:  # the headers are still incomplete after this data
             self._header_bytes += len(data)
-            if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
-                self._refuse(HeaderTooLarge(f"The request line and headers are larger than {self.max_header_bytes} "
-                                            "bytes."))  # fmt: skip
+            if self._header_bytes > self.max_header_bytes:
+                self._refuse(self._header_too_large())
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stalled is None:
+            self._stalled = self.loop.call_later(self.write_timeout_s, self._not_reading)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._unstall()
+
+    def _unstall(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
+    def _not_reading(self) -> None:
+        self._stalled = None
+        log.info("client %s read nothing of its answer for %g s (server.write_timeout_s): connection aborted",
+                 _address(self.client), self.write_timeout_s)  # fmt: skip
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset: the kernel drops what it still holds for the client too, instead of
+            with contextlib.suppress(OSError):  # trying to deliver it for minutes after the guard let go
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+        self.transport.abort()  # not close(), which would wait for the unread bytes to go out
 
     def send_400_response(self, msg: str) -> None:
-        self._refuse(InvalidRequest(f"{msg} (the request line or headers could not be parsed, or are too large)"))
+        if self._too_large:
+            self._refuse(self._header_too_large())
+        else:
+            self._refuse(InvalidRequest(f"{msg} (the request line or headers could not be parsed)"))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_request = True
+        self._since_begin = self._read  # the whole read it began in: more than its own bytes, never fewer
         self._arm()  # the next request on a kept-alive connection gets its own deadline
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        if self._since_begin > self.max_header_bytes and self._header_size() > self.max_header_bytes:
+            self._too_large = True  # measured only when its read(s) could hold that much: nothing on the hot path
+            raise _StopParsing()
         super().on_headers_complete()
         cycle = getattr(self, "cycle", None)
         if cycle is not None and cycle.scope is self.scope:
@@ -95,8 +151,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._in_request = False
-        if not self.transport.is_closing():
+        if self._refusal is not None:
+            self._refuse(self._refusal)
+        elif not self.transport.is_closing():
             self._arm()  # idle between requests: uvicorn's keep-alive timeout applies too, and the shorter wins
+
+    def _header_size(self) -> int:
+        """The request line and headers as parsed (the method and version aside)."""
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+
+    def _header_too_large(self) -> HeaderTooLarge:
+        return HeaderTooLarge(f"The request line and headers are larger than {self.max_header_bytes} bytes.")
 
     def _arm(self) -> None:
         if self._deadline is None:
@@ -117,9 +182,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _refuse(self, error: GuardError) -> None:
+        """Answer `error` and close, once every answer to a request before this one is out."""
         self._disarm()
+        if self.transport.is_closing() or self._refusal not in (None, error):
+            return  # already answered, or to be: the parser stays stopped, and says so again on the next read
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and not cycle.response_complete and cycle.scope is not self.scope:
+            self._refusal = error  # an earlier request's answer is still going out
+            self.flow.pause_reading()
+            return
+        self._refusal = None
         body = json.dumps(error.body()).encode()
         head = f"HTTP/1.1 {error.status} {error.error_type}\r\ncontent-type: application/json\r\n"
         head += f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
         self.transport.write(head.encode() + body)
         self.transport.close()
+
+
+def _address(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "(unknown)"

@@ -3,6 +3,7 @@ logged as one line and fed to the metrics."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -77,7 +78,23 @@ def log_fields(record: RequestRecord) -> dict[str, object]:
 
 
 def log_line(fields: dict[str, object]) -> str:
-    return " ".join(f"{k}={v}" for k, v in fields.items())
+    """The text format: `name=value` pairs. The values that come from outside the guard (the client's request id and
+    path; model and key names) are written as they are when they hold no space, '=', '"' or unprintable character,
+    as almost all do: one check of the four at once. Otherwise every such value is written as a JSON string, in
+    quotes and escaped, so that a client cannot add fields (`X-Request-Id: abc key=alice status=200`) or lines."""
+    get = fields.get
+    outside = f"{get('request_id', '')}{get('endpoint', '')}{get('model', '')}{get('key', '')}"
+    if _plain(outside):
+        return " ".join(f"{k}={v}" for k, v in fields.items())
+    return " ".join(f"{k}={_quoted(v)}" for k, v in fields.items())
+
+
+def _plain(text: str) -> bool:
+    return text.isprintable() and " " not in text and "=" not in text and '"' not in text
+
+
+def _quoted(value: object) -> object:
+    return json.dumps(value) if isinstance(value, str) and not _plain(value) else value
 
 
 def _round(value: object) -> object:

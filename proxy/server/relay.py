@@ -11,7 +11,7 @@ from proxy.server.asgi import Headers, Reply
 from proxy.server.record import RequestRecord
 from proxy.server.sanitize import sanitize_upstream_error
 from proxy.upstream.headers import HOP_BY_HOP
-from proxy.upstream.http import UpstreamResponse
+from proxy.upstream.http import ERROR_BYTES, GET_BYTES, UpstreamResponse
 
 log = logging.getLogger("token_guard.forward")
 
@@ -60,9 +60,9 @@ async def relay(reply: Reply, upstream: UpstreamResponse, extra: Headers, record
 async def relay_listed(
     reply: Reply, upstream: UpstreamResponse, extra: Headers, record: RequestRecord, allowed: tuple[str, ...]
 ) -> None:
-    """A model list read whole, and relayed with only the models an API key may use."""
+    """A model list read whole (at most GET_BYTES), and relayed with only the models an API key may use."""
     try:
-        raw = await upstream.read()
+        raw = await upstream.read(GET_BYTES)
     finally:
         record.upstream_s = time.perf_counter() - record.started
     listed = only_models(raw, allowed)
@@ -74,18 +74,24 @@ async def relay_listed(
 
 
 async def relay_error(reply: Reply, upstream: UpstreamResponse, extra: Headers, record: RequestRecord) -> None:
-    """A non-streamed 5xx read whole, so that a traceback or a path in it never reaches the client."""
+    """A non-streamed 5xx read whole, so that a traceback or a path in it never reaches the client; one larger than
+    ERROR_BYTES is not read further (its connection is closed, not drained) and the client gets the guard's own
+    error instead of a cut body."""
     try:
-        raw = await upstream.read()
+        raw, cut = await upstream.head(ERROR_BYTES)
     finally:
         record.upstream_s = time.perf_counter() - record.started
     if record.charge is not None:
         record.charge.tail.feed(raw)
     content_type = upstream.content_type.encode("latin-1")
-    sanitized = sanitize_upstream_error(upstream.status, upstream.content_type, raw)
-    if sanitized is not None:
+    sanitized = sanitize_upstream_error(upstream.status, upstream.content_type, raw, cut)
+    if cut:
+        log.warning("upstream %s answered %d with more than %d bytes, not read further; it began: %r",
+                    upstream.url, upstream.status, ERROR_BYTES, raw[:2000])  # fmt: skip
+    elif sanitized is not None:
         log.warning("upstream %s answered %d with internal details, withheld from the client: %r",
                     upstream.url, upstream.status, raw[:2000])  # fmt: skip
+    if sanitized is not None:
         content_type = b"application/json"
     headers = [
         (k, v) for k, v in relayed_headers(upstream, extra) if k.lower() not in (b"content-type", b"content-length")

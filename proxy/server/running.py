@@ -32,12 +32,13 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 
 def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
-    """How uvicorn serves the guard: uvloop and httptools, with the guard's limits on request headers (protocol.py,
-    configured here for this process), no access log of its own (the guard logs one line per request), no rewriting
-    of the client address and scheme from X-Forwarded-* headers (nothing in the guard reads either: it was one more
-    ASGI layer and header scan on every request), and on SIGTERM it stops accepting and lets requests in flight
-    finish for up to server.drain_timeout_s."""
+    """How uvicorn serves the guard: uvloop and httptools, with the guard's limits on request headers and on clients
+    that stop reading (protocol.py, configured here for this process), no access log of its own (the guard logs one
+    line per request), no rewriting of the client address and scheme from X-Forwarded-* headers (nothing in the guard
+    reads either: it was one more ASGI layer and header scan on every request), and on SIGTERM it stops accepting and
+    lets requests in flight finish for up to server.drain_timeout_s."""
     GuardedHttpProtocol.header_timeout_s = server.read_timeout_s
+    GuardedHttpProtocol.write_timeout_s = server.write_timeout_s
     return {
         "loop": "uvloop",
         "http": GuardedHttpProtocol,

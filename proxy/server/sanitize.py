@@ -1,5 +1,5 @@
 """Keep the upstream's internals out of the guard's answers: a 5xx whose body carries a Python traceback or file
-paths is replaced by a generic error in the OpenAI envelope, with the same status."""
+paths, or was too large to read whole, is replaced by a generic error in the OpenAI envelope, with the same status."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ _TYPES = {
 }
 
 
-def sanitize_upstream_error(status: int, content_type: str, body: bytes) -> bytes | None:
-    """The body to send instead of the upstream's, or None to send the upstream's unchanged."""
-    if status < 500 or content_type.startswith("text/event-stream") or not _LEAK.search(body):
+def sanitize_upstream_error(status: int, content_type: str, body: bytes, cut: bool = False) -> bytes | None:
+    """The body to send instead of the upstream's, or None to send the upstream's unchanged. `cut`: `body` is only
+    the beginning of the upstream's."""
+    if status < 500 or content_type.startswith("text/event-stream") or not (cut or _LEAK.search(body)):
         return None
     error = GuardError(
         f"The upstream failed with an internal error (HTTP {status}); the details are in token-guard's log.",

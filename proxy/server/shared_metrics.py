@@ -1,7 +1,8 @@
 """Metrics of the state shared through Redis (admission.redis_url), read when scraped: whether this instance
 reaches Redis, its failed calls, how many guards share the Redis, each replica's tokens in flight across them, the
 requests this instance admitted on its credit (no round trip), and those it admitted on its own share, or refused,
-while Redis was away."""
+while Redis was away. A replica is labelled by its place in upstream.urls, as in token_guard_inflight_tokens, not by
+its address (which is what Redis keys it by)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ class SharedState(Collector):
         tokens = GaugeMetricFamily(
             "token_guard_shared_inflight_tokens", "KV tokens in flight across guards, as last seen", labels=["replica"]
         )
-        for replica, value in gate.shared_tokens.items():
-            tokens.add_metric([replica], value)
+        for index, url in enumerate(gate.urls):
+            if url in gate.shared_tokens:
+                tokens.add_metric([str(index)], gate.shared_tokens[url])
         local = CounterMetricFamily(
             "token_guard_admission_local_fallbacks", "Requests admitted on this process's share while Redis was away"
         )

@@ -6,6 +6,7 @@ expected and where the value came from. Nothing else in the package reads the en
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -33,6 +34,13 @@ CONFIG_ENV = "TOKEN_GUARD_CONFIG"
 ENV_PREFIX = "TOKEN_GUARD_"
 TOOLING_PREFIXES = ("TOKEN_GUARD_E2E_", "TOKEN_GUARD_BENCH_")  # the test and bench harnesses' own variables
 WORKER_SETUP = "TOKEN_GUARD_WORKER_SETUP"  # how `serve --workers N` hands its settings to its worker processes
+# Keys that once existed and do nothing now: accepted with a warning, so that an older config still loads.
+RETIRED = {
+    "upstream.write_timeout_s": "it was never used (sending a request counts toward upstream.first_byte_timeout_s); "
+    "the deadline for a client that stops reading the guard's answer is server.write_timeout_s",
+}
+
+log = logging.getLogger("token_guard.settings")
 
 
 class SettingsError(ValueError):
@@ -54,6 +62,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_messages": v.integer(1),
         "drain_timeout_s": v.positive_float,
         "read_timeout_s": v.positive_float,
+        "write_timeout_s": v.positive_float,
         "workers": v.integer(1, 64),
     },
     "upstream": {
@@ -63,7 +72,6 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "connect_timeout_s": v.positive_float,
         "first_byte_timeout_s": v.positive_float,
         "read_timeout_s": v.positive_float,
-        "write_timeout_s": v.positive_float,
         "startup_wait_s": v.positive_float,
         "retries": v.integer(0),
         "health_interval_s": v.positive_float,
@@ -219,7 +227,7 @@ def _flag_layer(flags: Mapping[str, Any]) -> _Layer:
 def _validate(merged: _Layer) -> Settings:
     sections: dict[str, Any] = {}
     for section, checks in SCHEMA.items():
-        given = merged.values.get(section, {})
+        given = _without_retired(section, merged.values.get(section, {}), merged.origins)
         unknown = set(given) - set(checks)
         if unknown:
             key = sorted(unknown)[0]
@@ -239,6 +247,17 @@ def _validate(merged: _Layer) -> Settings:
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     return Settings(models=models, keys=keys, **sections)
+
+
+def _without_retired(section: str, given: dict[str, Any], origins: Mapping[str, str]) -> dict[str, Any]:
+    kept = {}
+    for key, value in given.items():
+        dotted = f"{section}.{key}"
+        if dotted in RETIRED:
+            log.warning("%s (from %s) is ignored: %s", dotted, origins[dotted], RETIRED[dotted])
+        else:
+            kept[key] = value
+    return kept
 
 
 def _check(key: str, check: Callable[[Any], Any], value: Any, origins: Mapping[str, str]) -> Any:

@@ -23,6 +23,7 @@ class ServerSettings:
     max_messages: int = 10_000
     drain_timeout_s: float = 30.0
     read_timeout_s: float = 30.0  # a request's headers, and its body, must arrive within this
+    write_timeout_s: float = 30.0  # a client that leaves the guard's writes unread this long is disconnected
     workers: int = 1  # processes serving one port; each takes an equal share of the admission budget
 
 
@@ -34,7 +35,6 @@ class UpstreamSettings:
     connect_timeout_s: float = 5.0
     first_byte_timeout_s: float = 600.0
     read_timeout_s: float = 600.0  # the longest silence allowed between two chunks of an answer
-    write_timeout_s: float = 60.0
     startup_wait_s: float = 300.0
     retries: int = 2
     health_interval_s: float = 5.0

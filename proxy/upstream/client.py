@@ -20,7 +20,7 @@ from proxy.errors import GuardError, UpstreamConnectTimeout, UpstreamRefused, Up
 from proxy.settings import AdmissionSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
 from proxy.upstream.headers import forwardable, outgoing, upstream_auth
-from proxy.upstream.http import HttpClient, UpstreamResponse
+from proxy.upstream.http import GET_BYTES, METRICS_BYTES, HttpClient, UpstreamResponse
 
 if TYPE_CHECKING:
     from proxy.shared.link import RedisLink
@@ -39,6 +39,10 @@ class Replica:
     whole: Budget = field(default_factory=Budget)  # the whole budget: what guards sharing a Redis divide between them
     failures: int = 0
     down_until: float = 0.0
+    index: int = 0  # its place in upstream.urls: what clients may see of it (metrics), where the address is not
+
+    def __str__(self) -> str:
+        return f"replica {self.index} ({self.url})"  # for the guard's own log lines
 
     def take_out(self) -> None:
         self.failures += 1
@@ -73,7 +77,9 @@ class Upstream:
         tokens = admission.max_inflight_tokens if isinstance(admission.max_inflight_tokens, int) else 0
         whole = (tokens, admission.max_inflight_requests)
         share = Budget(_share(whole[0], workers), _share(whole[1], workers))
-        self.replicas = [Replica(url, replace(share), Budget(*whole)) for url in settings.replicas]
+        self.replicas = [
+            Replica(url, replace(share), Budget(*whole), index=i) for i, url in enumerate(settings.replicas)
+        ]
         self.url = ", ".join(r.url for r in self.replicas)
         self.settings = settings
         self.auto_budget = admission.max_inflight_tokens == "auto"
@@ -105,12 +111,16 @@ class Upstream:
             except (UpstreamRefused, UpstreamConnectTimeout) as exc:
                 self._release(ticket)
                 replica.take_out()
-                log.warning("replica %s taken out for %.0f s: %s", replica.url, replica.down_until - time.monotonic(),
+                log.warning("%s taken out for %.0f s: %s", replica, replica.down_until - time.monotonic(),
                             exc.message)  # fmt: skip
                 if last:
                     raise
                 tried.add(index)
                 continue
+            except GuardError as exc:
+                self._release(ticket)
+                log.warning("%s failed a request: %s", replica, exc.message)
+                raise
             except BaseException:
                 self._release(ticket)
                 raise
@@ -120,7 +130,7 @@ class Upstream:
                 tried.add(index)
                 continue
             return Opened(response, ticket, replica.url)
-        raise UpstreamUnavailable(f"No upstream replica could take the request ({self.url}).")
+        raise UpstreamUnavailable("No upstream replica could take the request.")
 
     async def _choose(self, cost: int | None, tried: set[int]) -> tuple[Ticket | None, int]:
         up = {i for i, r in enumerate(self.replicas) if r.budget.available and i not in tried}
@@ -164,10 +174,11 @@ class Upstream:
                 errors.append(UpstreamUnavailable(f"The upstream at {replica.url} answered {path} with invalid JSON."))
         raise errors[0]
 
-    async def get_text(self, replica: str, path: str, timeout_s: float = 5.0) -> str | None:
+    async def get_text(self, replica: str, path: str, timeout_s: float = 5.0, limit: int = GET_BYTES) -> str | None:
         try:
-            status, raw = await self._client.get(replica, path, self._own, timeout_s)
-        except GuardError:
+            status, raw = await self._client.get(replica, path, self._own, timeout_s, limit)
+        except GuardError as exc:
+            log.warning("replica %s: GET %s failed: %s", replica, path, exc.message)
             return None
         return raw.decode(errors="replace") if status == 200 else None
 
@@ -193,7 +204,7 @@ class Upstream:
                     continue
                 if await self._health(replica, 2.0):
                     replica.bring_back()
-                    log.info("replica %s is healthy again", replica.url)
+                    log.info("%s is healthy again", replica)
                     self.admission.wake()
                 else:
                     replica.take_out()
@@ -201,15 +212,15 @@ class Upstream:
     async def learn_budgets(self) -> None:
         """admission.max_inflight_tokens = "auto": each replica's KV cache size from its Prometheus metrics."""
         for replica in self.replicas:
-            capacity = kv_capacity(await self.get_text(replica.url, "/metrics") or "")
+            capacity = kv_capacity(await self.get_text(replica.url, "/metrics", limit=METRICS_BYTES) or "")
             if capacity is None:
-                log.warning("replica %s does not expose vllm:cache_config_info; admission by tokens is off for it",
-                            replica.url)  # fmt: skip
+                log.warning("%s does not expose vllm:cache_config_info; admission by tokens is off for it",
+                            replica)  # fmt: skip
             else:
                 replica.whole.max_tokens = capacity
                 replica.budget.max_tokens = _share(capacity, self.workers)
-                log.info("replica %s: KV budget %d tokens (from vllm:cache_config_info), %d for this worker",
-                         replica.url, capacity, replica.budget.max_tokens)  # fmt: skip
+                log.info("%s: KV budget %d tokens (from vllm:cache_config_info), %d for this worker",
+                         replica, capacity, replica.budget.max_tokens)  # fmt: skip
 
     def _by_health(self) -> list[Replica]:
         return sorted(self.replicas, key=lambda r: (not r.budget.available, r.down_until))

@@ -16,6 +16,7 @@ from typing import Any
 
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.upstream.client import Upstream
+from proxy.upstream.http import count_bytes
 
 log = logging.getLogger("token_guard.upstream_count")
 
@@ -95,10 +96,11 @@ class UpstreamCounter:
 
     async def _ask(self, path: str, payload: dict[str, Any], render: bool = True) -> Any:
         """The upstream's JSON answer; None when a render endpoint is not offered (remembered)."""
-        opened = await self.upstream.open("POST", path, JSON_HEADERS, json.dumps(payload).encode())
+        sent = json.dumps(payload).encode()
+        opened = await self.upstream.open("POST", path, JSON_HEADERS, sent)
         response = opened.response
         try:
-            raw = await response.read()
+            raw = await response.read(count_bytes(len(sent)))
         finally:
             response.close()
         if render and response.status in NOT_OFFERED:

@@ -10,12 +10,17 @@ An answer is opened when its status and headers have arrived, within the shorter
 read_timeout_s; its body is then read whole or relayed chunk by chunk as it comes, each wait for the next chunk at
 most read_timeout_s (silence.py). Closing an answer that was not read to its end closes its connection, which is what
 makes vLLM abort the generation.
+
+What is read whole has a limit: an upstream that answers with hundreds of megabytes (broken, or not the server it
+should be) would otherwise take the guard's memory and hold its event loop while the body is joined. The limits are
+below; what is relayed chunk by chunk needs none, as flow control keeps only a buffer of it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import contextlib
+from collections.abc import AsyncGenerator, Mapping
 
 import aiohttp
 from yarl import URL
@@ -25,6 +30,7 @@ from proxy.errors import (
     UpstreamConnectTimeout,
     UpstreamRefused,
     UpstreamTimeout,
+    UpstreamTooLarge,
     UpstreamUnavailable,
 )
 from proxy.settings import UpstreamSettings
@@ -35,20 +41,34 @@ NOT_ADDED = ("user-agent", "accept", "accept-encoding", "content-type")  # aioht
 # one the upstream is closing at that moment fails a request that never reached it ("server disconnected", a 502).
 KEEPALIVE_S = 3.0
 
+# The most the guard reads of an answer it reads whole (UpstreamResponse.read, HttpClient.get).
+ERROR_BYTES = 64 * 2**10  # an error's body: a 5xx is relayed cut to this, the rest dropped with the connection
+GET_BYTES = 2**20  # the guard's own GETs (/health, /v1/models, /version) and the model lists it filters for a key
+METRICS_BYTES = 16 * 2**20  # vLLM's Prometheus /metrics, read for the KV budget (~100 KB for one model)
+ANSWER_BYTES = 64 * 2**20  # a whole generation's answer (a chunked request's parts)
+EVENT_BYTES = 4 * 2**20  # one event of a stream the guard parses (a chunked request's parts)
 
-def translate(exc: BaseException, base: str) -> GuardError:
-    """The guard's error for an aiohttp failure, worded without the library's class names."""
+
+def count_bytes(sent: int) -> int:
+    """The limit for a counting answer (/tokenize, the render endpoints): it lists a token id per prompt token, so it
+    grows with the request; 16 bytes per byte sent holds a token per byte, and 1 MiB the images a URL names."""
+    return 2**20 + 16 * sent
+
+
+def translate(exc: BaseException) -> GuardError:
+    """The guard's error for an aiohttp failure, worded without the library's class names, nor the upstream's
+    address: the message is the client's (the guard's own log lines name the replica)."""
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return UpstreamConnectTimeout(f"The upstream at {base} did not answer in time (no connection).")
+        return UpstreamConnectTimeout("The upstream did not answer in time (no connection).")
     if isinstance(exc, aiohttp.SocketTimeoutError):
-        return UpstreamTimeout(f"The upstream at {base} did not answer in time (silent for read_timeout_s).")
+        return UpstreamTimeout("The upstream did not answer in time (silent for read_timeout_s).")
     if isinstance(exc, TimeoutError):
-        return UpstreamTimeout(f"The upstream at {base} did not answer in time (no response headers).")
+        return UpstreamTimeout("The upstream did not answer in time (no response headers).")
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamRefused(f"The upstream at {base} could not be reached (connection refused).")
+        return UpstreamRefused("The upstream could not be reached (connection refused).")
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError):
-        return UpstreamUnavailable(f"The upstream at {base} broke the connection.")
-    return UpstreamUnavailable(f"The upstream at {base} answered something that is not HTTP ({type(exc).__name__}).")
+        return UpstreamUnavailable("The upstream broke the connection.")
+    return UpstreamUnavailable(f"The upstream answered something that is not HTTP ({type(exc).__name__}).")
 
 
 def not_added(headers: Mapping[str, str]) -> list[str] | None:
@@ -71,7 +91,7 @@ class UpstreamResponse:
         self.content_type = response.headers.get("content-type", "")
         self.is_sse = self.content_type.startswith("text/event-stream")
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body's bytes as they arrive."""
         watch = self._watch
         try:
@@ -80,12 +100,29 @@ class UpstreamResponse:
                 yield chunk
                 watch.resume()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise translate(exc, self.url) from None
+            raise translate(exc) from None
         finally:
             watch.stop()
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+    async def read(self, limit: int) -> bytes:
+        """The whole body, or UpstreamTooLarge once it passes `limit` bytes (then nothing more is read, and close()
+        closes the connection instead of draining it)."""
+        body, cut = await self.head(limit)
+        if cut:
+            raise UpstreamTooLarge(f"The upstream's answer is larger than {limit} bytes; the guard reads no more.")
+        return body
+
+    async def head(self, limit: int) -> tuple[bytes, bool]:
+        """The body's first `limit` bytes, and whether there was more (left unread)."""
+        chunks: list[bytes] = []
+        size = 0
+        async with contextlib.aclosing(self.chunks()) as reading:
+            async for chunk in reading:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    return b"".join(chunks)[:limit], True
+        return b"".join(chunks), False
 
     def _silent(self) -> None:
         # What aiohttp's own read timeout does: the waiting reader wakes up with it.
@@ -138,7 +175,7 @@ class HttpClient:
             async with asyncio.timeout(self.header_timeout_s):
                 response = await sending
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise translate(exc, base) from None
+            raise translate(exc) from None
         return UpstreamResponse(response, base, self.read_timeout_s)
 
     def _url(self, base: str, path: str, query: str) -> URL:
@@ -150,15 +187,21 @@ class HttpClient:
             port=parsed.explicit_port, path=parsed.raw_path.rstrip("/") + path, query_string=query, encoded=True,
         )  # fmt: skip
 
-    async def get(self, base: str, path: str, headers: Mapping[str, str], timeout_s: float) -> tuple[int, bytes]:
-        """A small GET read whole (health, discovery, metrics): status and body."""
+    async def get(
+        self, base: str, path: str, headers: Mapping[str, str], timeout_s: float, limit: int = GET_BYTES
+    ) -> tuple[int, bytes]:
+        """A small GET read whole (health, discovery, metrics): status and body, at most `limit` bytes of it."""
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._client().get(base + path, headers=headers, allow_redirects=False,
-                                              skip_auto_headers=not_added(headers)) as response:  # fmt: skip
-                    return response.status, await response.read()
+                response = await self._client().get(base + path, headers=headers, allow_redirects=False,
+                                                    skip_auto_headers=not_added(headers))  # fmt: skip
+                answer = UpstreamResponse(response, base, timeout_s)
+                try:
+                    return answer.status, await answer.read(limit)
+                finally:
+                    answer.close()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise translate(exc, base) from None
+            raise translate(exc) from None
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -15,10 +15,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.errors import GuardError, UpstreamUnavailable, first_error
+from proxy.errors import GuardError, UpstreamTooLarge, UpstreamUnavailable, first_error
 from proxy.policy.merge import DONE, StreamMerger, sse
 from proxy.upstream.client import Opened, Upstream
-from proxy.upstream.http import UpstreamResponse
+from proxy.upstream.http import ANSWER_BYTES, ERROR_BYTES, EVENT_BYTES, UpstreamResponse
 
 
 @dataclass
@@ -28,6 +28,12 @@ class PartFailed(Exception):
     status: int
     body: bytes
     content_type: str
+    cut: bool = False  # the body is only the first ERROR_BYTES of the upstream's
+
+
+async def failure(response: UpstreamResponse) -> PartFailed:
+    body, cut = await response.head(ERROR_BYTES)
+    return PartFailed(response.status, body, response.content_type or "application/json", cut)
 
 
 class InFlight(Protocol):
@@ -64,14 +70,14 @@ class PartRunner:
             opened = await self._open(body, cost)
             response = opened.response
             try:
-                raw = await response.read()
+                if response.status != 200:
+                    raise await failure(response)
+                raw = await response.read(ANSWER_BYTES)
             except GuardError as exc:
                 raise UpstreamUnavailable(f"a part's answer broke off: {exc.message}") from None
             finally:
                 self._done(opened)
                 response.close()
-        if response.status != 200:
-            raise PartFailed(response.status, raw, response.headers.get("content-type", "application/json"))
         try:
             answer: dict[str, Any] = json.loads(raw)
         except ValueError as exc:
@@ -110,7 +116,7 @@ class PartRunner:
                 response = part.response
                 try:
                     if response.status != 200:
-                        raise PartFailed(response.status, await response.read(), response.content_type)
+                        raise await failure(response)
                     if index == 0:
                         opened.set_result(None)
                     async for event in sse_events(response):
@@ -184,3 +190,5 @@ async def sse_events(response: UpstreamResponse) -> AsyncIterator[dict[str, Any]
                 if payload == b"[DONE]":
                     return
                 yield json.loads(payload)
+        if len(buffer) > EVENT_BYTES:  # an event that does not end: kept whole, it would take any memory
+            raise UpstreamTooLarge(f"An event in the upstream's stream is larger than {EVENT_BYTES} bytes.")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,10 @@ import httpx
 import pytest
 
 from proxy.server.running import ServerThread
+from tests.server.test_observability import metric
+from tests.server.test_quotas import keyed_guard
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, Tap, guard
+from tests.support.servers import MODEL, Tap, guard, simulator, wait_healthy
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -156,10 +159,14 @@ def test_the_query_string_goes_upstream_exactly_as_sent(proxy: str, sim: Any) ->
     assert sim[2].queries[-1] == b"y=%20z&g"
 
 
-def raw_socket(proxy: str) -> socket.socket:
-    host, port = urlsplit(proxy).hostname, urlsplit(proxy).port
+def address(url: str) -> tuple[str, int]:
+    host, port = urlsplit(url).hostname, urlsplit(url).port
     assert host is not None and port is not None
-    return socket.create_connection((host, port), timeout=10)
+    return host, port
+
+
+def raw_socket(proxy: str) -> socket.socket:
+    return socket.create_connection(address(proxy), timeout=10)
 
 
 def read_all(conn: socket.socket) -> bytes:
@@ -215,6 +222,55 @@ def test_what_cannot_be_a_request_is_refused_in_the_envelope(proxy: str, request
     assert_still_serving(proxy)
 
 
+def with_header(size: int, close: bool = True) -> bytes:
+    """A GET whose request line and headers come to about `size` bytes."""
+    head = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + (b"connection: close\r\n" if close else b"")
+    return head + b"x-junk: " + b"a" * (size - len(head) - 12) + b"\r\n\r\n"
+
+
+def answers(raw: bytes) -> list[tuple[int, bytes]]:
+    """The status and body of each response in `raw` (each with a Content-Length)."""
+    found = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.startswith(b"content-length")))
+        found.append((int(head.split(b" ")[1]), rest[:length]))
+        raw = rest[length:]
+    return found
+
+
+@pytest.mark.parametrize("size", [70_000, 120_000])
+@pytest.mark.parametrize("reads", [1, 2], ids=["sent at once", "completed by a second write"])
+def test_a_request_line_and_headers_over_64_kib_get_431_however_they_arrive(proxy: str, size: int, reads: int) -> None:
+    request = with_header(size)
+    with raw_socket(proxy) as conn:
+        try:
+            conn.sendall(request[: 60_000 if reads == 2 else None])
+            if reads == 2:
+                time.sleep(0.2)  # most likely read apart: the first read leaves the headers incomplete
+                conn.sendall(request[60_000:])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it was all sent
+        ((status, body),) = answers(read_all(conn))
+    assert status == 431 and json.loads(body)["error"]["code"] == 431
+    assert_still_serving(proxy)
+
+
+def test_headers_just_under_64_kib_are_served(proxy: str) -> None:
+    with raw_socket(proxy) as conn:
+        conn.sendall(with_header(60_000))
+        assert [status for status, _ in answers(read_all(conn))] == [200]
+
+
+def test_a_request_with_headers_over_64_kib_pipelined_behind_others_gets_431_after_their_answers(proxy: str) -> None:
+    with raw_socket(proxy) as conn:
+        conn.sendall(with_header(200, close=False) * 2 + with_header(70_000))
+        replies = answers(read_all(conn))  # then closed by the guard (a socket timeout would fail the test)
+    assert [status for status, _ in replies] == [200, 200, 431]
+    assert json.loads(replies[0][1])["data"][0]["id"] == MODEL
+    assert json.loads(replies[2][1])["error"]["type"] == "RequestHeaderFieldsTooLargeError"
+
+
 def test_a_client_that_leaves_mid_upload_is_a_499_record_not_an_error(
     proxy: str, sim: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -227,3 +283,45 @@ def test_a_client_that_leaves_mid_upload_is_a_499_record_not_an_error(
     assert "status=499" in line and "client_gone=True" in line
     assert not any(r.exc_info or r.levelname == "ERROR" for r in caplog.records)
     assert_still_serving(proxy)
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_its_budget_and_quota_come_back(
+    deepseek_dir: Path, tmp_path: Path
+) -> None:
+    """One stream of 16 x 2,000 tokens to a client with a tiny receive buffer that never reads: it holds the whole
+    admission budget, so everyone else gets 429, until server.write_timeout_s passes with nothing read."""
+    hog = chat(stream=True, n=16, max_tokens=2000)
+    config = tmp_path / "guard.toml"
+    config.write_text('[server]\nmetrics_api_key = "sk-scrape"\n'
+                      '[[keys]]\nname = "hog"\nkey = "sk-hog"\ntokens_per_minute = 10000000\n'
+                      '[[keys]]\nname = "other"\nkey = "sk-other"\ntokens_per_minute = 10000000\n')  # fmt: skip
+    with simulator(deepseek_dir, max_model_len=2048) as (sim, _, _):
+        prompt = httpx.post(f"{sim.url}/tokenize", json={"model": MODEL, "messages": hog["messages"]}).json()["count"]
+        cost = (prompt + 2000) * 16
+        flags = {"model.max_model_len": 2048, "admission.max_inflight_tokens": cost, "admission.queue_timeout_s": 0.2,
+                 "server.write_timeout_s": 1.0}  # fmt: skip
+        with keyed_guard(sim.url, deepseek_dir, config, **flags) as proxy:
+            wait_healthy(proxy.url)
+            budget = proxy.app.upstream.admission.budgets[0]
+            other = {"authorization": "Bearer sk-other"}
+
+            def small() -> int:
+                return httpx.post(proxy.url + CHAT, json=chat(max_tokens=2), headers=other, timeout=30).status_code
+
+            with socket.socket() as conn:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before connecting: the window it offers
+                conn.settimeout(10)
+                conn.connect(address(proxy.url))
+                body = json.dumps(hog).encode()
+                head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-hog\r\n"
+                conn.sendall(head + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+                assert eventually(lambda: budget.tokens == cost)  # admitted, and reading nothing
+                assert small() == 429  # the budget is held: no one else gets in
+                assert eventually(lambda: small() == 200, timeout_s=20)
+                assert eventually(lambda: budget.tokens == 0)
+                got = read_all(conn)
+            assert got.startswith(b"HTTP/1.1 200") and b"[DONE]" not in got  # cut off, not let finish
+            scraped = httpx.get(f"{proxy.url}/metrics", headers={"authorization": "Bearer sk-scrape"}).text
+    assert metric(scraped, "token_guard_inflight_tokens") == 0
+    charged = metric(scraped, "token_guard_key_tokens_charged_total", key="hog")
+    assert 0 < charged < cost  # settled: the tokens it never got are given back to its key

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,70 @@ def test_one_structured_line_per_request(stack: tuple[str, Any], caplog: pytest.
     assert line["max_tokens_before"] == 4000 and line["max_tokens_after"] == 2048 - line["prompt_tokens"]
     assert line["status"] == 200 and line["total_s"] >= line["upstream_s"] >= line["upstream_first_byte_s"] > 0
     assert "log-me" in record.getMessage() and "action=clamp" in record.getMessage()
+
+
+FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^ "]*)')
+
+
+def text_fields(line: str) -> list[tuple[str, str]]:
+    """The `name=value` pairs of a text request line, read as the README describes them: a value is either plain (no
+    space, no quote) or a JSON string in quotes. Nothing of the line is left outside a pair."""
+    pairs = FIELD.findall(line)
+    assert " ".join(f"{name}={value}" for name, value in pairs) == line, line
+    return [(name, json.loads(value) if value.startswith('"') else value) for name, value in pairs]
+
+
+def logged(caplog: pytest.LogCaptureFixture, request_id: str) -> logging.LogRecord:
+    assert eventually(lambda: any(getattr(r, "fields", {}).get("request_id") == request_id for r in caplog.records))
+    (record,) = [r for r in caplog.records if getattr(r, "fields", {}).get("request_id") == request_id]
+    return record
+
+
+FORGED_IDS = ["abc key=alice status=200", 'abc" status=500 x="', "abc\\ status=500", "trace=1 request_id=other"]
+
+
+@pytest.mark.parametrize("given", FORGED_IDS)
+def test_a_request_id_cannot_forge_fields_of_the_text_log_line(
+    stack: tuple[str, Any], caplog: pytest.LogCaptureFixture, given: str
+) -> None:
+    url, _ = stack
+    caplog.set_level(logging.INFO, logger="token_guard.requests")
+    assert chat(url, "hi", 3, **{"x-request-id": given}).headers["x-request-id"] == given
+    record = logged(caplog, given)
+    fields = text_fields(record.getMessage())
+    names = [name for name, _ in fields]
+    assert names.count("request_id") == 1 and dict(fields)["request_id"] == given
+    assert names.count("status") == 1 and dict(fields)["status"] == "200"
+    assert "key" not in names and "trace" not in names and "x" not in names
+    assert dict(fields)["endpoint"] == "/v1/chat/completions" and dict(fields)["model"] == MODEL
+    assert json.loads(JsonFormatter().format(record))["request_id"] == given  # the JSON format as it was
+
+
+def test_a_path_cannot_forge_fields_or_lines_of_the_text_log(
+    stack: tuple[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, _ = stack
+    caplog.set_level(logging.INFO, logger="token_guard")
+    broken = httpx.get(f"{url}/v1/nothing%20key=alice%0Astatus=200", headers={"x-request-id": "forged-line"})
+    assert broken.status_code == 400  # a control character in the target: refused before anything else
+    spaced = httpx.get(f"{url}/v1/nothing%20key=alice%20status=200", headers={"x-request-id": "forged-path"})
+    assert spaced.status_code == 404  # no route: the request line's endpoint is only ever a declared route's path
+    for rid in ("forged-line", "forged-path"):
+        lines = [r.getMessage() for r in caplog.records if rid in r.getMessage()]
+        assert lines and all("\n" not in line for line in lines)  # one line each, with the path quoted in it
+        assert not any(r.name == "token_guard.requests" for r in caplog.records if rid in r.getMessage())
+
+
+def test_a_plain_request_line_is_written_as_it_always_was(
+    stack: tuple[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, _ = stack
+    caplog.set_level(logging.INFO, logger="token_guard.requests")
+    chat(url, "hi", 3, **{"x-request-id": "plain-1"})
+    record = logged(caplog, "plain-1")
+    fields = record.fields  # type: ignore[attr-defined]
+    assert record.getMessage() == " ".join(f"{name}={value}" for name, value in fields.items())
+    assert '"' not in record.getMessage()
 
 
 def test_client_disconnects_are_counted_with_how_long_the_guard_took_to_cancel(deepseek_dir: Path) -> None:

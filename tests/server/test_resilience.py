@@ -19,7 +19,9 @@ import pytest
 from proxy.server.running import ServerThread, bind_socket
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
+from tests.server.test_quotas import keyed_guard
 from tests.support.polling import eventually
+from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 from tests.support.servers import MODEL, guard, guard_unchecked, simulator
 
 WINDOW = 2048
@@ -52,7 +54,7 @@ def test_forty_concurrent_requests_within_a_budget_of_four(deepseek_dir: Path) -
     assert [r.status_code for r in responses] == [200] * 40
     waits = [line for line in scraped.splitlines() if line.startswith("token_guard_admission_wait_seconds_count")]
     assert waits and float(waits[0].rsplit(" ", 1)[1]) >= 30
-    assert f'token_guard_inflight_tokens{{replica="{sim.url}"}} 0.0' in scraped  # all released
+    assert 'token_guard_inflight_tokens{replica="0"} 0.0' in scraped  # all released
     assert "token_guard_admission_queue_depth 0.0" in scraped
     assert all(r.json()["usage"]["completion_tokens"] == 100 for r in responses)
     assert stats.kv.peak <= budget  # what the simulator itself saw running at once
@@ -219,3 +221,93 @@ def test_garbage_from_the_upstream_is_502(deepseek_dir: Path) -> None:
             assert "Traceback" not in response.text
     finally:
         raw.close()
+
+
+class HugeServer:
+    """A loopback upstream that answers every request with `status` and a 100 MB body (sent 64 KB at a time);
+    `finished` counts the answers it got out whole, `cut` those whose reader hung up first."""
+
+    SIZE = 100 * 2**20
+
+    def __init__(self, status: int) -> None:
+        self.status, self.finished, self.cut = status, 0, 0
+        self.sock = bind_socket()
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        chunk = b'{"error": "' + b"x" * (65536 - 11)
+        with conn:
+            try:
+                while b"\r\n\r\n" not in conn.recv(65536):
+                    pass
+                conn.sendall(b"HTTP/1.1 %d Oops\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                             % (self.status, self.SIZE))  # fmt: skip
+                for _ in range(self.SIZE // len(chunk)):
+                    conn.sendall(chunk)
+                self.finished += 1
+            except OSError:
+                self.cut += 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "method", "path", "answered"),
+    [(500, "POST", "/v1/chat/completions", 500), (200, "GET", "/v1/models", 502)],
+    ids=["a 5xx error's body", "a model list filtered for a key"],
+)
+def test_an_upstream_answer_read_whole_is_read_only_so_far(
+    deepseek_dir: Path, tmp_path: Path, status: int, method: str, path: str, answered: int
+) -> None:
+    """An upstream answering with 100 MB where the guard reads the answer whole: the guard reads 64 KB (1 MiB for a
+    list), answers in the envelope and hangs up on the upstream, instead of holding it all in memory."""
+    config = tmp_path / "guard.toml"
+    config.write_text(f'[[keys]]\nname = "listed"\nkey = "sk-listed"\nrequests_per_minute = 99\nmodels = ["{MODEL}"]\n')
+    huge = HugeServer(status)
+    try:
+        with keyed_guard(huge.url, deepseek_dir, config, **{"model.max_model_len": WINDOW}) as proxy:
+            sent = body() if method == "POST" else None
+            response = httpx.request(method, proxy.url + path, json=sent, timeout=30,
+                                     headers={"authorization": "Bearer sk-listed"})  # fmt: skip
+            assert response.status_code == answered and len(response.content) < 4096
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+            assert huge.url.removeprefix("http://") not in response.text
+            assert eventually(lambda: huge.cut >= 1) and huge.finished == 0
+            assert httpx.get(proxy.url + "/livez", timeout=10).status_code == 200
+    finally:
+        huge.close()
+
+
+def test_nothing_a_client_sees_names_the_upstream_while_it_is_down(deepseek_dir: Path, redis: RedisServer) -> None:
+    """/health, a request's 502 (streamed or not) and /metrics with every replica down: none tells where the
+    upstream listens (the replicas are numbered in the metrics, by their place in upstream.urls)."""
+    closed = [bind_socket() for _ in range(2)]
+    addresses = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in closed]
+    for sock in closed:
+        sock.close()
+    flags = {"upstream.urls": ",".join(f"http://{a}" for a in addresses), "model.max_model_len": WINDOW,
+             "admission.max_inflight_tokens": 100_000, "admission.redis_url": redis.url}  # fmt: skip
+    with guard_unchecked(f"http://{addresses[0]}", deepseek_dir, **flags) as proxy:
+        answers = [httpx.get(f"{proxy.url}/health")]
+        for stream in (False, True):
+            answers.append(httpx.post(f"{proxy.url}/v1/chat/completions", json=body(stream=stream), timeout=30))
+        assert [a.status_code for a in answers] == [503, 502, 502]
+        assert answers[0].json()["status"] == "unhealthy"
+        assert all(a.json()["error"]["type"] == "BadGatewayError" for a in answers[1:])
+        scraped = httpx.get(f"{proxy.url}/metrics").text
+    assert 'token_guard_inflight_tokens{replica="0"} 0.0' in scraped
+    assert 'token_guard_inflight_tokens{replica="1"} 0.0' in scraped
+    assert 'token_guard_shared_inflight_tokens{replica="' in scraped
+    for text in [*(a.text for a in answers), scraped]:
+        assert not any(address in text for address in addresses), text

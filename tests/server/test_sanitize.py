@@ -66,8 +66,13 @@ def test_other_answers_pass_unchanged(status: int, content_type: str, body: byte
     assert sanitize_upstream_error(status, content_type, body) is None
 
 
+def test_a_5xx_cut_at_its_limit_becomes_a_generic_error_whatever_it_held() -> None:
+    clean = sanitize_upstream_error(500, "application/json", b'{"error": {"message": "Internal', cut=True)
+    assert clean is not None and json.loads(clean)["error"]["code"] == 500
+
+
 def broken_upstream() -> Starlette:
-    """Serves one model, and answers /version with a traceback."""
+    """Serves one model, and answers /version and every generation with a traceback."""
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 2048}]})
@@ -78,7 +83,9 @@ def broken_upstream() -> Starlette:
     async def version(request: Request) -> Response:
         return PlainTextResponse(TRACEBACK, status_code=500)
 
-    return Starlette(routes=[Route("/v1/models", models), Route("/health", health), Route("/version", version)])
+    routes = [Route("/v1/models", models), Route("/health", health), Route("/version", version),
+              Route("/v1/chat/completions", version, methods=["POST"])]  # fmt: skip
+    return Starlette(routes=routes)
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +100,10 @@ def test_a_traceback_from_the_upstream_never_reaches_the_client(proxy: str) -> N
     assert response.headers["content-type"].startswith("application/json")
     assert b"Traceback" not in response.content and b"/usr/lib" not in response.content
     assert response.json()["error"]["type"] == "InternalServerError"
+
+
+def test_a_chunked_requests_failed_part_never_shows_its_traceback(proxy: str) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 3000}], "max_tokens": 5}
+    response = httpx.post(f"{proxy}/v1/chat/completions", json=body, headers={"x-token-guard-overflow": "chunk"})
+    assert response.status_code == 500 and response.json()["error"]["type"] == "InternalServerError"
+    assert b"Traceback" not in response.content and b"/usr/lib" not in response.content

@@ -65,6 +65,7 @@ def test_single_model_from_environment() -> None:
         ({"TOKEN_GUARD_SERVER_PORT": "70000"}, "server.port: expected an integer from 1 to 65535"),
         ({"TOKEN_GUARD_UPSTREAM_URL": "localhost:8000"}, "upstream.url: expected an http:// or https:// URL"),
         ({"TOKEN_GUARD_UPSTREAM_READ_TIMEOUT_S": "-1"}, "upstream.read_timeout_s: expected a number of seconds > 0"),
+        ({"TOKEN_GUARD_SERVER_WRITE_TIMEOUT_S": "0"}, "server.write_timeout_s: expected a number of seconds > 0"),
         ({"TOKEN_GUARD_POLICY_DEFAULT_MAX_TOKENS": "lots"}, "policy.default_max_tokens: expected a token count"),
         ({"TOKEN_GUARD_POLICY_MIN_OUTPUT_TOKENS": "0"}, "policy.min_output_tokens: expected an integer >= 1"),
         ({"TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE": "1.5"}, "admission.redis_block_share: expected a number from 0 "
@@ -94,6 +95,17 @@ def test_bad_values_name_the_key_and_the_source(env: dict[str, str], message: st
 def test_bad_files(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(SettingsError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_settings({}, environ={}, config_file=write(tmp_path, text))
+
+
+def test_a_retired_key_still_loads_with_a_warning_that_names_its_successor(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = write(tmp_path, "[upstream]\nwrite_timeout_s = 60.0\n[server]\nwrite_timeout_s = 5.0\n")
+    settings = load_settings({}, environ={}, config_file=config)
+    assert settings.server.write_timeout_s == 5.0
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "upstream.write_timeout_s" in warning.getMessage() and "server.write_timeout_s" in warning.getMessage()
+    assert load_settings({}, environ={"TOKEN_GUARD_UPSTREAM_WRITE_TIMEOUT_S": "60"}) == Settings()
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:

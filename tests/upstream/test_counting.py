@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from proxy.api.chat import parse_chat
@@ -21,7 +21,7 @@ from proxy.counting.count import count_chat
 from proxy.counting.registry import GuardedModel
 from proxy.counting.source import chat_tokens
 from proxy.counting.tokenizer import load_tokenizer
-from proxy.errors import CountedUpstreamOnly, InvalidRequest
+from proxy.errors import CountedUpstreamOnly, InvalidRequest, UpstreamTooLarge
 from proxy.server.running import ServerThread
 from proxy.settings import UpstreamSettings
 from proxy.upstream.client import Upstream
@@ -105,6 +105,24 @@ def test_the_upstream_counts_through_its_render_endpoint_else_tokenize(upstream:
 def test_a_refusal_of_the_upstream_is_the_clients_400() -> None:
     with ServerThread(fake_vllm(renders=False)) as server, pytest.raises(InvalidRequest, match="System role not"):
         counted(server.url, {"messages": [{"role": "user", "content": "refuse me"}]})
+
+
+def test_a_counting_answer_is_read_no_further_than_its_limit() -> None:
+    """A render answer of 100 MB (35 million token ids) for a prompt of two tokens: the guard stops reading after its
+    limit (1 MiB + 16 bytes per byte sent) and fails the count, instead of holding it all in memory."""
+
+    async def huge() -> AsyncIterator[bytes]:
+        yield b'{"token_ids": ['
+        for _ in range(1600):
+            yield b"7, " * 21845
+        yield b"7]}"
+
+    async def render(request: Request) -> StreamingResponse:
+        return StreamingResponse(huge(), media_type="application/json")
+
+    app = Starlette(routes=[Route("/v1/chat/completions/render", render, methods=["POST"])])
+    with ServerThread(app) as server, pytest.raises(UpstreamTooLarge, match="larger than"):
+        counted(server.url, {"messages": [{"role": "user", "content": "hi"}]})
 
 
 def test_tokenize_body_renders_what_chat_would() -> None:
