@@ -64,7 +64,7 @@ class Guard:
     async def handle(self, path: str, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
         """`findings.api_key`, when set, is the client's named key: its models and output cap apply."""
         server = self.settings.server
-        body = await PARSER.parse(raw, server.max_json_depth)  # the largest in a child process: the loop goes on
+        body = await PARSER.parse(raw, server.max_json_depth, server.max_json_values)  # large: in a child process
         if path.endswith("/chat/completions"):
             outcome = await self._chat(chat_request(body, server.max_messages), raw, headers, findings)
         elif path.endswith("/completions"):

@@ -116,6 +116,8 @@ RAW_BODIES = {
     "bracket bomb": b"[" * 100_000, "object bomb": b'{"a":' * 50_000,
     "deep messages": json.dumps(chat(messages=[{"role": "user", "content": "x", "extra": nested(80)}])).encode(),
     "ten thousand and one messages": json.dumps(chat(messages=[{"role": "user", "content": "x"}] * 10_001)).encode(),
+    "values bomb": json.dumps(chat(unused=[[]] * 100_000)).encode(),
+    "long integer": json.dumps(chat()).replace('"max_tokens": 5', '"max_tokens": 1' + "0" * 5000).encode(),
 }  # fmt: skip
 
 
@@ -124,6 +126,24 @@ RAW_BODIES = {
 def test_broken_and_pathological_bodies_are_400(proxy: str, sim: Any, path: str, raw: bytes) -> None:
     response = httpx.post(proxy + path, content=raw, headers=JSON_HEADERS, timeout=30)
     assert_clean_error(response, 400, sim[0].url)
+    assert_still_serving(proxy)
+
+
+BOMBS = {  # each refused before its values are built, by the setting its message names
+    "values": (json.dumps(chat(unused=[[]] * 100_000)).encode(), "holds 200007 JSON values; at most 131072 are "
+               "accepted (server.max_json_values)"),
+    "long integer": (json.dumps(chat()).replace('"max_tokens": 5', '"max_tokens": 1' + "0" * 5000).encode(),
+                     "holds an integer of more than 4300 digits"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("raw", "message"), BOMBS.values(), ids=BOMBS.keys())
+def test_parsing_bombs_are_a_400_that_says_why(proxy: str, sim: Any, raw: bytes, message: str) -> None:
+    before = sim[1].received
+    response = httpx.post(proxy + CHAT, content=raw, headers=JSON_HEADERS, timeout=30)
+    error = assert_clean_error(response, 400, sim[0].url)
+    assert message in error["message"] and error["param"] is None
+    assert sim[1].received == before  # refused at the door
     assert_still_serving(proxy)
 
 
