@@ -123,6 +123,12 @@ def optional(body: dict[str, Any], key: str, kind: type, expected: str) -> Any:
     return value
 
 
+def token_ids(values: list[Any]) -> bool:
+    """Whether every value is a token id (an int >= 0, not a bool), at C speed: a prompt may hold a few hundred
+    thousand of them (server.max_json_values), and a Python-level check of each would hold the event loop ~20 ms."""
+    return set(map(type, values)) <= {int} and (not values or min(values) >= 0)
+
+
 def kind_of(value: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")

@@ -6,7 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.api.body import MAX_DEPTH, check_min_tokens, choices, count_field, flag, model_name, parse_json_object
+from proxy.api.body import (
+    MAX_DEPTH,
+    check_min_tokens,
+    choices,
+    count_field,
+    flag,
+    model_name,
+    parse_json_object,
+    token_ids,
+)
 from proxy.errors import InvalidRequest
 
 
@@ -53,14 +62,10 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
         raise InvalidRequest(expected, param="prompt")
     if not prompt or prompt == [[]]:
         raise InvalidRequest("please provide at least one prompt", param="prompt")
-    if all(_is_token(t) for t in prompt):
+    if token_ids(prompt):
         return [prompt]
     if all(isinstance(p, str) for p in prompt):
         return list(prompt)
-    if all(isinstance(p, list) and p and all(_is_token(t) for t in p) for p in prompt):
+    if all(isinstance(p, list) and p and token_ids(p) for p in prompt):
         return list(prompt)
     raise InvalidRequest(expected + " Strings and token ids cannot be mixed.", param="prompt")
-
-
-def _is_token(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
