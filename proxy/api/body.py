@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from proxy.api.shape import check_shape
+from proxy.api.shape import check_embedded, check_shape
 from proxy.errors import InvalidRequest
 from proxy.settings import ServerSettings
 
@@ -22,7 +22,7 @@ MAX_VALUES = ServerSettings.max_json_values
 
 
 def parse_json_object(raw: bytes, max_depth: int = MAX_DEPTH, max_values: int = MAX_VALUES) -> dict[str, Any]:
-    check_shape(raw, max_depth, max_values)
+    strings_hold_more = check_shape(raw, max_depth, max_values)
     try:
         body = without_gc(json.loads, raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -38,7 +38,18 @@ def parse_json_object(raw: bytes, max_depth: int = MAX_DEPTH, max_values: int = 
         raise InvalidRequest(f"The request body must be a JSON object, got {kind_of(body)}.")
     if _SURROGATE_ESCAPE.search(raw):
         _check_unicode(body)
+    if strings_hold_more:
+        check_embedded(body, max_values)
     return body
+
+
+def json_arguments(text: str) -> Any:
+    """A tool call's `arguments` string parsed as vLLM parses it, or None when it cannot be read (malformed, an integer
+    too long, nested deeper than the parser recurses). Its values are bounded with the body's (check_embedded)."""
+    try:
+        return without_gc(json.loads, text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def without_gc(fn: Callable[..., T], *args: Any) -> T:

@@ -4,6 +4,8 @@ Python objects, and a deep one makes the parser recurse; these bounds cost only 
 
 from __future__ import annotations
 
+from typing import Any
+
 from proxy.errors import InvalidRequest
 
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
@@ -16,12 +18,13 @@ def values_bound(raw: bytes) -> int:
     return raw.count(b"[") + raw.count(b"{") + raw.count(b",")
 
 
-def check_shape(raw: bytes, max_depth: int, max_values: int) -> None:
-    """A 400 for arrays and objects nested deeper than `max_depth`, or for more than `max_values` values."""
+def check_shape(raw: bytes, max_depth: int, max_values: int) -> bool:
+    """A 400 for arrays and objects nested deeper than `max_depth`, or for more than `max_values` values. True when
+    the body's strings could hold more than `max_values` values of JSON text (then check_embedded, once parsed)."""
     brackets = raw.count(b"[") + raw.count(b"{")
     bound = len(raw) if len(raw) <= max_values else brackets + raw.count(b",")  # of values, strings included
     if brackets <= max_depth and bound <= max_values:
-        return  # (most bodies) too few brackets to nest that deep, too few bytes or separators for that many
+        return False  # (most bodies) too few brackets to nest that deep, too few bytes or separators for that many
     outside = _outside_strings(raw)
     _check_depth(outside.translate(_SQUARE, _NOT_BRACKET), max_depth)
     values = count_values(outside)
@@ -29,12 +32,35 @@ def check_shape(raw: bytes, max_depth: int, max_values: int) -> None:
         raise InvalidRequest(
             f"The request body holds {values} JSON values; at most {max_values} are accepted (server.max_json_values)."
         )
+    return bound > max_values
 
 
 def count_values(outside: bytes) -> int:
     """The values in JSON text with its strings taken out (_outside_strings): its `[`, `{` and `,`, which is one per
     array item and object member, plus one per empty array or object."""
     return outside.count(b"[") + outside.count(b"{") + outside.count(b",")
+
+
+def check_embedded(body: dict[str, Any], max_values: int) -> None:
+    """A 400 when the JSON texts in the body's strings that the guard parses, as vLLM does (tool calls' `arguments`),
+    hold more than `max_values` values together. Only needed when check_shape says so: else those texts, being part
+    of the raw body, are bounded with it."""
+    values = sum(count_values(_outside_strings(text.encode(errors="surrogatepass"))) for text in _arguments(body))
+    if values > max_values:
+        raise InvalidRequest(
+            f"The tool calls' arguments in the request body hold {values} JSON values; at most {max_values} are "
+            "accepted (server.max_json_values)."
+        )
+
+
+def _arguments(value: Any) -> list[str]:
+    """Every string under an `arguments` key, at any depth (chat tool calls, Responses function_call items)."""
+    if isinstance(value, list):
+        return [text for item in value for text in _arguments(item)]
+    if not isinstance(value, dict):
+        return []
+    found = [value["arguments"]] if isinstance(value.get("arguments"), str) else []
+    return found + [text for item in value.values() if isinstance(item, list | dict) for text in _arguments(item)]
 
 
 def _outside_strings(raw: bytes) -> bytes:

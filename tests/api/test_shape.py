@@ -1,5 +1,6 @@
 """A body's number of values is bounded before json.loads builds any (server.max_json_values): the count is exact,
-and strings do not count. Integers too long for Python's int() are a 400 as well, never a 500."""
+strings do not count, and JSON held in tool calls' `arguments` strings, which the guard parses too, is bounded with
+it. Integers too long for Python's int() are a 400 as well, never a 500."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.api.body import parse_json_object
+from proxy.api.body import json_arguments, parse_json_object
 from proxy.api.shape import check_shape
 from proxy.errors import InvalidRequest
 
@@ -65,9 +66,39 @@ def test_more_values_than_the_limit_is_a_400_that_names_the_setting() -> None:
     assert len(parse_json_object(raw, max_values=4002)["unused"]) == 2000
 
 
+def chat_with_arguments(arguments: str) -> bytes:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    return json.dumps({"model": "m", "messages": messages}).encode()
+
+
+def test_json_in_tool_call_arguments_is_bounded_too() -> None:
+    many = json.dumps({"a": [[] for _ in range(600)]})  # 1,201 values, inside a string of the body
+    with pytest.raises(InvalidRequest, match=r"tool calls' arguments .* hold 1201 JSON values; at most 1024 .*"
+                                             r"\(server.max_json_values\)"):  # fmt: skip
+        parse_json_object(chat_with_arguments(many), max_values=1024)
+    fewer = json.dumps({"a": [[] for _ in range(500)]})
+    body = parse_json_object(chat_with_arguments(fewer), max_values=1024)
+    assert json_arguments(body["messages"][1]["tool_calls"][0]["function"]["arguments"]) == json.loads(fewer)
+
+
+def test_responses_function_call_arguments_are_bounded_too() -> None:
+    item = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": json.dumps(list(range(2000)))}
+    raw = json.dumps({"model": "m", "input": [item]}).encode()
+    with pytest.raises(InvalidRequest, match="tool calls' arguments"):
+        parse_json_object(raw, max_values=1024)
+
+
 @pytest.mark.parametrize("digits", [4301, 100_000])
 def test_an_integer_longer_than_python_reads_is_a_400(digits: int) -> None:
     raw = b'{"model": "m", "max_tokens": 1' + b"0" * (digits - 1) + b"}"
     with pytest.raises(InvalidRequest, match="an integer of more than 4300 digits"):
         parse_json_object(raw)
     assert parse_json_object(b'{"max_tokens": 1' + b"0" * 4299 + b"}")["max_tokens"] == 10**4299
+
+
+@pytest.mark.parametrize(
+    "arguments", ['{"a": 1', '{"a": 1' + "0" * 5000 + "}", "[" * 100_000 + "]" * 100_000, "[1, 2]", "3"]
+)
+def test_tool_call_arguments_that_cannot_be_read_as_an_object_are_none_or_not_a_dict(arguments: str) -> None:
+    assert not isinstance(json_arguments(arguments), dict)

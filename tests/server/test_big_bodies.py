@@ -101,6 +101,16 @@ def test_a_body_of_millions_of_values_is_refused_before_any_is_built(stack: Stac
     assert post(stack, "still there?").status_code == 200
 
 
+def test_json_of_millions_of_values_in_tool_call_arguments_is_refused_too(stack: Stack) -> None:
+    arguments = b'{"a": [' + b",".join([b"[]"] * 10_000_000) + b"]}"
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments.decode()}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    response = httpx.post(stack.url + CHAT, json={"model": MODEL, "messages": messages}, timeout=300)
+    assert response.status_code == 400, response.text
+    assert "tool calls' arguments" in response.json()["error"]["message"]
+    assert peak_with_children_mb(stack.guard_pid) < PEAK_MB
+
+
 def test_a_prompt_of_token_ids_just_under_the_values_limit_is_counted(stack: Stack) -> None:
     prompt = [i % 1000 for i in range(131_000)]
     response = httpx.post(stack.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1},
