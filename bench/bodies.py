@@ -1,8 +1,9 @@
 """`python -m bench bodies`: what the largest bodies cost the guard. `token-guard serve` runs in a process of its own
-in front of the simulator (a fresh one per case); each case posts its body and reports the answer's status and time,
-the guard's RSS before, at its peak and after (from /proc), the peak of the guard and its child processes together
-(sampled every 20 ms; and the sum of each one's own peak, which they need not reach at once, so never below the true
-one), and the slowest /livez answered meanwhile (a loop held by the work shows there).
+in front of the simulator (a fresh one per case, its body parser's child process already started); each case posts
+its body and reports the answer's status and time, the guard's RSS before, at its peak and after (from /proc), the
+peak of the guard and its child processes together (sampled every 20 ms; and the sum of each one's own peak, which
+they need not reach at once, so never below the true one), and the slowest /livez answered meanwhile (a loop held by
+the work shows there).
 
 A case is `kind:amount`, optionally followed by `xN` for N such bodies posted at once:
 
@@ -31,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from proxy.assets import write_demo_tokenizer_dir
+from proxy.counting.isolated import LOOP_VALUES
 from proxy.server.running import bind_socket
 
 MODEL = "tiny"
@@ -71,6 +73,9 @@ def measure(tokenizer: Path, case: str) -> str:
     url = f"http://127.0.0.1:{guard_port}"
     try:
         _wait_ready(url)
+        # the body parser's child process, spawned on first use: running from here on, so that the peaks are the
+        # body's (and a fork not yet turned into the child does not count the guard's pages twice)
+        _post(url + "/v1/completions", json.dumps({"model": MODEL, "prompt": [1] * (LOOP_VALUES + 1)}).encode())
         before = _rss_mb(guard.pid)
         peak, together, slowest, done = [before], [before], [0.0], threading.Event()
         watchers = [threading.Thread(target=_sample, args=(guard.pid, peak, together, done)),
