@@ -1,31 +1,68 @@
-"""Reading a request body: one JSON object (nesting bounded before it is parsed), its typed fields, and the body
-written back with changed fields. Shared by every endpoint's wire model."""
+"""Reading a request body: one JSON object (its nesting and its number of values bounded before it is parsed, in
+api/shape.py), its typed fields, and the body written back with changed fields. Shared by every endpoint's wire
+model."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
-from typing import Any
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from proxy.api.shape import check_embedded, check_shape
 from proxy.errors import InvalidRequest
 from proxy.settings import ServerSettings
 
+T = TypeVar("T")
+
 MAX_DEPTH = ServerSettings.max_json_depth
+MAX_VALUES = ServerSettings.max_json_values
 
 
-def parse_json_object(raw: bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
-    check_depth(raw, max_depth)
+def parse_json_object(raw: bytes, max_depth: int = MAX_DEPTH, max_values: int = MAX_VALUES) -> dict[str, Any]:
+    strings_hold_more = check_shape(raw, max_depth, max_values)
     try:
-        body = json.loads(raw)
+        body = without_gc(json.loads, raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidRequest("The request body is nested too deeply to be read.") from None
+    except ValueError:  # the one other error json.loads raises: int() refuses a literal this long
+        raise InvalidRequest(
+            f"The request body holds an integer of more than {sys.get_int_max_str_digits()} digits, which neither "
+            "the guard nor vLLM reads."
+        ) from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, got {kind_of(body)}.")
     if _SURROGATE_ESCAPE.search(raw):
         _check_unicode(body)
+    if strings_hold_more:
+        check_embedded(body, max_values)
     return body
+
+
+def json_arguments(text: str) -> Any:
+    """A tool call's `arguments` string parsed as vLLM parses it, or None when it cannot be read (malformed, an integer
+    too long, nested deeper than the parser recurses). Its values are bounded with the body's (check_embedded)."""
+    try:
+        return without_gc(json.loads, text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def without_gc(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) with the cyclic garbage collector paused. Building many containers (a parse, an unpickle) otherwise
+    sets off collections that scan the whole heap, tripling the time; JSON values hold no cycles, so refcounting
+    frees them and the collector has nothing to find in them."""
+    if not gc.isenabled():
+        return fn(*args)
+    gc.disable()
+    try:
+        return fn(*args)
+    finally:
+        gc.enable()
 
 
 # Only a \uD800-\uDFFF escape can put a lone surrogate in the parsed text (raw bytes must be valid UTF-8); a pair of
@@ -41,32 +78,6 @@ def _check_unicode(body: dict[str, Any]) -> None:
         raise InvalidRequest(
             f"The request body is not valid Unicode text: it holds a lone surrogate ({bad}), which cannot be encoded."
         ) from None
-
-
-_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
-_SQUARE = bytes.maketrans(b"{}", b"[]")
-
-
-def check_depth(raw: bytes, max_depth: int) -> None:
-    """A 400 for arrays and objects nested deeper than `max_depth`, before json.loads builds (or recurses into)
-    anything. Only C-speed bytes operations: drop the strings, keep the brackets, then drop the innermost `[]` pairs
-    once per level; a body nested d deep is empty after d passes."""
-    if raw.count(b"[") + raw.count(b"{") <= max_depth:
-        return
-    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")  # after this, every `"` opens or closes a string
-    shape = b"".join(unescaped.split(b'"')[::2]).translate(_SQUARE, _NOT_BRACKET)
-    too_deep = b"[" * (max_depth + 1)
-    for level in range(max_depth):
-        if level < 2 and too_deep in shape:  # the plain nesting bomb, with or without leaves, ends here at once
-            break
-        shorter = shape.replace(b"[]", b"")
-        if len(shorter) == len(shape):
-            return  # no pairs left: shallow enough (or not JSON, which json.loads will say)
-        shape = shorter
-    if b"[]" in shape or too_deep in shape:
-        raise InvalidRequest(
-            f"The request body is nested too deeply: more than {max_depth} levels (server.max_json_depth)."
-        )
 
 
 def model_name(body: dict[str, Any]) -> str | None:
@@ -123,13 +134,15 @@ def optional(body: dict[str, Any], key: str, kind: type, expected: str) -> Any:
     return value
 
 
+def token_ids(values: list[Any]) -> bool:
+    """Whether every value is a token id (an int >= 0, not a bool), at C speed: a prompt may hold a few hundred
+    thousand of them (server.max_json_values), and a Python-level check of each would hold the event loop ~20 ms."""
+    return set(map(type, values)) <= {int} and (not values or min(values) >= 0)
+
+
 def kind_of(value: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
-
-
-def is_token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def with_changes(body: dict[str, Any], changes: dict[str, Any]) -> bytes:

@@ -12,9 +12,9 @@ from proxy.api.body import (
     choices,
     count_field,
     flag,
-    is_token_id,
     model_name,
     parse_json_object,
+    token_ids,
 )
 from proxy.errors import InvalidRequest
 
@@ -62,10 +62,10 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
         raise InvalidRequest(expected, param="prompt")
     if not prompt or prompt == [[]]:
         raise InvalidRequest("please provide at least one prompt", param="prompt")
-    if all(is_token_id(t) for t in prompt):
+    if token_ids(prompt):
         return [prompt]
     if all(isinstance(p, str) for p in prompt):
         return list(prompt)
-    if all(isinstance(p, list) and p and all(is_token_id(t) for t in p) for p in prompt):
+    if all(isinstance(p, list) and p and token_ids(p) for p in prompt):
         return list(prompt)
     raise InvalidRequest(expected + " Strings and token ids cannot be mixed.", param="prompt")

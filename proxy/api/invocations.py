@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from proxy.api.body import token_ids
 from proxy.api.pooling import SCORE_PAIRS
 from proxy.errors import InvalidRequest
 
@@ -60,10 +61,6 @@ def _is_prompt(prompt: Any) -> bool:
         return False
     return (
         all(isinstance(p, str) for p in prompt)
-        or all(_is_token(t) for t in prompt)
-        or all(isinstance(p, list) and all(_is_token(t) for t in p) for p in prompt)
+        or token_ids(prompt)
+        or all(isinstance(p, list) and token_ids(p) for p in prompt)
     )
-
-
-def _is_token(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from proxy.api.body import MAX_DEPTH, count_field, flag, is_token_id, kind_of, model_name, parse_json_object
+from proxy.api.body import MAX_DEPTH, count_field, flag, kind_of, model_name, parse_json_object, token_ids
 from proxy.errors import InvalidRequest
 
 Kind = Literal["embeddings", "pooling", "classify", "score", "rerank"]
@@ -121,9 +121,9 @@ def _inputs(value: Any) -> list[str | list[int]]:
         return [value]
     if not isinstance(value, list):
         raise InvalidRequest(expected, param="input")
-    if all(is_token_id(t) for t in value):
+    if token_ids(value):
         return [value] if value else []
-    if all(isinstance(p, str) for p in value) or all(isinstance(p, list) and all(is_token_id(t) for t in p)
+    if all(isinstance(p, str) for p in value) or all(isinstance(p, list) and token_ids(p)
                                                       for p in value):  # fmt: skip
         return list(value)
     raise InvalidRequest(expected + " Strings and token ids cannot be mixed.", param="input")

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from proxy.api.body import check_min_tokens, choices, count_field, is_token_id, kind_of, model_name, optional
+from proxy.api.body import check_min_tokens, choices, count_field, kind_of, model_name, optional
+from proxy.api.body import token_ids as all_token_ids
 from proxy.errors import InvalidRequest
 
 SAMPLING = "sampling_params"
@@ -38,7 +39,7 @@ def generate_request(body: dict[str, Any]) -> GenerateRequest:
     token_ids = body.get("token_ids")
     if not isinstance(token_ids, list) or not token_ids:
         raise InvalidRequest("'token_ids' must be a non-empty array of token ids.", param="token_ids")
-    if not all(is_token_id(t) for t in token_ids):
+    if not all_token_ids(token_ids):
         raise InvalidRequest("'token_ids' must hold non-negative integers only.", param="token_ids")
     sampling = body.get(SAMPLING)
     if not isinstance(sampling, dict):

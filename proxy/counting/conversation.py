@@ -10,7 +10,6 @@ releases (5.23 copies `reasoning` into `thinking`; the 5.17 and 5.19 that vLLM 0
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
@@ -18,6 +17,8 @@ from typing import Any, Literal
 
 import jinja2
 import jinja2.nodes as jn
+
+from proxy.api.body import json_arguments
 
 ContentFormat = Literal["string", "openai"]
 
@@ -157,7 +158,8 @@ def _in_order(fields: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
 
 def _parse_tool_call_arguments(conversation: list[dict[str, Any]]) -> None:
     # vLLM hands templates the arguments as objects, as transformers' tool-use templates expect; missing or
-    # malformed arguments become {} so that one bad turn in the history does not fail every later request.
+    # malformed (or unreadable: an integer too long) arguments become {} so that one bad turn in the history does not
+    # fail every later request.
     for message in conversation:
         calls = message.get("tool_calls")
         if calls == []:
@@ -170,10 +172,7 @@ def _parse_tool_call_arguments(conversation: list[dict[str, Any]]) -> None:
             if not arguments:
                 function["arguments"] = {}
             elif isinstance(arguments, str):
-                try:
-                    parsed = json.loads(arguments)
-                except json.JSONDecodeError:
-                    parsed = {}
+                parsed = json_arguments(arguments)
                 function["arguments"] = parsed if isinstance(parsed, dict) else {}
 
 

@@ -14,10 +14,10 @@ mistral_common's errors become the guard's 400 here, at this module's boundary.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
+from proxy.api.body import json_arguments
 from proxy.api.chat import ChatRequest
 from proxy.counting.conversation import MEDIA_PART_TYPES, to_tools
 from proxy.errors import CountedUpstreamOnly, InvalidRequest
@@ -128,10 +128,7 @@ def _arguments(arguments: Any) -> dict[str, Any]:
         return arguments
     if not arguments or not isinstance(arguments, str):
         return {}
-    try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError:
-        return {}
+    parsed = json_arguments(arguments)
     return parsed if isinstance(parsed, dict) else {}
 
 

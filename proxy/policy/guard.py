@@ -83,7 +83,7 @@ class Guard:
         if route.reads == "audio":  # a multipart form, not JSON
             outcome = self._audio(audio_request(raw, headers.get("content-type", "")), raw, headers, findings)
         else:
-            body = await PARSER.parse(raw, server.max_json_depth)  # the largest in a child process: the loop goes on
+            body = await PARSER.parse(raw, server.max_json_depth, server.max_json_values)  # large: in a child process
             if route.kind is Kind.COUNT:
                 outcome = await self._counted(route, body, raw, headers, findings)
             else:

@@ -59,6 +59,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "passthrough_paths": v.list_of(v.route_path),
         "max_body_bytes": v.integer(1024),
         "max_json_depth": v.integer(8),
+        "max_json_values": v.integer(1024),
         "max_messages": v.integer(1),
         "drain_timeout_s": v.positive_float,
         "read_timeout_s": v.positive_float,

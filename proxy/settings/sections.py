@@ -20,6 +20,7 @@ class ServerSettings:
     passthrough_paths: tuple[str, ...] = ()  # more read-only routes relayed unchanged (with a client key)
     max_body_bytes: int = 32 * 2**20
     max_json_depth: int = 64
+    max_json_values: int = 2**17  # array items and object members: a prompt of token ids takes one per token
     max_messages: int = 10_000
     drain_timeout_s: float = 30.0
     read_timeout_s: float = 30.0  # a request's headers, and its body, must arrive within this

@@ -13,7 +13,9 @@ from proxy.errors import InvalidRequest
 @pytest.mark.parametrize(
     "prompt,fragment",
     [(None, "must be a string"), (5, "must be a string"), ([], "at least one prompt"), ([[]], "at least one prompt"),
-     (["a", [1]], "cannot be mixed"), ([1, "a"], "cannot be mixed"), ([-1], "cannot be mixed"), ([True], "mixed")],
+     (["a", [1]], "cannot be mixed"), ([1, "a"], "cannot be mixed"), ([-1], "cannot be mixed"), ([True], "mixed"),
+     ([1, 2.0], "mixed"), ([1, None], "mixed"), ([[1, 2], [3, -4]], "mixed"), ([[1], [False]], "mixed"),
+     ([[1], []], "mixed")],
 )  # fmt: skip
 def test_bad_completion_prompts(prompt: object, fragment: str) -> None:
     with pytest.raises(InvalidRequest) as info:
@@ -26,3 +28,4 @@ def test_prompt_forms() -> None:
     assert parse_completion(b'{"prompt": ["a", "b"]}').prompts == ["a", "b"]
     assert parse_completion(b'{"prompt": [1, 2]}').prompts == [[1, 2]]
     assert parse_completion(b'{"prompt": [[1], [2, 3]]}').prompts == [[1], [2, 3]]
+    assert parse_completion(b'{"prompt": [0, 150000]}').prompts == [[0, 150000]]

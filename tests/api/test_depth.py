@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.api.body import check_depth, parse_json_object
+from proxy.api.body import parse_json_object
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
+from proxy.api.shape import check_shape
 from proxy.errors import InvalidRequest
 
 
@@ -44,7 +45,7 @@ def test_depth_limit_is_exact(depth: int) -> None:
 
 def _passes(raw: bytes, max_depth: int) -> bool:
     try:
-        check_depth(raw, max_depth)
+        check_shape(raw, max_depth, max_values=len(raw))
     except InvalidRequest:
         return False
     return True

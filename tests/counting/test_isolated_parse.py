@@ -1,5 +1,5 @@
-"""The largest request bodies are parsed in a child process (counting/isolated.py), so that the event loop keeps
-answering: the result and the errors are the same as parsing here."""
+"""The largest request bodies, and those of many values, are parsed in a child process (counting/isolated.py), so
+that the event loop keeps answering: the result and the errors are the same as parsing here."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.api.body import parse_json_object
-from proxy.counting.isolated import LARGE_BODY_BYTES, BodyParser
+from proxy.api.body import MAX_VALUES, parse_json_object
+from proxy.counting.isolated import LARGE_BODY_BYTES, LOOP_VALUES, BodyParser
 from proxy.errors import InvalidRequest
 
 
@@ -31,8 +31,20 @@ def test_a_large_body_parsed_in_the_child_is_the_body_parsed_here(parser: BodyPa
     assert asyncio.run(parser.parse(raw, 64)) == parse_json_object(raw, 64)
 
 
-def test_the_loop_keeps_turning_while_the_child_parses(parser: BodyParser) -> None:
-    raw = large()
+def many_values(count: int = 2 * LOOP_VALUES) -> bytes:
+    """A body far below LARGE_BODY_BYTES of many values of every JSON kind."""
+    values = [[i, -i * 0.5, None, True, "naïve 東京", {"k": [1e300, -(2**70)]}] for i in range(count // 12)]
+    return json.dumps({"model": "m", "prompt": list(range(count // 2)), "extra": values, "long": 10**4299}).encode()
+
+
+def test_a_body_of_many_values_parsed_in_the_child_is_the_body_parsed_here(parser: BodyParser) -> None:
+    raw = many_values()
+    assert len(raw) < LARGE_BODY_BYTES
+    assert json.dumps(asyncio.run(parser.parse(raw, 64))) == json.dumps(parse_json_object(raw, 64))
+
+
+@pytest.mark.parametrize("raw", [large(), many_values()], ids=["large", "many values"])
+def test_the_loop_keeps_turning_while_the_child_parses(parser: BodyParser, raw: bytes) -> None:
 
     async def run() -> int:
         turns = 0
@@ -53,6 +65,14 @@ def test_the_loop_keeps_turning_while_the_child_parses(parser: BodyParser) -> No
         (b"[" * 100 + large() + b"]" * 100, "nested too deeply", InvalidRequest),
         (b'["' + b"x" * LARGE_BODY_BYTES + b'"]', "must be a JSON object", InvalidRequest),
         (large("a\\ud800b" + "c" * LARGE_BODY_BYTES).replace(b"\\\\ud800", b"\\ud800"), "lone surrogate",
+         InvalidRequest),
+        (b'{"unused": [' + b",".join([b"[]"] * (LARGE_BODY_BYTES // 3)) + b"]}", "(server.max_json_values)",
+         InvalidRequest),
+        (b'{"unused": [' + b",".join([b"{}"] * (MAX_VALUES // 2 + 1)) + b"]}", "(server.max_json_values)",
+         InvalidRequest),
+        (large().replace(b'"max_tokens": 3', b'"max_tokens": 1' + b"0" * 5000), "more than 4300 digits",
+         InvalidRequest),
+        (many_values().replace(b'"prompt": [0,', b'"prompt": [1' + b"0" * 5000 + b","), "more than 4300 digits",
          InvalidRequest),
     ],
 )  # fmt: skip

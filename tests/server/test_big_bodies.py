@@ -1,22 +1,25 @@
 """The largest bodies the guard accepts (just under the 32 MiB default max_body_bytes) cost bounded memory: a prompt
 whose size alone proves it cannot fit is refused from that size, without being rendered or encoded; one that is
-truncated is counted in slices and encoded with offsets only at its ends. The guard runs in a process of its own, so
-its peak memory (VmHWM) is its own."""
+truncated is counted in slices and encoded with offsets only at its ends; a body of millions of small values is
+refused before any is built. The guard runs in a process of its own, so its peak memory (VmHWM) is its own, and
+with its children's (the body parser) all the memory a body costs."""
 
 from __future__ import annotations
 
 import json
 import random
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.processes import Stack, guard_and_simulator, rss_mb
+from tests.support.processes import Stack, guard_and_simulator, peak_with_children_mb, rss_mb
 from tests.support.servers import MODEL
 
 CHAT = "/v1/chat/completions"
+MAX_BODY = 32 * 2**20
 PEAK_MB = 600  # the guard's documented ceiling for one largest request
 AFTER_MB = 250  # what it may keep afterwards
 
@@ -74,3 +77,53 @@ def test_a_3_mb_prompt_is_truncated_exactly_in_bounded_memory(stack: Stack) -> N
     assert int(response.headers["x-token-guard-prompt-tokens"]) == usage["prompt_tokens"]
     assert usage["prompt_tokens"] + 10 <= 2048
     assert rss_mb(stack.guard_pid, "VmHWM") < PEAK_MB
+
+
+def filled(element: bytes, size: int) -> bytes:
+    """A small chat request with an unused field of `element`s that fills the body to `size` bytes at most."""
+    head = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}).encode()
+    head = head[:-1] + b', "unused": ['
+    return head + b",".join([element] * ((size - len(head) - 2 + 1) // (len(element) + 1))) + b"]}"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [filled(b"[]", MAX_BODY - 4096), filled(b"{}", MAX_BODY - 4096), filled(b"{}", 4 * 2**20 - 4096)],
+    ids=["32 MiB of []", "32 MiB of {}", "4 MiB of {}"],
+)
+def test_a_body_of_millions_of_values_is_refused_before_any_is_built(stack: Stack, raw: bytes) -> None:
+    response = httpx.post(stack.url + CHAT, content=raw, timeout=300, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["message"].endswith("JSON values; at most 131072 are accepted (server.max_json_values).")
+    assert error["param"] is None
+    assert peak_with_children_mb(stack.guard_pid) < PEAK_MB
+    assert post(stack, "still there?").status_code == 200
+
+
+def test_json_of_millions_of_values_in_tool_call_arguments_is_refused_too(stack: Stack) -> None:
+    arguments = b'{"a": [' + b",".join([b"[]"] * 10_000_000) + b"]}"
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments.decode()}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    response = httpx.post(stack.url + CHAT, json={"model": MODEL, "messages": messages}, timeout=300)
+    assert response.status_code == 400, response.text
+    assert "tool calls' arguments" in response.json()["error"]["message"]
+    assert peak_with_children_mb(stack.guard_pid) < PEAK_MB
+
+
+def test_a_prompt_of_token_ids_just_under_the_values_limit_is_counted(stack: Stack) -> None:
+    prompt = [i % 1000 for i in range(131_000)]
+    response = httpx.post(stack.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1},
+                          timeout=300)  # fmt: skip
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert response.headers["x-token-guard-prompt-tokens"] == "131000"
+
+
+def test_eight_of_the_largest_prompts_at_once_are_all_answered(stack: Stack) -> None:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": varied_words(31, seed=4)}]}).encode()
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: httpx.post(stack.url + CHAT, content=body, timeout=300), range(8)))
+    assert [a.status_code for a in answers] == [400] * 8
+    assert {a.json()["error"]["code"] for a in answers} == {"context_length_exceeded"}
+    assert post(stack, "still there?").status_code == 200

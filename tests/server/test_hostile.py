@@ -119,6 +119,8 @@ RAW_BODIES = {
     "bracket bomb": b"[" * 100_000, "object bomb": b'{"a":' * 50_000,
     "deep messages": json.dumps(chat(messages=[{"role": "user", "content": "x", "extra": nested(80)}])).encode(),
     "ten thousand and one messages": json.dumps(chat(messages=[{"role": "user", "content": "x"}] * 10_001)).encode(),
+    "values bomb": json.dumps(chat(unused=[[]] * 100_000)).encode(),
+    "long integer": json.dumps(chat()).replace('"max_tokens": 5', '"max_tokens": 1' + "0" * 5000).encode(),
 }  # fmt: skip
 
 
@@ -128,6 +130,41 @@ def test_broken_and_pathological_bodies_are_400(proxy: str, sim: Any, path: str,
     response = httpx.post(proxy + path, content=raw, headers=JSON_HEADERS, timeout=30)
     assert_clean_error(response, 400, sim[0].url)
     assert_still_serving(proxy)
+
+
+def with_tool_call(arguments: str) -> dict[str, Any]:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    turns = [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1",
+                                                                             "content": "ok"}]  # fmt: skip
+    return chat(messages=[{"role": "user", "content": "hi"}, *turns])
+
+
+BOMBS = {  # each refused before its values are built, by the setting its message names
+    "values": (json.dumps(chat(unused=[[]] * 100_000)).encode(), "holds 200007 JSON values; at most 131072 are "
+               "accepted (server.max_json_values)"),
+    "values in tool call arguments": (json.dumps(with_tool_call(json.dumps([[]] * 100_000))).encode(),
+                                      "at most 131072 are accepted (server.max_json_values)"),
+    "long integer": (json.dumps(chat()).replace('"max_tokens": 5', '"max_tokens": 1' + "0" * 5000).encode(),
+                     "holds an integer of more than 4300 digits"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("raw", "message"), BOMBS.values(), ids=BOMBS.keys())
+def test_parsing_bombs_are_a_400_that_says_why(proxy: str, sim: Any, raw: bytes, message: str) -> None:
+    before = sim[1].received
+    response = httpx.post(proxy + CHAT, content=raw, headers=JSON_HEADERS, timeout=30)
+    error = assert_clean_error(response, 400, sim[0].url)
+    assert message in error["message"] and error["param"] is None
+    assert sim[1].received == before  # refused at the door
+    assert_still_serving(proxy)
+
+
+def test_tool_call_arguments_with_an_integer_too_long_to_read_count_as_empty(proxy: str) -> None:
+    """As malformed arguments do: vLLM renders {} for them, and one bad turn in a history fails no later request."""
+    counts = [httpx.post(proxy + CHAT, json=with_tool_call(arguments), timeout=30) for arguments in
+              ['{"n": 1' + "0" * 5000 + "}", "{}"]]  # fmt: skip
+    assert [r.status_code for r in counts] == [200, 200]
+    assert counts[0].headers["x-token-guard-prompt-tokens"] == counts[1].headers["x-token-guard-prompt-tokens"]
 
 
 def test_integral_floats_are_counts_as_vllm_reads_them(proxy: str) -> None:

@@ -35,6 +35,16 @@ def rss_mb(pid: int, field: str = "VmRSS") -> float:
     raise LookupError(field)
 
 
+def peak_with_children_mb(pid: int) -> float:
+    """The peaks (VmHWM) of a process and of every process below it, summed: never below their peak together."""
+    pids, index = [pid], 0
+    while index < len(pids):
+        for task in Path(f"/proc/{pids[index]}/task").iterdir():
+            pids += [int(child) for child in (task / "children").read_text().split()]
+        index += 1
+    return sum(rss_mb(p, "VmHWM") for p in pids)
+
+
 def healthy(url: str) -> bool:
     try:
         return httpx.get(url + "/health").status_code == 200
