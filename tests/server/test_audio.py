@@ -5,24 +5,13 @@ these routes are tested against. The audio is not counted (`partial`, 0 prompt t
 from __future__ import annotations
 
 import hashlib
-import io
-import wave
 from typing import Any
 
 import httpx
 import openai
 
+from tests.support.audio import wav
 from tests.support.servers import MODEL
-
-
-def wav(seconds: float = 1.5) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as audio:
-        audio.setnchannels(1)
-        audio.setsampwidth(2)
-        audio.setframerate(16000)
-        audio.writeframes(b"\x01\x00" * int(16000 * seconds))
-    return out.getvalue()
 
 
 def test_a_transcription_is_partial_with_its_limit_and_the_form_as_sent(oai: openai.OpenAI, sim: Any) -> None:

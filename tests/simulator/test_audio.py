@@ -3,30 +3,19 @@ from vLLM 0.31 / 0.32's source: no audio model runs on this machine's vLLM)."""
 
 from __future__ import annotations
 
-import io
 import json
-import wave
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.support.audio import wav
 from tests.support.sim_fixtures import (  # noqa: F401
     RunningSim,
     fixture_sim031,
     fixture_sim032,
     fixture_sim_tokenizer_dir,
 )
-
-
-def wav(seconds: float) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as audio:
-        audio.setnchannels(1)
-        audio.setsampwidth(2)
-        audio.setframerate(16000)
-        audio.writeframes(b"\x00\x00" * int(16000 * seconds))
-    return out.getvalue()
 
 
 def post(sim: RunningSim, path: str, data: dict[str, str], audio: bytes | None = None) -> httpx.Response:
