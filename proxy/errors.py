@@ -23,7 +23,7 @@
 
 Library errors are translated into these at one boundary each: the HTTP client's in proxy/upstream/http.py, the
 template engine's in proxy/counting/render.py, Redis's in proxy/shared/link.py. The server only ever handles
-`GuardError`, and turns it into a response in one place (proxy/server/responses.py).
+`GuardError`, and turns it into an answer in one place (proxy/exchange/answers.py).
 """
 
 from __future__ import annotations
@@ -117,6 +117,10 @@ class RequestTimeout(GuardError):
 class PayloadTooLarge(GuardError):
     status = 413
     error_type = "PayloadTooLargeError"
+
+    @classmethod
+    def over(cls, limit: int) -> PayloadTooLarge:
+        return cls(f"The request body is larger than the limit of {limit} bytes (server.max_body_bytes).")
 
 
 class ModelNotFound(GuardError):

@@ -1,6 +1,6 @@
-"""The layout holds: imports point one way (server -> check -> upstream -> shared -> policy -> counting -> api ->
-settings and errors), and the pure packages (api, counting, policy) import nothing that speaks HTTP or Redis. Every
-import in every module counts, also those inside functions."""
+"""The layout holds: imports point one way (server and extproc -> exchange -> check -> upstream -> shared -> policy ->
+counting -> api -> settings and errors), and the pure packages (api, counting, policy) import nothing that speaks
+HTTP or Redis. Every import in every module counts, also those inside functions."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ LAYERS = [  # lowest first: a module may import its own layer and the layers bel
     {"shared"},
     {"upstream"},
     {"check"},
-    {"server"},
+    {"exchange"},
+    {"server", "extproc"},
     {"simulator", "demo", "cli", "__main__"},
 ]
 PURE = {"api", "counting", "policy"}

@@ -60,6 +60,10 @@ POOLING_KINDS: dict[str, PoolingKind] = {
     "embeddings": "embeddings", "pooling": "pooling", "classify": "classify", "score": "score", "rerank": "rerank",
 }  # fmt: skip
 
+CHUNK_UNAVAILABLE = (  # the guard as Envoy's external processor (extproc.chunk_instead)
+    "The chunk policy was not applied: it sends one request upstream as several, which token-guard cannot do as "
+    "Envoy's external processor (extproc.chunk_instead decides what a chunk request gets instead)."
+)
 UNTRUSTED_TEMPLATE = (  # vLLM's words, then the guard's switch
     "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with "
     "untrusted chat template. (token-guard: policy.trust_request_chat_template)"
@@ -72,6 +76,7 @@ class Guard:
     registry: ModelRegistry
     remote: RemoteCount | None = None  # counts through the upstream (counting.source); None: always local
     ceiling: Callable[[], int | None] | None = None  # the largest replica's whole KV budget (None: no token budget)
+    chunk_instead: str | None = None  # a front end that cannot fan out: "reject" or "truncate" for chunk (None: chunk)
 
     def __post_init__(self) -> None:
         self._policies = {m.name: m.policy for m in self.settings.models if m.policy is not None}
@@ -90,6 +95,11 @@ class Guard:
                 outcome = await self._read(route.reads, body, raw, headers, findings)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
+        if findings.chunk_refused and isinstance(outcome, Refuse) and isinstance(outcome.error, ContextLengthExceeded):
+            error = ContextLengthExceeded(
+                f"{outcome.error.message} {CHUNK_UNAVAILABLE}", param=outcome.error.param or "messages"
+            )
+            outcome = replace(outcome, error=error)
         findings.decision = outcome.decision
         return outcome
 
@@ -316,7 +326,10 @@ class Guard:
         max_output = key.max_output_tokens if key is not None else None
         max_cost = self.ceiling() if self.ceiling is not None else None
         limits = limits_for(model.name, model.max_model_len, policy, max_output, max_cost)
-        return model, policy, choose_policy(policy, headers), limits
+        choice = choose_policy(policy, headers)
+        if choice == "chunk" and self.chunk_instead is not None:
+            choice, findings.chunk_refused = self.chunk_instead, self.chunk_instead == "reject"
+        return model, policy, choice, limits
 
     def policy_for(self, model: str) -> PolicySettings:
         return self._policies.get(model) or self.settings.policy

@@ -96,3 +96,4 @@ class Findings:
     count_s: float | None = None
     count_source: str | None = None  # "local" or "upstream"
     decision: Decision | None = None
+    chunk_refused: bool = False  # its chunk policy became reject where the guard cannot fan out (Guard.chunk_instead)

@@ -8,12 +8,12 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from proxy.errors import PayloadTooLarge, RequestTimeout
+from proxy.exchange.headers import Headers
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-Headers = list[tuple[bytes, bytes]]
 CLIENT_GONE = "token_guard.client_gone"  # scope key: a callable, when (time.monotonic()) the client closed its
 # connection, or None while it is open
 ON_GONE = "token_guard.on_gone"  # scope key: a list of callbacks the server calls the moment the connection closes
@@ -21,6 +21,7 @@ BODY_IN = "token_guard.body_in"  # scope key: a callable, True once the whole bo
 # not wait for it)
 TARGET = "token_guard.target"  # scope key: the request line's target exactly as sent (protocol.py)
 ROUTE = "token_guard.route"  # scope key: the request's route in the table (api/routes.Found), set by the app
+KEY = "token_guard.key"  # scope key: the request's named API key ([[keys]], settings.KeySettings), set by the app
 
 JSON = b"application/json"
 JOIN_OFF_LOOP_BYTES = 2**20  # a body this large is joined in a worker thread (31 MB: ~25 ms of the loop's time)
@@ -72,7 +73,7 @@ async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s:
     all arrived within `timeout_s`."""
     declared = incoming.header(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
+        raise PayloadTooLarge.over(limit)
     chunks: list[bytes] = []
     size = 0
     if incoming.body_in():  # the usual small request: it came with its headers, so nothing can keep it waiting and
@@ -82,7 +83,7 @@ async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s:
             raise ClientGone()
         body: bytes = message.get("body", b"")
         if len(body) > limit:
-            raise too_large(limit)
+            raise PayloadTooLarge.over(limit)
         if not message.get("more_body", False):
             return body
         chunks, size = [body], len(body)
@@ -95,7 +96,7 @@ async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s:
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
-                    raise too_large(limit)
+                    raise PayloadTooLarge.over(limit)
                 chunks.append(chunk)
                 if not message.get("more_body", False):
                     break
@@ -108,10 +109,6 @@ async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s:
     if size < JOIN_OFF_LOOP_BYTES:
         return b"".join(chunks)
     return await asyncio.to_thread(b"".join, chunks)  # a large join lets go of the interpreter lock: the loop runs on
-
-
-def too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes (server.max_body_bytes).")
 
 
 class Reply:
@@ -142,10 +139,6 @@ class Reply:
         length = [(b"content-length", str(len(body)).encode()), (b"content-type", content_type)]
         await self.start(status, [*headers, *length])
         await self.end(body)
-
-
-def encode_headers(headers: dict[str, str]) -> Headers:
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
 def _never() -> float | None:

@@ -10,12 +10,14 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from proxy.errors import GuardError
+from proxy.exchange.answers import internal_error
+from proxy.exchange.headers import Headers
 from proxy.policy.guard import Guard
 from proxy.policy.merge import StreamMerger, merge_answers, sum_usage, told_usage
 from proxy.policy.outcome import Chunked
 from proxy.policy.usage import Charge
-from proxy.server.asgi import Headers, Reply
-from proxy.server.responses import internal_error, send_error
+from proxy.server.asgi import Reply
+from proxy.server.responses import send_error
 from proxy.server.sanitize import sanitize_upstream_error
 from proxy.server.streaming import send_stream
 from proxy.upstream.parts import PartFailed, PartRunner

@@ -7,8 +7,9 @@ import time
 
 from proxy.api.models import only_models
 from proxy.errors import GuardError
-from proxy.server.asgi import Headers, Reply
-from proxy.server.record import RequestRecord
+from proxy.exchange.headers import Headers
+from proxy.exchange.record import RequestRecord
+from proxy.server.asgi import Reply
 from proxy.server.sanitize import sanitize_upstream_error
 from proxy.upstream.headers import HOP_BY_HOP
 from proxy.upstream.http import ERROR_BYTES, GET_BYTES, UpstreamResponse

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from proxy.server.asgi import Headers, Reply
+from proxy.exchange.headers import Headers
+from proxy.server.asgi import Reply
 
 SSE = b"text/event-stream; charset=utf-8"
 

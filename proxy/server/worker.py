@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from proxy.counting.registry import ModelRegistry
+from proxy.exchange.logs import configure_logging
 from proxy.server.app import GuardApp, create_app
-from proxy.server.logs import configure_logging
 from proxy.server.running import settle_heap, uvicorn_options
 from proxy.settings import load_settings
 from proxy.settings.loader import WORKER_SETUP

@@ -93,7 +93,7 @@ def proxy(
 @pytest.fixture
 def frozen(monkeypatch: pytest.MonkeyPatch) -> None:
     now = time.monotonic() * 1000
-    monkeypatch.setattr("proxy.server.quotas._now_ms", lambda: now)
+    monkeypatch.setattr("proxy.exchange.quotas._now_ms", lambda: now)
 
 
 @pytest.mark.parametrize("route", ROUTES)

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.server.logs import JsonFormatter
+from proxy.exchange.logs import JsonFormatter
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, simulator
 

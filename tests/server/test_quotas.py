@@ -143,7 +143,7 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard's buckets (this process's, no Redis here) on a stopped clock: nothing refills while a test looks,
     so what a key was charged and given back shows exactly in its remaining tokens."""
     now = time.monotonic() * 1000
-    monkeypatch.setattr("proxy.server.quotas._now_ms", lambda: now)
+    monkeypatch.setattr("proxy.exchange.quotas._now_ms", lambda: now)
 
 
 def client(proxy: str, key: str) -> openai.OpenAI:

@@ -10,8 +10,8 @@ import signal
 import pytest
 
 from proxy.errors import SharedStateUnavailable
+from proxy.exchange.quotas import Quotas
 from proxy.policy.quota import CHECK, TAKE, Window
-from proxy.server.quotas import Quotas
 from proxy.settings import load_settings
 from proxy.settings.sections import KeySettings
 from proxy.shared.link import RedisLink

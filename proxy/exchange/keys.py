@@ -1,7 +1,8 @@
 """API keys, checked as each route of the table requires (api/routes.py): client keys (`server.api_keys`, and the named
-keys of `[[keys]]`, whose settings the request carries on to the handler as scope["token_guard.key"] for its quotas),
+keys of `[[keys]]`, whose settings the request carries on for its quotas),
 admin keys (`server.admin_api_keys`, the only keys that reach vLLM's administrative routes) and the metrics key
-(`server.metrics_api_key`, which shows key names and usage in /metrics).
+(`server.metrics_api_key`, which shows key names and usage in /metrics). Read from a request's headers as every front
+end has them: (name, value) byte pairs, names in lower case.
 
 A key comes as `Authorization: Bearer <key>` (the scheme in any case, as vLLM 0.11+ reads it) or as `x-api-key: <key>`
 (Anthropic's SDKs and Claude Code); only SHA-256 digests are kept, compared in constant time, every one of them, so
@@ -16,7 +17,7 @@ import hmac
 from collections.abc import Iterable
 
 from proxy.errors import PermissionDenied, Unauthorized
-from proxy.server.asgi import Scope
+from proxy.exchange.headers import RawHeaders
 from proxy.settings.sections import KeySettings
 
 REFUSED = Unauthorized("Invalid or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`).")
@@ -25,12 +26,7 @@ NOT_ADMIN = PermissionDenied(
 )
 
 KEY_HEADERS = (b"authorization", b"x-api-key")
-KEY_SCOPE = "token_guard.key"  # the request's named key, for the handler
-
-
-def named_key(scope: Scope) -> KeySettings | None:
-    key: KeySettings | None = scope.get(KEY_SCOPE)
-    return key
+ANONYMOUS = (True, None)  # a client route's answer for a request that may use it without a named key
 
 
 class ApiKeys:
@@ -47,45 +43,44 @@ class ApiKeys:
         """True when client keys are configured: then every client route needs one."""
         return bool(self._digests or self._named)
 
-    def client(self, scope: Scope) -> bool:
-        """True when the request may use a client route: no client keys are configured, or it carries one. A named
-        key is put in the scope (KEY_SCOPE)."""
+    def client(self, headers: RawHeaders) -> tuple[bool, KeySettings | None]:
+        """Whether the request may use a client route (no client keys are configured, or it carries one), and its
+        named key ([[keys]]) if it carries one."""
         if not self:
-            return True
-        given = given_key(scope)
+            return ANONYMOUS
+        given = given_key(headers)
         if given is None:
-            return False
-        return self._name(scope, given) | _any(given, self._digests)
+            return False, None
+        named = self._named_key(given)
+        return (named is not None) | _any(given, self._digests), named
 
-    def admin(self, scope: Scope) -> bool:
+    def admin(self, headers: RawHeaders) -> bool:
         """True when the request carries a key of server.admin_api_keys (never when none is configured)."""
-        given = given_key(scope)
+        given = given_key(headers)
         return given is not None and _any(given, self._admin)
 
-    def metrics(self, scope: Scope) -> bool:
+    def metrics(self, headers: RawHeaders) -> bool:
         """True when the request carries server.metrics_api_key: /metrics then shows key names and usage."""
-        given = given_key(scope)
+        given = given_key(headers)
         return given is not None and _any(given, self._metrics)
 
-    def _name(self, scope: Scope, given: bytes) -> bool:
-        """Put the named key whose digest is `given` in the scope (KEY_SCOPE); false when there is none."""
+    def _named_key(self, given: bytes) -> KeySettings | None:
+        """The named key whose digest is `given`, if any (every digest is compared)."""
         found = None
         for digest, key in self._named:
             if hmac.compare_digest(given, digest):
                 found = key
-        if found is not None:
-            scope[KEY_SCOPE] = found
-        return found is not None
+        return found
 
 
-def given_key(scope: Scope) -> bytes | None:
+def given_key(headers: RawHeaders) -> bytes | None:
     """The SHA-256 of the key the request carries, if any."""
-    headers = {name.lower(): value for name, value in scope["headers"] if name.lower() in KEY_HEADERS}
-    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    sent = {name.lower(): value for name, value in headers if name.lower() in KEY_HEADERS}
+    scheme, _, token = sent.get(b"authorization", b"").partition(b" ")
     if scheme.lower() != b"bearer":
-        if b"x-api-key" not in headers:
+        if b"x-api-key" not in sent:
             return None
-        token = headers[b"x-api-key"]
+        token = sent[b"x-api-key"]
     return hashlib.sha256(token).digest()
 
 

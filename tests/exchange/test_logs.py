@@ -7,7 +7,7 @@ import logging
 import os
 import select
 
-from proxy.server.logs import FLUSH_S, BatchingHandler, JsonFormatter, TextFormatter, write_line
+from proxy.exchange.logs import FLUSH_S, BatchingHandler, JsonFormatter, TextFormatter, write_line
 from tests.support.polling import eventually
 
 

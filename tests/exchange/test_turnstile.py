@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.server.turnstile import Turnstile
+from proxy.exchange.turnstile import Turnstile
 
 
 async def _turns_taken(
