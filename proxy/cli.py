@@ -1,4 +1,5 @@
-"""The `token-guard` command: `serve` (the proxy), `simulate` (the vLLM simulator) and `demo` (both, with a tour).
+"""The `token-guard` command: `serve` (the proxy), `extproc` (the guard as Envoy's external processor), `simulate`
+(the vLLM simulator) and `demo` (both, with a tour).
 
 Commands only build settings and hand them to the server; nothing here holds logic of its own.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.counting.tokenizer import TokenizerLoadError
-from proxy.server.logs import configure_logging
+from proxy.exchange.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.settings.loader import WORKER_SETUP
 
@@ -47,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--default-max-tokens", help='max_tokens for chat requests without one: N or "50%%"')
     serve.add_argument("--log-format", help="text (default) or json: one JSON object per line")
     serve.add_argument("--workers", help="processes serving the port, e.g. one per core (default 1)")
+    extproc = add_settings_flags(commands.add_parser("extproc", help="run the guard as Envoy's external processor"))
+    extproc.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    extproc.add_argument("--port", help="gRPC port to listen on (default 9002: extproc.port)")
+    extproc.add_argument("--log-format", help="text (default) or json: one JSON object per line")
     check = add_settings_flags(commands.add_parser("check", help="compare the guard's token counts with vLLM's"))
     check.add_argument("--samples", type=Path, help="JSONL file of chat or completions requests to check as well")
     check.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the upstream (default 5)")
@@ -84,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return serve(settings_from(args), flags_from(args), args.config)
+        if args.command == "extproc":
+            return extproc(settings_from(args, port="extproc.port"))
         if args.command == "check":
             from proxy.check.run import run_check
 
@@ -102,12 +109,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def flags_from(args: argparse.Namespace) -> dict[str, Any]:
-    return {key: getattr(args, dest) for dest, key in FLAGS.items() if getattr(args, dest, None)}
+def flags_from(args: argparse.Namespace, port: str = "server.port") -> dict[str, Any]:
+    """The settings the flags give; `port`: the setting --port sets."""
+    flags = {FLAGS[dest]: getattr(args, dest) for dest in FLAGS if getattr(args, dest, None)}
+    if "server.port" in flags and port != "server.port":
+        flags[port] = flags.pop("server.port")
+    return flags
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    return load_settings(flags_from(args), config_file=args.config)
+def settings_from(args: argparse.Namespace, port: str = "server.port") -> Settings:
+    return load_settings(flags_from(args, port), config_file=args.config)
 
 
 def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -> int:
@@ -133,4 +144,24 @@ def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -
     else:  # each worker builds its own app from the same flags and config file (proxy/server/worker.py)
         os.environ[WORKER_SETUP] = worker.handover(flags, config_file)
         uvicorn.run("proxy.server.worker:app", factory=True, workers=server.workers, **options)
+    return 0
+
+
+def extproc(settings: Settings) -> int:
+    """The guard as Envoy's external processor, until SIGTERM (proxy/extproc/)."""
+    try:
+        from proxy.extproc.service import serve as serve_extproc
+    except ImportError as exc:
+        print(f"token-guard: error: extproc needs the extproc extra (pip install 'token-guard[extproc]'): {exc}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    import asyncio
+
+    from proxy.counting.registry import ModelRegistry
+    from proxy.server.running import settle_heap
+
+    configure_logging(settings.server.log_level, settings.server.log_format)
+    registry = ModelRegistry.from_settings(settings.models, settings.counting)
+    settle_heap()
+    asyncio.run(serve_extproc(settings, registry))
     return 0

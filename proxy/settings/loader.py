@@ -23,6 +23,7 @@ from proxy.settings.sections import (
     TOKENIZER_MODES,
     AdmissionSettings,
     CountingSettings,
+    ExtprocSettings,
     ModelSettings,
     PolicySettings,
     ServerSettings,
@@ -103,6 +104,10 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "trust_request_chat_template": v.boolean,
         "reduce_prompt": v.template("answers"),
     },
+    "extproc": {
+        "port": v.integer(1, 65535),
+        "chunk_instead": v.choice("reject", "truncate"),
+    },
     "counting": {
         "cache_mb": v.non_negative_float,
         "word_cache_mb": v.non_negative_float,
@@ -128,6 +133,7 @@ SECTIONS = {
     "policy": PolicySettings,
     "counting": CountingSettings,
     "admission": AdmissionSettings,
+    "extproc": ExtprocSettings,
 }
 
 

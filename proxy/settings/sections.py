@@ -61,6 +61,14 @@ class AdmissionSettings:
     redis_block_share: float = 0.5
 
 
+@dataclass(frozen=True)
+class ExtprocSettings:
+    """`token-guard extproc`: the guard as Envoy's external processor (gRPC), on server.host."""
+
+    port: int = 9002
+    chunk_instead: str = "reject"  # what the chunk policy becomes there: "reject" (a 400 saying why) or "truncate"
+
+
 REDIS_FAILURE_MODES = ("open", "closed")
 OVERFLOW_POLICIES = ("reject", "truncate", "chunk")
 
@@ -135,5 +143,6 @@ class Settings:
     policy: PolicySettings = field(default_factory=PolicySettings)
     counting: CountingSettings = field(default_factory=CountingSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    extproc: ExtprocSettings = field(default_factory=ExtprocSettings)
     models: tuple[ModelSettings, ...] = ()
     keys: tuple[KeySettings, ...] = ()

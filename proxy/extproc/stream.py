@@ -1,0 +1,241 @@
+"""One HTTP exchange as Envoy streams it to the processor, phase by phase, answered with what the guard decides.
+
+request headers   the route table's verdict (exchange/entry.py): a refusal, the guard's own probes and metrics
+                  are answered here; other routes go on (a guarded one once its body is decided)
+request body      BUFFERED: the whole body in one message; FULL_DUPLEX_STREAMED: chunks gathered (at most
+                  server.max_body_bytes), the headers held until the body is decided, then the body sent back in
+                  pieces. The guard decides (exchange/flow.py): pass goes on untouched, a rewrite (clamp,
+                  truncate) replaces the body with its content-length, a refusal or count_tokens is answered here;
+                  a forwarded request is first admitted by its KV cost
+response headers  the x-token-guard-* and x-ratelimit-* headers, the request id, the queue time
+response body     when Envoy sends it: its tail settles the key's charge from the answer's usage
+the stream's end  Envoy closes it when the HTTP exchange ends, completed or aborted: the admission ticket is
+                  released, the charge settled, the request's record logged
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from urllib.parse import unquote
+
+from proxy.api.routes import Found, Kind, Route
+from proxy.errors import GuardError, InvalidRequest, PayloadTooLarge
+from proxy.exchange.answers import error_answer, internal_error
+from proxy.exchange.core import Core
+from proxy.exchange.entry import Refusal, target
+from proxy.exchange.headers import Headers, encode_headers
+from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
+from proxy.extproc import wire
+from proxy.extproc.endpoints import Endpoints
+from proxy.extproc.wire import BUFFERED, FULL_DUPLEX, NONE, HttpHeaders, ProcessingRequest, ProcessingResponse
+from proxy.policy.outcome import Answer, Forward, Outcome, Refuse
+from proxy.settings.sections import KeySettings
+from proxy.upstream.admission import Ticket
+
+log = logging.getLogger("token_guard.extproc")
+
+JSON = [(b"content-type", b"application/json")]
+QUEUE_HEADER = b"x-token-guard-queue-ms"
+METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+Answers = list[ProcessingResponse]
+
+
+class Stream:
+    def __init__(self, core: Core, endpoints: Endpoints, max_body_bytes: int) -> None:
+        self.core, self.endpoints, self.max_body_bytes = core, endpoints, max_body_bytes
+        self.request_mode, self.response_mode = BUFFERED, NONE  # the body modes Envoy says it uses (ProcessingMode)
+        self.record: RequestRecord | None = None  # from the route table's pass on
+        self.route: Route | None = None
+        self.key: KeySettings | None = None
+        self.sent: Headers = []  # the request's headers as received
+        self.tagged: Headers = []  # what every answer carries: the request id, the key's x-ratelimit-*
+        self.extra: Headers = []  # and the decision's x-token-guard-*, once decided
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.ticket: Ticket | None = None
+        self.status: int | None = None
+        self.ended = False  # the answer ended: an immediate response, or the response's last byte (or headers)
+
+    async def answer(self, message: ProcessingRequest) -> Answers:
+        phase = message.WhichOneof("request")
+        if message.HasField("protocol_config"):  # on the stream's first message
+            self.request_mode = message.protocol_config.request_body_mode
+            self.response_mode = message.protocol_config.response_body_mode
+        try:
+            if phase == "request_headers":
+                return await self._request_headers(message.request_headers)
+            if phase == "request_body":
+                return await self._request_body(message.request_body.body, message.request_body.end_of_stream)
+            if phase == "response_headers":
+                return self._response_headers(message.response_headers)
+            if phase == "response_body":
+                return self._response_body(message.response_body.body, message.response_body.end_of_stream)
+            if phase == "request_trailers" and self.chunks:  # FULL_DUPLEX: a body whose end came with trailers
+                return [*await self._request_body(b"", True), wire.request_trailers()]
+        except GuardError as exc:
+            return await self._failed(exc)
+        except Exception:
+            log.exception("unexpected error in the external processor (request %s)",
+                          self.record.request_id if self.record else None)  # fmt: skip
+            return await self._failed(internal_error())
+        return [wire.request_trailers() if phase == "request_trailers" else wire.response_trailers()]
+
+    async def _request_headers(self, message: HttpHeaders) -> Answers:
+        self.sent = sent = wire.headers_of(message.headers)
+        pseudo = {k: v for k, v in sent if k[:1] == b":"}
+        method, (raw_path, _, query) = (
+            pseudo.get(b":method", b"GET").decode(),
+            pseudo.get(b":path", b"/").partition(b"?"),
+        )
+        path = unquote(raw_path.decode("latin-1"))
+        rid = request_id(next((v.decode("latin-1") for k, v in sent if k == REQUEST_ID), None))
+        self.tagged = [(REQUEST_ID, rid.encode())]
+        entered = target(raw_path, path, query, None, pseudo.get(b":authority")) or self.core.door.enter(
+            method, path, sent
+        )
+        if isinstance(entered, Refusal):
+            return [await self._refused(entered.logged(method, rid))]
+        found, self.key = entered.found, entered.key
+        if found.path != raw_path.decode("latin-1"):  # what Envoy forwards is the path as sent: only the route's own
+            return [await self._refused(Refusal(_not_own(found), closing=True).logged(method, rid))]
+        route = self.route = found.route
+        if route.kind is Kind.OWN:
+            return [await self._own(route)]
+        guarded = route.guarded and not entered.preflight
+        self.record = RequestRecord(rid, method, route.path, guarded)
+        self.record.findings.api_key = self.key
+        if not guarded:
+            await self.core.meter.tell(self.key, self.record, self.tagged)  # a look at a limited key's quota
+            return [wire.request_headers(self.tagged[:1])]
+        declared = next((v for k, v in sent if k == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise PayloadTooLarge.over(self.max_body_bytes)
+        if self.request_mode not in (BUFFERED, FULL_DUPLEX) and not message.end_of_stream:
+            raise GuardError("token-guard extproc takes request bodies BUFFERED or FULL_DUPLEX_STREAMED only.")
+        if message.end_of_stream:  # no body: decided now, from nothing (a guarded route answers it 400)
+            return await self._decide(b"")
+        return [] if self.request_mode == FULL_DUPLEX else [wire.request_headers()]  # FULL_DUPLEX: held
+
+    async def _request_body(self, chunk: bytes, end: bool) -> Answers:
+        if self.record is None or not self.record.guarded:  # a body a relay route carries on unread
+            return list(wire.streamed(chunk, end)) if self.request_mode == FULL_DUPLEX else [wire.request_body()]
+        self.size += len(chunk)
+        if self.size > self.max_body_bytes:
+            raise PayloadTooLarge.over(self.max_body_bytes)
+        self.chunks.append(chunk)
+        if not end:
+            return []
+        body, self.chunks = b"".join(self.chunks), []
+        return await self._decide(body)
+
+    async def _decide(self, body: bytes) -> Answers:
+        assert self.record is not None and self.route is not None
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.sent if k[:1] != b":"}
+        outcome, self.extra = await self.core.flow.decide(self.route, body, headers, self.record, self.tagged, _here)
+        if isinstance(outcome, Forward):
+            return await self._forward(outcome, body)
+        return [self._finished(outcome)]
+
+    async def _forward(self, outcome: Forward, body: bytes) -> Answers:
+        assert self.record is not None
+        if outcome.cost is not None:
+            self.ticket = await _admitted(self.core, outcome.cost, self.endpoints.excluded(self.sent))
+            if self.ticket.waited_s > 0:
+                self.record.queue_s = self.ticket.waited_s
+                self.extra.append((QUEUE_HEADER, str(round(self.ticket.waited_s * 1000)).encode()))
+        upward = [*self.tagged[:1], *encode_headers(outcome.decision.headers())]
+        changed = outcome.body is not body
+        if self.request_mode == FULL_DUPLEX:
+            return [wire.request_headers(upward, remove=("content-length",)), *wire.streamed(outcome.body, True)]
+        if not body:  # nothing was buffered: the headers' answer goes on
+            return [wire.request_headers(upward)]
+        if changed:
+            upward.append((b"content-length", str(len(outcome.body)).encode()))
+        return [wire.request_body(outcome.body if changed else None, upward)]
+
+    def _finished(self, outcome: Outcome) -> ProcessingResponse:
+        """An answer the guard gives itself: a refusal, or count_tokens' count."""
+        if isinstance(outcome, Answer):
+            return self._immediate(200, [*self.extra, *JSON], outcome.body, "token_guard_answered")
+        assert self.route is not None
+        error = outcome.error if isinstance(outcome, Refuse) else internal_error()  # Chunked: never here
+        headers, body = error_answer(error, [*self.extra, *JSON], self.route.envelope)
+        return self._immediate(error.status, headers, body, "token_guard_refused")
+
+    def _response_headers(self, message: HttpHeaders) -> Answers:
+        record = self.record
+        self.status = int(next((v for k, v in wire.headers_of(message.headers) if k == b":status"), b"0") or 0)
+        if record is not None:
+            record.upstream_first_byte_s = time.perf_counter() - record.started
+            if self.status >= 500:
+                record.upstream_error = f"http_{self.status}"
+            if record.charge is not None:
+                record.charge.forwarded = True
+        self.ended = message.end_of_stream or self.response_mode == NONE  # no body comes: its end is not seen
+        return [wire.response_headers(self.extra or self.tagged)]
+
+    def _response_body(self, chunk: bytes, end: bool) -> Answers:
+        record = self.record
+        if record is not None and record.charge is not None:
+            record.charge.tail.feed(chunk)
+        if end:
+            self.ended = True
+            if record is not None:
+                record.upstream_s = time.perf_counter() - record.started
+        if self.response_mode == FULL_DUPLEX:
+            return list(wire.streamed(chunk, end, response=True))
+        return [wire.response_body()]
+
+    async def close(self) -> None:
+        """The stream ended (Envoy closed it, or it was cancelled): what the request held is given back."""
+        if self.ticket is not None:
+            self.core.upstream.release(self.ticket)
+        record = self.record
+        if record is None:
+            return
+        if record.charge is not None:
+            await self.core.meter.settle(record.charge, record, self.status)
+        self.core.flow.done(record, self.status, not self.ended)
+
+    async def _failed(self, error: GuardError) -> Answers:
+        if self.record is not None:
+            await self.core.meter.tell(self.key, self.record, self.tagged)
+        envelope = self.route.envelope if self.route is not None else "openai"
+        headers, body = error_answer(error, [*self.tagged, *JSON], envelope)
+        return [self._immediate(error.status, headers, body, "token_guard_error")]
+
+    async def _refused(self, refusal: Refusal) -> ProcessingResponse:
+        told = encode_headers(await refusal.headers(self.core.quotas))
+        headers, body = error_answer(refusal.error, [*self.tagged, *told, *JSON], refusal.envelope)
+        return self._immediate(refusal.error.status, headers, body, "token_guard_route")
+
+    async def _own(self, route: Route) -> ProcessingResponse:
+        """The guard's own probes and metrics, answered by the processor rather than by vLLM."""
+        if route.path == "/metrics":
+            text = self.core.metrics.exposition(self.core.keys.metrics(self.sent))
+            return self._immediate(200, [(b"content-type", METRICS_TYPE)], text, "token_guard_metrics")
+        if route.path == "/livez":
+            return self._immediate(200, JSON, b'{"status":"alive"}', "token_guard_alive")
+        status, body = await self.core.readiness()
+        return self._immediate(status, JSON, json.dumps(body).encode(), "token_guard_health")
+
+    def _immediate(self, status: int, headers: Headers, body: bytes, details: str) -> ProcessingResponse:
+        self.status, self.ended = status, True
+        return wire.immediate(status, headers, body, details)
+
+
+async def _admitted(core: Core, cost: int, excluded: frozenset[int]) -> Ticket:
+    """A ticket from the admission gate for `cost` KV tokens, on a replica not `excluded` (429 when refused)."""
+    gate = core.upstream.admission
+    return gate.try_acquire(cost, excluded) or await gate.acquire(cost, excluded)
+
+
+def _here() -> None:
+    """A client that leaves cancels the stream's task: nothing to ask before counting."""
+
+
+def _not_own(found: Found) -> InvalidRequest:
+    return InvalidRequest(f"The request target is not accepted: behind Envoy only a route's own path is; send "
+                          f"{found.path}.", code="invalid_request_target")  # fmt: skip

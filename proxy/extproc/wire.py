@@ -1,0 +1,99 @@
+"""Envoy's ext_proc messages as the processor reads and writes them (envoy.service.ext_proc.v3, from xds-protos):
+headers in, and out the answers to each phase: go on (with headers set), a body replaced whole or in pieces, or an
+immediate response to the client. The only module that builds Envoy's protobuf messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3.external_processor_pb2 import (
+    BodyMutation,
+    BodyResponse,
+    CommonResponse,
+    HeaderMutation,
+    HeadersResponse,
+    HttpHeaders,
+    ImmediateResponse,
+    ProcessingRequest,
+    ProcessingResponse,
+    StreamedBodyResponse,
+    TrailersResponse,
+)
+from envoy.type.v3.http_status_pb2 import HttpStatus
+
+from proxy.exchange.headers import Headers, RawHeaders
+
+NONE = ProcessingMode.NONE
+BUFFERED = ProcessingMode.BUFFERED
+FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
+PIECE_BYTES = 62_000  # a body sent back in FULL_DUPLEX_STREAMED goes in pieces this large (Envoy's own chunks' size)
+OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+__all__ = ["HttpHeaders", "ProcessingRequest", "ProcessingResponse"]
+
+
+def headers_of(found: HeaderMap) -> Headers:
+    """(name, value) pairs, names in lower case as Envoy sends them (raw_value since Envoy 1.28, value before)."""
+    return [(h.key.encode("latin-1"), h.raw_value or h.value.encode("latin-1")) for h in found.headers]
+
+
+def _set(headers: RawHeaders) -> HeaderMutation | None:
+    if not headers:
+        return None
+    options = [HeaderValueOption(header=HeaderValue(key=k.decode("latin-1"), raw_value=v), append_action=OVERWRITE)
+               for k, v in headers]  # fmt: skip
+    return HeaderMutation(set_headers=options)
+
+
+def request_headers(headers: RawHeaders = (), remove: tuple[str, ...] = ()) -> ProcessingResponse:
+    """Go on with the request's headers, `headers` set on them and `remove` taken off."""
+    mutation = _set(headers)
+    if remove:
+        mutation = mutation or HeaderMutation()
+        mutation.remove_headers.extend(remove)
+    return ProcessingResponse(request_headers=HeadersResponse(response=CommonResponse(header_mutation=mutation)))
+
+
+def response_headers(headers: RawHeaders) -> ProcessingResponse:
+    return ProcessingResponse(response_headers=HeadersResponse(response=CommonResponse(header_mutation=_set(headers))))
+
+
+def request_body(body: bytes | None = None, headers: RawHeaders = ()) -> ProcessingResponse:
+    """A buffered body's answer: go on (`body` None) or with `body` in its place, `headers` set on the request."""
+    mutation = BodyMutation(body=body) if body is not None else None
+    common = CommonResponse(header_mutation=_set(headers), body_mutation=mutation)
+    return ProcessingResponse(request_body=BodyResponse(response=common))
+
+
+def streamed(body: bytes, end: bool, response: bool = False) -> Iterator[ProcessingResponse]:
+    """`body` sent on in FULL_DUPLEX_STREAMED, in pieces of at most PIECE_BYTES; `end`: the last of the body."""
+    pieces = [body[i : i + PIECE_BYTES] for i in range(0, len(body), PIECE_BYTES)] or [b""]
+    for i, piece in enumerate(pieces):
+        last = end and i == len(pieces) - 1
+        common = CommonResponse(
+            body_mutation=BodyMutation(streamed_response=StreamedBodyResponse(body=piece, end_of_stream=last))
+        )
+        answer = BodyResponse(response=common)
+        yield ProcessingResponse(response_body=answer) if response else ProcessingResponse(request_body=answer)
+
+
+def response_body() -> ProcessingResponse:
+    """Go on with the response's body (BUFFERED or STREAMED: Envoy sends it on unchanged)."""
+    return ProcessingResponse(response_body=BodyResponse())
+
+
+def request_trailers() -> ProcessingResponse:
+    return ProcessingResponse(request_trailers=TrailersResponse())
+
+
+def response_trailers() -> ProcessingResponse:
+    return ProcessingResponse(response_trailers=TrailersResponse())
+
+
+def immediate(status: int, headers: RawHeaders, body: bytes, details: str) -> ProcessingResponse:
+    """Answer the client in the request's place: nothing goes upstream. `details`: Envoy's response code details
+    (its access log's %RESPONSE_CODE_DETAILS%)."""
+    answer = ImmediateResponse(status=HttpStatus(code=status), headers=_set(headers), body=body, details=details)
+    return ProcessingResponse(immediate_response=answer)
