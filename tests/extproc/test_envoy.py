@@ -130,6 +130,7 @@ class Rig:
     fast: Recorder
     slow: Recorder
     processor: ProcessorThread
+    keyed: ProcessorThread  # with a limited key: alice
 
     def url(self, listener: str) -> str:
         return self.envoy.urls[listener]
@@ -149,8 +150,12 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         flags = {"upstream.urls": [slow_url, fast_url], "model.name": MODEL, "model.tokenizer": str(deepseek_dir),
                  "admission.max_inflight_tokens": BUDGET, "server.max_body_bytes": MAX_BODY}  # fmt: skip
         settings = load_settings(flags, environ={})
+        keys = work / "keys.toml"
+        keys.write_text('[[keys]]\nname = "alice"\nkey = "sk-alice"\ntokens_per_minute = 1000000\n')
+        keyed_settings = load_settings({**flags, "upstream.urls": [fast_url]}, environ={}, config_file=keys)
         with (
             ProcessorThread(settings) as proc,
+            ProcessorThread(keyed_settings) as keyed,
             picker(f"127.0.0.1:{_port(fast_url)}") as picker_port,
             guard(fast_url, deepseek_dir, **{"admission.max_inflight_tokens": BUDGET}) as serve,
         ):
@@ -161,13 +166,17 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 "buffered": [guarded["buffered"]], "duplex": [guarded["duplex"]], "slow": [guarded["buffered"]],
                 "down": [processor("nobody", "BUFFERED")],
                 "picker-first": [stand_in, guarded["duplex"]], "guard-first": [guarded["duplex"], stand_in],
+                "keyed-streamed": [processor("keyed", "BUFFERED", "STREAMED")],
+                "keyed-none": [processor("keyed", "BUFFERED", "NONE")],
             }  # fmt: skip
             clusters = [cluster("guard", proc.port, grpc=True), cluster("picker", picker_port, grpc=True),
+                        cluster("keyed", keyed.port, grpc=True),
                         cluster("nobody", free_port(), grpc=True), cluster("slow", _port(slow_url))]  # fmt: skip
-            assert eventually(lambda: proc.core is not None and not proc.core.registry.discovering, 30)
+            ready = (proc, keyed)
+            assert eventually(lambda: all(not p.core.registry.discovering for p in ready), 30)
             slow_routes = {"slow": "slow", "picker-first": "slow", "guard-first": "slow"}
             with envoy(work, _port(fast_url), listeners, clusters, routes=slow_routes) as running:
-                yield Rig(running, serve.url, slow_url, fast, slow, proc)
+                yield Rig(running, serve.url, slow_url, fast, slow, proc, keyed)
 
 
 def chat(content: str = "hi", **fields: Any) -> dict[str, Any]:
@@ -360,3 +369,21 @@ def test_chunk_is_unavailable_and_says_so(rig: Rig) -> None:
     answer = httpx.post(rig.url("duplex") + CHAT, json=body, headers={"x-token-guard-overflow": "chunk"})
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "context_length_exceeded"
     assert "extproc.chunk_instead" in answer.json()["error"]["message"] and not rig.fast.since(before)
+
+
+@pytest.mark.parametrize(("listener", "settled"), [("keyed-streamed", True), ("keyed-none", False)])
+def test_a_keys_charge_is_settled_from_the_answers_usage_when_envoy_sends_the_answer(
+    rig: Rig, listener: str, settled: bool
+) -> None:
+    """n=2 reserves the prompt twice and uses it once: the answer's usage gives one prompt back, when the processor
+    sees the response body; without it the reservation stands."""
+    core = rig.keyed.core
+    alice = {"authorization": "Bearer sk-alice"}
+    assert httpx.post(rig.url(listener) + CHAT, json=chat(max_tokens=5)).status_code == 401
+    before = core.metrics._counters["key_tokens", ("alice",)]
+    answer = httpx.post(rig.url(listener) + CHAT, json=chat(max_tokens=5, n=2), headers=alice)
+    assert answer.status_code == 200 and "x-ratelimit-remaining-tokens" in answer.headers
+    prompt, usage = int(answer.headers["x-token-guard-prompt-tokens"]), answer.json()["usage"]
+    assert usage["prompt_tokens"] == prompt and usage["completion_tokens"] == 10
+    charged = prompt + 10 if settled else (prompt + 5) * 2
+    assert eventually(lambda: core.metrics._counters["key_tokens", ("alice",)] - before == charged, 5)
