@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from proxy.settings import ServerSettings, load_settings
+from proxy.settings import ExtprocSettings, ServerSettings, load_settings
 from tests.support.servers import MODEL, simulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_final_stage_is_slim_non_root_and_holds_only_the_venv() -> None:
     assert final()["COPY"] == ["--from=builder /opt/venv /opt/venv"]
     assert image_env()["PATH"].startswith("/opt/venv/bin:")
     (install,) = [args for name, args in builder if name == "RUN"]
-    assert "pip install" in install and install.endswith(" .")  # the package alone: no test extras in the image
+    assert "pip install" in install and install.endswith(' ".[extproc]"')  # the package and its runtime extra only
 
 
 def test_entrypoint_is_token_guard_serve() -> None:
@@ -113,7 +113,7 @@ def test_entrypoint_is_token_guard_serve() -> None:
 
 
 def test_expose_and_healthcheck_follow_the_default_port() -> None:
-    assert final()["EXPOSE"] == [str(ServerSettings().port)]
+    assert final()["EXPOSE"] == [str(ServerSettings().port), str(ExtprocSettings().port)]
     options, command = healthcheck()
     assert "--interval=" in options and "--timeout=" in options
     assert command[:2] == ["python", "-c"] and "/health" in command[2]

@@ -1,34 +1,60 @@
 """Which replica's budget a request behind the Gateway API Inference Extension's endpoint picker is admitted on. The
 picker (an ext_proc server itself) names the pod it chose in `x-gateway-destination-endpoint: ip:port`; when the
-guard runs after it, admission charges that replica's budget (the one of upstream.urls with that host and port),
-and when it runs before it (no header yet), or the endpoint is not one of upstream.urls, the whole pool's: the replica
-with the fewest tokens in flight that fits, as serve picks one."""
+guard runs after it, admission charges that replica's budget (the one of upstream.urls with that address: as
+written, or as its host name resolves, e.g. a StatefulSet's headless Service), and when it runs before it (no header
+yet), or the endpoint is not one of upstream.urls, the whole pool's: the replica with the fewest tokens in flight
+that fits, as serve picks one."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import time
 from urllib.parse import urlsplit
 
 from proxy.exchange.headers import RawHeaders
 
 DESTINATION = b"x-gateway-destination-endpoint"
 POOL: frozenset[int] = frozenset()  # no replica excluded
+RESOLVE_EVERY_S = 5.0  # an endpoint not known is looked up again at most this often (pods come and go)
 
 
 class Endpoints:
     def __init__(self, urls: tuple[str, ...]) -> None:
-        self._index = {_address(url): i for i, url in enumerate(urls)}
+        self._replicas = [_host_port(url) for url in urls]
+        self._index = {_address(host, port): i for i, (host, port) in enumerate(self._replicas)}
         self._others = {i: frozenset(range(len(urls))) - {i} for i in range(len(urls))}
+        self._resolved = -RESOLVE_EVERY_S
 
-    def excluded(self, headers: RawHeaders) -> frozenset[int]:
+    async def excluded(self, headers: RawHeaders) -> frozenset[int]:
         """The replicas the request may not be admitted on: all but the picker's choice, when there is one."""
         chosen = next((v for k, v in headers if k == DESTINATION), None)
         if chosen is None:
             return POOL
-        index = self._index.get(chosen.split(b",", 1)[0].strip().decode("latin-1").lower())
+        address = chosen.split(b",", 1)[0].strip().decode("latin-1").lower()
+        index = self._index.get(address)
+        if index is None and time.monotonic() - self._resolved > RESOLVE_EVERY_S:
+            await self._resolve()
+            index = self._index.get(address)
         return POOL if index is None else self._others[index]
 
+    async def _resolve(self) -> None:
+        """Index the replicas by the addresses their host names resolve to now."""
+        self._resolved = time.monotonic()
+        loop = asyncio.get_running_loop()
+        for i, (host, port) in enumerate(self._replicas):
+            try:
+                found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError:
+                continue
+            for *_, sockaddr in found:
+                self._index[_address(str(sockaddr[0]), port)] = i
 
-def _address(url: str) -> str:
+
+def _host_port(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
-    host, port = (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+    return (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -141,7 +141,7 @@ class Stream:
     async def _forward(self, outcome: Forward, body: bytes) -> Answers:
         assert self.record is not None
         if outcome.cost is not None:
-            self.ticket = await _admitted(self.core, outcome.cost, self.endpoints.excluded(self.sent))
+            self.ticket = await _admitted(self.core, outcome.cost, await self.endpoints.excluded(self.sent))
             if self.ticket.waited_s > 0:
                 self.record.queue_s = self.ticket.waited_s
                 self.extra.append((QUEUE_HEADER, str(round(self.ticket.waited_s * 1000)).encode()))

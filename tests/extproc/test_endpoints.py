@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from proxy.extproc.endpoints import DESTINATION, POOL, Endpoints
 
-URLS = ("http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://[fd00::3]:8000", "https://vllm.example")
+URLS = ("http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://[fd00::3]:8000", "https://127.0.0.5")
+
+
+def excluded(endpoints: Endpoints, value: bytes | None) -> frozenset[int]:
+    headers = [(b"host", b"x")] + ([(DESTINATION, value)] if value is not None else [])
+    return asyncio.run(endpoints.excluded(headers))
 
 
 def test_the_named_endpoint_is_the_only_one_left() -> None:
     endpoints = Endpoints(URLS)
-    assert endpoints.excluded([(DESTINATION, b"10.0.0.2:8000")]) == {0, 2, 3}
-    assert endpoints.excluded([(DESTINATION, b"[FD00::3]:8000")]) == {0, 1, 3}
-    assert endpoints.excluded([(DESTINATION, b"vllm.example:443")]) == {0, 1, 2}
-    assert endpoints.excluded([(DESTINATION, b"10.0.0.1:8000,10.0.0.2:8000")]) == {1, 2, 3}  # the first: the pick
+    assert excluded(endpoints, b"10.0.0.2:8000") == {0, 2, 3}
+    assert excluded(endpoints, b"[FD00::3]:8000") == {0, 1, 3}
+    assert excluded(endpoints, b"127.0.0.5:443") == {0, 1, 2}
+    assert excluded(endpoints, b"10.0.0.1:8000,10.0.0.2:8000") == {1, 2, 3}  # the first: the picker's pick
+
+
+def test_a_host_name_is_matched_by_the_address_it_resolves_to() -> None:
+    endpoints = Endpoints(("http://localhost:8000", "http://10.0.0.2:8000"))
+    assert excluded(endpoints, b"127.0.0.1:8000") == {1}
 
 
 def test_no_header_or_an_endpoint_not_configured_is_the_whole_pool() -> None:
     endpoints = Endpoints(URLS)
-    assert endpoints.excluded([(b"host", b"x")]) is POOL
-    assert endpoints.excluded([(DESTINATION, b"10.9.9.9:8000")]) is POOL
-    assert endpoints.excluded([(DESTINATION, b"10.0.0.1:8001")]) is POOL
+    assert excluded(endpoints, None) is POOL
+    assert excluded(endpoints, b"10.9.9.9:8000") is POOL
+    assert excluded(endpoints, b"10.0.0.1:8001") is POOL

