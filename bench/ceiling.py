@@ -58,6 +58,7 @@ class Run:
     upstream_cpu_s: float
     machine_cpu_s: float  # every process on the machine, the load generator included
     proxy_rss_mb: float | None
+    helper_cpu_s: float | None = None  # the process beside the system's own (Envoy's external processor)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -186,7 +187,8 @@ def _measure(
         api_key=LITELLM_KEY,  # LiteLLM needs its master key; the others ignore it
         seed=2 * seed,  # every run its own prompts (the generator uses seed and seed + 1)
     )
-    pids = [p for p in (system.pid, upstream.pid) if p is not None]
+    helper = system.helper.pid if system.helper is not None else None
+    pids = [p for p in (system.pid, upstream.pid, helper) if p is not None]
     marks: list[Sample] = []
 
     def settled_mark() -> None:  # the window opens on idle processes, whatever the warm-up left behind
@@ -202,6 +204,7 @@ def _measure(
         round_,
         load,
         proxy_cpu_s=after.proxy_cpu_s - before.proxy_cpu_s if guarded else None,
+        helper_cpu_s=after.helper_cpu_s - before.helper_cpu_s if helper is not None else None,
         upstream_cpu_s=after.upstream_cpu_s - before.upstream_cpu_s,
         machine_cpu_s=after.machine_cpu_s - before.machine_cpu_s,
         proxy_rss_mb=after.proxy_rss_mb if guarded else None,
@@ -213,16 +216,19 @@ def _measure(
 
 @dataclass(frozen=True)
 class Sample:
-    proxy_cpu_s: float
+    proxy_cpu_s: float  # the system's whole: its own process tree and its helper's
     upstream_cpu_s: float
     machine_cpu_s: float
     proxy_rss_mb: float
+    helper_cpu_s: float
 
 
 def _sample(system: Running, upstream: Running) -> Sample:
     proxy = usage(system.pid) if system.pid is not None else None
+    helper = usage(system.helper.pid).cpu_s if system.helper is not None else 0.0
     upstream_cpu_s = usage(upstream.pid).cpu_s if upstream.pid is not None else 0.0
-    return Sample(proxy.cpu_s if proxy else 0.0, upstream_cpu_s, machine_busy_s(), proxy.rss_mb if proxy else 0.0)
+    return Sample((proxy.cpu_s if proxy else 0.0) + helper, upstream_cpu_s, machine_busy_s(),
+                  proxy.rss_mb if proxy else 0.0, helper)  # fmt: skip
 
 
 def _settle(pids: list[int], limit_s: float = 60.0) -> None:

