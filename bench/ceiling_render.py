@@ -9,7 +9,7 @@ from statistics import median
 from typing import Any
 
 from bench.ceiling_systems import GUARD_WORKERS, RELAYED
-from bench.envoy import ENVOY_SYSTEMS
+from bench.envoy import ENVOY_SYSTEMS, TRIVIAL
 from bench.targets import Target
 
 DIRECT, RELAY, GUARD, GUARD2 = "direct", "relay", "token-guard", "token-guard-2w"
@@ -119,7 +119,7 @@ def _envoy(pooled: Pooled) -> list[str]:
 def envoy_targets(pooled: Pooled) -> list[Target]:
     """The issue's targets for the external processor, each ext_proc system against Envoy alone and serve."""
     found = []
-    for name in [n for n in ENVOY_SYSTEMS if ENVOY_SYSTEMS[n] is not None]:
+    for name in [n for n in ENVOY_SYSTEMS if ENVOY_SYSTEMS[n] is not None and n != TRIVIAL]:
         over = _get(pooled, "c1", name, "total_p50") - _get(pooled, "c1", "envoy", "total_p50")
         cpu = _get(pooled, "c32", name, "helper_cpu_ms_per_request") / (
             _get(pooled, "c32", GUARD, "cpu_ms_per_request") or math.nan

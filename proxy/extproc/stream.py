@@ -85,16 +85,13 @@ class Stream:
     async def _request_headers(self, message: HttpHeaders) -> Answers:
         self.sent = sent = wire.headers_of(message.headers)
         pseudo = {k: v for k, v in sent if k[:1] == b":"}
-        method, (raw_path, _, query) = (
-            pseudo.get(b":method", b"GET").decode(),
-            pseudo.get(b":path", b"/").partition(b"?"),
-        )
-        path = unquote(raw_path.decode("latin-1"))
+        method = pseudo.get(b":method", b"GET").decode("latin-1")
+        raw_path, _, query = pseudo.get(b":path", b"/").partition(b"?")
+        path = unquote(raw_path.decode("latin-1"))  # as uvicorn decodes it for serve
         rid = request_id(next((v.decode("latin-1") for k, v in sent if k == REQUEST_ID), None))
         self.tagged = [(REQUEST_ID, rid.encode())]
-        entered = target(raw_path, path, query, None, pseudo.get(b":authority")) or self.core.door.enter(
-            method, path, sent
-        )
+        refused = target(raw_path, path, query, None, pseudo.get(b":authority"))
+        entered = refused or self.core.door.enter(method, path, sent)
         if isinstance(entered, Refusal):
             return [await self._refused(entered.logged(method, rid))]
         found, self.key = entered.found, entered.key

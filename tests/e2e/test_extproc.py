@@ -43,7 +43,9 @@ def through(stacks: Stacks, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     for thread in processors.values():
         thread.__enter__()
     try:
-        listeners, routes, clusters = {}, {}, []
+        listeners: dict[str, list[dict[str, Any]]] = {}
+        routes: dict[str, str] = {}
+        clusters: list[dict[str, Any]] = []
         for version, stack in ready.items():
             name = f"vllm-{version}"
             clusters += [cluster(name, _port(stack.vllm_url)), cluster(f"guard-{version}", processors[version].port,
