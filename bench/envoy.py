@@ -18,12 +18,14 @@ EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.Extern
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+TRIVIAL = "envoy-trivial-processor"
 # the ceiling's Envoy systems: name -> (request body mode, response body mode) of the guard's filter, None: no filter
 ENVOY_SYSTEMS: dict[str, tuple[str, str] | None] = {
     "envoy": None,
     "envoy-extproc": ("BUFFERED", "NONE"),
     "envoy-extproc-streamed": ("BUFFERED", "STREAMED"),
     "envoy-extproc-duplex": ("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED"),
+    TRIVIAL: ("BUFFERED", "NONE"),  # the same phases as envoy-extproc, answered by bench/trivial_processor.py
 }
 
 
@@ -124,6 +126,8 @@ def start_envoy_system(name: str, upstream: Upstream, workdir: Path) -> Running:
         argv = [sys.executable, "-m", "proxy", "extproc", "--upstream", upstream.url, "--model", "tiny",
                 "--tokenizer", str(upstream.tokenizer), "--max-model-len", str(upstream.max_model_len),
                 "--port", str(grpc_port)]  # fmt: skip
+        if name == TRIVIAL:
+            argv = [sys.executable, "-m", "bench.trivial_processor", "--port", str(grpc_port)]
         helper, _ = spawn(f"{name}-processor", argv, workdir)
         clusters.append(cluster("guard", grpc_port, grpc=True))
         filters = [processor("guard", *modes)]
@@ -131,5 +135,6 @@ def start_envoy_system(name: str, upstream: Upstream, workdir: Path) -> Running:
     path.write_text(yaml.safe_dump(config(admin, [listener(name, port, filters, 40 * 2**20)], clusters)))
     process, log = spawn(name, envoy_argv(binary, path), workdir)
     running = Running(name, f"http://127.0.0.1:{port}", process, log, helper=helper)
-    wait_ready(running, "/health" if modes is not None else "/v1/models")  # the guard's readiness, through Envoy
+    guarded = modes is not None and name != TRIVIAL
+    wait_ready(running, "/health" if guarded else "/v1/models")  # the guard's readiness, answered through Envoy
     return running
