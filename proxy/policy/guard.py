@@ -26,6 +26,7 @@ from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat
 from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
 from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from proxy.policy import thinking
 from proxy.policy.choice import choose_policy
 from proxy.policy.chunk import MAX_PARTS, CannotChunk, refuse_too_many_parts
 from proxy.policy.converted import (
@@ -194,6 +195,16 @@ class Guard:
     ) -> Outcome:
         findings.max_tokens_before = req.max_tokens
         model, _, choice, limits = self._target(req.model, headers, findings)
+        outcome = await self._settle_messages(model, req, raw, limits, choice, findings)
+        if not thinking.needs_off(outcome, req):
+            return thinking.noted(outcome, req, disabled=False)
+        off = thinking.without_thinking(req)  # renders differently: counted and decided again
+        outcome = await self._settle_messages(model, off, with_changes(off.body, {}), limits, choice, findings)
+        return thinking.noted(outcome, req, disabled=True)
+
+    async def _settle_messages(
+        self, model: GuardedModel, req: MessagesRequest, raw: bytes, limits: Limits, choice: str, findings: Findings
+    ) -> Outcome:
         newer = self.registry.upstream_newer()
         prompt_tokens = await self._count(model, messages_chat(model.tokenizer, req, newer), findings)
 
@@ -203,7 +214,7 @@ class Guard:
 
         conv = Converted(
             "/v1/messages", req.body, raw, "max_tokens", req.max_tokens, "messages", "messages", req.messages,
-            message_turn, message_kept,
+            message_turn, message_kept, follow=thinking.follower(req),
         )  # fmt: skip
         return await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
 

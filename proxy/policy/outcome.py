@@ -23,6 +23,7 @@ class Decision:
     dropped_messages: int | None = None  # truncate
     truncated_tokens: int | None = None  # truncate
     count_source: str | None = None  # who counted the prompt: "local" or "upstream"
+    thinking: str | None = None  # Anthropic thinking under a lowered limit: "budget_tokens=N" or "disabled"
 
     @classmethod
     def of(cls, plan: Plan, count_source: str | None = None) -> Decision:
@@ -45,6 +46,8 @@ class Decision:
             headers["x-token-guard-truncated-tokens"] = str(self.truncated_tokens)
         if self.count_source is not None:
             headers["x-token-guard-count-source"] = self.count_source
+        if self.thinking is not None:
+            headers["x-token-guard-thinking"] = self.thinking
         return headers
 
 
