@@ -207,8 +207,8 @@ def test_chunking_without_sound_meaning_falls_back_to_reject_saying_why(proxy: s
 
 
 def test_a_prompt_needing_more_than_64_parts_is_not_chunked(deepseek_dir: Path, sim: Any) -> None:
-    before = sim[1].received
     with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.chunk_tokens": 16}) as server:
+        before = sim[1].received
         with pytest.raises(openai.BadRequestError, match="chunk policy was not applied: the prompt would take more "
                                                           "than 64 parts of 16 tokens"):  # fmt: skip
             sdk(server.url, "chunk").chat.completions.create(
@@ -255,11 +255,13 @@ class FailSecondChat:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_failing_part_cancels_the_others(deepseek_dir: Path, stream: bool) -> None:
     app = create_simulator(SimulatorSettings(tokenizer=deepseek_dir, model=MODEL, max_model_len=WINDOW, itl_s=0.01))
-    stats = app.state.stats
+    stats, failing = app.state.stats, FailSecondChat(app)
     with (
-        ServerThread(FailSecondChat(app)) as sim,
-        guard(sim.url, deepseek_dir, **{"model.max_model_len": WINDOW}) as proxy,
+        ServerThread(failing) as sim,
+        # the start-up check's own requests come first: counted locally whatever it makes of the one that fails
+        guard(sim.url, deepseek_dir, **{"model.max_model_len": WINDOW, "counting.source": "local"}) as proxy,
     ):
+        failing.seen = 0
         body = {"model": MODEL, "messages": [{"role": "user", "content": document(8000)}], "max_tokens": 400,
                 "stream": stream}  # fmt: skip
         response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=60,

@@ -17,11 +17,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from proxy.api.chat import parse_chat
+from proxy.api.completions import parse_completion
 from proxy.counting.count import count_chat
 from proxy.counting.registry import GuardedModel
-from proxy.counting.source import chat_tokens
+from proxy.counting.source import chat_tokens, completion_tokens
 from proxy.counting.tokenizer import load_tokenizer
-from proxy.errors import CountedUpstreamOnly, InvalidRequest
+from proxy.errors import CountedUpstreamOnly, InvalidRequest, UpstreamUnavailable
 from proxy.server.running import ServerThread
 from proxy.settings import UpstreamSettings
 from proxy.upstream.client import Upstream
@@ -167,6 +168,34 @@ def test_who_counts(deepseek_dir: Path, source: str, content: Any, expected: str
         assert tokens == asyncio.run(count_chat(model.tokenizer, req)) and not remote.asked
     else:
         assert tokens == 999 and remote.asked == [req.body]
+
+
+class Refusing(Remote):
+    """An upstream whose counting endpoint refuses what its generation serves (vLLM 0.31/0.32's /tokenize in mistral
+    mode on an assistant turn with tool calls: "tool_calls must be a list, got ValidatorIterator")."""
+
+    async def chat(self, model: str, body: dict[str, Any]) -> int:
+        self.asked.append(body)
+        raise InvalidRequest("1 validation error: tool_calls must be a list, got ValidatorIterator")
+
+    async def completion(self, model: str, body: dict[str, Any]) -> list[int]:
+        raise UpstreamUnavailable("The upstream could not count the prompt (/tokenize: HTTP 500).")
+
+
+def test_a_count_the_upstream_refuses_is_counted_locally_never_the_clients_error(deepseek_dir: Path) -> None:
+    model, remote = model_with(deepseek_dir, "upstream"), Refusing()
+    req = parse_chat(json.dumps({"messages": [{"role": "user", "content": "hello"}]}).encode())
+    tokens, who = asyncio.run(chat_tokens(model, req, remote))
+    assert (tokens, who) == (asyncio.run(count_chat(model.tokenizer, req)), "local") and remote.asked
+    completion = parse_completion(b'{"prompt": "hello"}')
+    assert asyncio.run(completion_tokens(model, completion, remote)) == ([1], "local")
+    assert model.counter.stats().fallbacks == 2  # token_guard_upstream_count_fallbacks
+
+
+def test_a_prompt_neither_side_can_count_gets_the_upstreams_reason(deepseek_dir: Path) -> None:
+    req = parse_chat(json.dumps({"messages": [{"role": "user", "content": [IMAGE]}]}).encode())
+    with pytest.raises(InvalidRequest, match="ValidatorIterator"):
+        asyncio.run(chat_tokens(model_with(deepseek_dir, "upstream"), req, Refusing()))
 
 
 def test_a_local_source_refuses_what_it_cannot_count(deepseek_dir: Path) -> None:
