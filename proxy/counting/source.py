@@ -17,11 +17,12 @@ from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
 from proxy.counting.count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
-from proxy.errors import CountedUpstreamOnly, GuardError, InvalidRequest, UpstreamUnavailable
+from proxy.errors import CountedUpstreamOnly, GuardError, InvalidRequest, TemplateRefused, UpstreamUnavailable
 
 log = logging.getLogger("token_guard.count_source")
 
 LOCAL, UPSTREAM = "local", "upstream"
+UNCOUNTED = "none"  # neither could count it: forwarded uncounted (Uncounted)
 T = TypeVar("T")
 
 
@@ -42,11 +43,16 @@ async def chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount
             return await _instead(model, exc, count_chat(model.tokenizer, req, model.counter)), LOCAL
     try:
         return await count_chat(model.tokenizer, req, model.counter), LOCAL
-    except CountedUpstreamOnly as exc:
+    except (CountedUpstreamOnly, TemplateRefused) as exc:
         if model.count_source == LOCAL or remote is None:
             raise
         log.info("model %s: %s; counted by the upstream", model.name, exc.message)
-        return await remote.chat(model.name, req.body), UPSTREAM
+        try:
+            return await remote.chat(model.name, req.body), UPSTREAM
+        except (InvalidRequest, UpstreamUnavailable) as failed:
+            if isinstance(exc, TemplateRefused):  # neither could count it: vLLM's generation answers it
+                raise Uncounted(exc, failed) from None
+            raise
 
 
 async def completion_tokens(
@@ -71,3 +77,15 @@ async def _instead(model: GuardedModel, failed: GuardError, local: Coroutine[Any
         return await local
     except CountedUpstreamOnly:
         raise failed from None
+    except TemplateRefused as refused:
+        raise Uncounted(refused, failed) from None
+
+
+class Uncounted(Exception):
+    """Neither the guard nor the upstream's counting endpoint could count a prompt that vLLM's generation may still
+    serve (the guard, not told of mistral mode, renders a template stricter than mistral_common; /tokenize refuses
+    tool calls there): the guard forwards it uncounted rather than refuse it (policy/guard.py)."""
+
+    def __init__(self, local: GuardError, upstream: GuardError) -> None:
+        super().__init__(f"{local.message} / upstream: {upstream.message}")
+        self.local, self.upstream = local, upstream

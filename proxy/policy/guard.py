@@ -3,6 +3,7 @@ not fit. Returns what to do (forward a body, refuse, or fan out parts); the serv
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -24,7 +25,7 @@ from proxy.counting.isolated import PARSER
 from proxy.counting.pooling import pooling_tokens, scoring_tokens
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat
-from proxy.counting.source import LOCAL, RemoteCount, chat_tokens, completion_tokens
+from proxy.counting.source import LOCAL, UNCOUNTED, RemoteCount, Uncounted, chat_tokens, completion_tokens
 from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from proxy.policy import thinking
 from proxy.policy.choice import choose_policy
@@ -45,6 +46,8 @@ from proxy.policy.pooling import Pooled, settle_pooling
 from proxy.policy.reduce import reduce_request
 from proxy.policy.turns import CountItems
 from proxy.settings import PolicySettings, Settings
+
+log = logging.getLogger("token_guard.guard")
 
 SIZE_FLOOR = "size"  # the count source of a prompt refused from its size alone: its prompt tokens are a lower bound
 FAR_OVER = 16  # characters a token: a prompt longer than this many times the window is counted only until proven over
@@ -77,7 +80,10 @@ class Guard:
         if route.kind is Kind.COUNT:
             outcome = await self._counted(route, body, raw, headers, findings)
         else:
-            outcome = await self._read(route.reads, body, raw, headers, findings)
+            try:
+                outcome = await self._read(route.reads, body, raw, headers, findings)
+            except Uncounted as exc:
+                outcome = self._uncounted(raw, exc, findings)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
         findings.decision = outcome.decision
@@ -262,6 +268,14 @@ class Guard:
         max_cost = self.ceiling() if self.ceiling is not None else None
         limits = limits_for(model.name, model.max_model_len, policy, max_output, max_cost)
         return model, policy, choose_policy(policy, headers), limits
+
+    def _uncounted(self, raw: bytes, exc: Uncounted, findings: Findings) -> Outcome:
+        """A prompt neither the guard nor the upstream's counting could count: forwarded as sent for vLLM's own
+        answer (it may serve it), holding the whole window in admission; never the client's 400 on the guard's say."""
+        log.warning("model %s: a prompt could not be counted (%s); forwarded uncounted", findings.model, exc)
+        window = self.registry.resolve(findings.model).max_model_len
+        findings.count_source = UNCOUNTED
+        return Forward(raw, Decision("uncounted", 0, count_source=UNCOUNTED), window)
 
     def policy_for(self, model: str) -> PolicySettings:
         return self._policies.get(model) or self.settings.policy

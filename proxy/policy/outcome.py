@@ -16,7 +16,8 @@ from proxy.settings.sections import KeySettings
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # pass, clamp, reject, truncate, chunk; partial (previous_response_id), count (count_tokens)
+    action: str  # pass, clamp, reject, truncate, chunk; partial (previous_response_id), count (count_tokens);
+    # uncounted (neither the guard nor the upstream could count it: forwarded as sent)
     prompt_tokens: int
     max_tokens: int | None = None  # the effective output limit, when there is one
     chunk_tokens: tuple[int, ...] = ()  # chunk: each part's prompt tokens
@@ -34,7 +35,10 @@ class Decision:
         return len(self.chunk_tokens) or None
 
     def headers(self) -> dict[str, str]:
-        headers = {"x-token-guard-prompt-tokens": str(self.prompt_tokens), "x-token-guard-action": self.action}
+        headers = {}
+        if self.action != "uncounted":  # forwarded without a count: no number to tell
+            headers["x-token-guard-prompt-tokens"] = str(self.prompt_tokens)
+        headers["x-token-guard-action"] = self.action
         if self.max_tokens is not None:
             headers["x-token-guard-max-tokens"] = str(self.max_tokens)
         if self.chunk_tokens:

@@ -170,7 +170,8 @@ class Metrics:
                 self.add("key_limited", (found.api_key.name,))
 
     def _decided(self, labels: tuple[str, str], decision: Decision, asked: int | None) -> None:
-        self.observe_value("prompt_tokens", labels, decision.prompt_tokens)
+        if decision.action != "uncounted":
+            self.observe_value("prompt_tokens", labels, decision.prompt_tokens)
         if asked is not None and decision.max_tokens is not None and decision.max_tokens < asked:
             self.add("clamped", labels, asked - decision.max_tokens)
         if decision.action == "reject":
