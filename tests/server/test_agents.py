@@ -82,6 +82,10 @@ def test_a_budget_vllm_refuses_is_a_400_in_anthropics_envelope(claude: anthropic
                                messages=[{"role": "user", "content": "Hi"}])  # fmt: skip
 
 
+def test_health_says_when_the_start_up_check_has_run(proxy: str) -> None:
+    assert httpx.get(f"{proxy}/health").json() == {"status": "ok", "models": [MODEL], "checked": True}
+
+
 def test_a_second_responses_turn_is_clamped_to_the_room_its_own_part_leaves(proxy: str, sim: Any) -> None:
     body = {"model": MODEL, "input": "next", "previous_response_id": "resp_x", "max_output_tokens": 100000}
     response = httpx.post(f"{proxy}/v1/responses", json=body)
