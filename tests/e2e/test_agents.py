@@ -72,6 +72,14 @@ def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield running
 
 
+@pytest.fixture(scope="module")
+def queued(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """0.32 with a queue of two requests, one running at a time: its own admission answers the rest."""
+    args = ("--max-num-queued-reqs", "2", "--max-num-seqs", "1")
+    with served("0.32.0", args, tmp_path_factory.mktemp("queued-0.32.0")) as running:
+        yield running
+
+
 def essay(words: int) -> str:
     return " ".join(f"word{i % 50}" for i in range(words))
 
@@ -216,3 +224,29 @@ def test_an_agents_sdk_tool_loop_runs_through_the_guard(tools: Served, api: str)
     endpoint = "/v1/responses" if api == "responses" else "/v1/chat/completions"
     clamped = f'token_guard_requests_total{{action="clamp",endpoint="{endpoint}",model="tiny",status="200"}} 2.0'
     assert clamped in tools.http.get(tools.guard + "/metrics").text  # both turns: max_tokens 100000 clamped
+
+
+# --- vLLM's own full queue ---
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllms_full_queue_reaches_the_client_as_a_429_with_retry_after(queued: Served, stream: bool) -> None:
+    """Measured: 0.32 answers a request over --max-num-queued-reqs with 503 "The engine is currently busy and cannot
+    accept new requests" (a stream: 200, that error as its first event). The guard, with no replica to retry,
+    answers 429 with Retry-After, as for its own admission."""
+    body = {"model": runtime.SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 60,
+            "temperature": 0, "stream": stream}  # fmt: skip
+
+    async def flood(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=180) as client:
+            return await asyncio.gather(*(client.post(url + "/v1/chat/completions", json=body) for _ in range(6)))
+
+    direct = asyncio.run(flood(queued.vllm))
+    busy = [a for a in direct if "cannot accept new requests" in a.text]
+    assert busy and all(a.status_code == (200 if stream else 503) for a in busy)
+    answers = asyncio.run(flood(queued.guard))
+    statuses = [a.status_code for a in answers]
+    assert set(statuses) <= {200, 429} and 429 in statuses and 200 in statuses
+    refused = next(a for a in answers if a.status_code == 429)
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded" and int(refused.headers["retry-after"]) >= 1
+    assert not any('"error"' in a.text for a in answers if a.status_code == 200)
