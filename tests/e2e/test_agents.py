@@ -234,12 +234,12 @@ def test_vllms_full_queue_reaches_the_client_as_a_429_with_retry_after(queued: S
     """Measured: 0.32 answers a request over --max-num-queued-reqs with 503 "The engine is currently busy and cannot
     accept new requests" (a stream: 200, that error as its first event). The guard, with no replica to retry,
     answers 429 with Retry-After, as for its own admission."""
-    body = {"model": runtime.SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 60,
+    body = {"model": runtime.SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 200,
             "temperature": 0, "stream": stream}  # fmt: skip
 
-    async def flood(url: str) -> list[httpx.Response]:
+    async def flood(url: str) -> list[httpx.Response]:  # one runs for about 2 s: the others arrive meanwhile
         async with httpx.AsyncClient(timeout=180) as client:
-            return await asyncio.gather(*(client.post(url + "/v1/chat/completions", json=body) for _ in range(6)))
+            return await asyncio.gather(*(client.post(url + "/v1/chat/completions", json=body) for _ in range(10)))
 
     direct = asyncio.run(flood(queued.vllm))
     busy = [a for a in direct if "cannot accept new requests" in a.text]
