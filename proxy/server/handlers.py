@@ -84,7 +84,8 @@ class Handlers:
         elif not await self.upstream.is_healthy():
             status, body = 503, {"status": "unhealthy", "detail": "no upstream replica answers its /health"}
         else:
-            status, body = 200, {"status": "ok", "models": self.registry.names}
+            # checked: the start-up check has run, so each model's count source is decided
+            status, body = 200, {"status": "ok", "models": self.registry.names, "checked": self.registry.checked}
         await Reply(send).whole(status, [], json.dumps(body).encode())
 
     async def alive(self, scope: Scope, receive: Receive, send: Send) -> None:
