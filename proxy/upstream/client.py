@@ -129,8 +129,8 @@ class Upstream:
             except BaseException:
                 self._release(ticket)
                 raise
-            if not await self._keeps(response, ticket, last, cost):
-                tried.add(index)
+            if (response.status == 503 or response.is_sse) and not await self._keeps(response, ticket, last, cost):
+                tried.add(index)  # only these can be vLLM's full queue: the usual answer costs no coroutine here
                 continue
             return Opened(response, ticket, replica.url)
         raise UpstreamUnavailable("No upstream replica could take the request.")
