@@ -4,7 +4,8 @@
     ├── InvalidRequest              400  a body or field the guard cannot read
     │   ├── ContextLengthExceeded   400  the prompt leaves no room for output
     │   ├── RequestTooLarge         400  the prompt (times n) leaves no room in the whole KV budget
-    │   └── CountedUpstreamOnly     400  parts only the upstream can count (images, audio), with no upstream to ask
+    │   ├── CountedUpstreamOnly     400  parts only the upstream can count (images, audio), with no upstream to ask
+    │   └── TemplateRefused         400  the model's own chat template refused the messages (the upstream may not)
     ├── Unauthorized                401  no valid `Authorization: Bearer <key>` (server.api_keys, [[keys]])
     ├── PermissionDenied            403  an administrative route without a key of server.admin_api_keys
     ├── ModelNotFound               404  a model the guard has no tokenizer for, or the API key may not use
@@ -78,6 +79,11 @@ class RequestTooLarge(InvalidRequest):
 class CountedUpstreamOnly(InvalidRequest):
     """The prompt holds parts whose tokens depend on the model's processor: counting.source "auto" asks the upstream
     to count it instead; a client sees this only when the guard may not ask (counting.source "local")."""
+
+
+class TemplateRefused(InvalidRequest):
+    """The model's own chat template refused to render the messages. vLLM renders them the same way unless it is
+    served otherwise (mistral_common where the guard was not told), so counting.source auto asks the upstream."""
 
 
 class Unauthorized(GuardError):

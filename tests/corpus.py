@@ -87,6 +87,18 @@ CHAT_CASES: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "list-of-parts-with-empty",  # vLLM drops a part that parses to an empty text before joining the rest
+        {
+            "messages": [
+                {"role": "system", "content": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": ""}]},
+                {
+                    "role": "user",
+                    "content": ["", {"type": "text", "text": "Hi"}, {"type": "text", "text": ""}, "there", ""],
+                },
+            ]
+        },
+    ),
+    (
         "cjk-emoji",
         {"messages": [{"role": "user", "content": "你好，世界！こんにちは 🌏🎌 Ünïcödé — “quotes” …"}]},
     ),

@@ -12,6 +12,7 @@ from proxy.errors import InvalidRequest
 from proxy.settings import ServerSettings
 
 MAX_MESSAGES = ServerSettings.max_messages
+MIN_THINKING_BUDGET = 1024  # vLLM's AnthropicThinkingConfigEnabled: budget_tokens Field(ge=1024)
 ROLES = ("user", "assistant", "system")  # vLLM also takes inline system messages (Claude Code's reminders)
 
 
@@ -88,12 +89,24 @@ def _check_blocks(where: str, blocks: Any) -> None:
 
 
 def _check_thinking_budget(body: dict[str, Any], max_tokens: int | None) -> None:
-    """vLLM's request model: an enabled thinking budget must leave room for the answer (unless decoding remotely)."""
+    """vLLM's request model: an enabled thinking budget is an integer of at least 1024 (also for count_tokens), and
+    must leave room for the answer (unless decoding remotely)."""
     thinking, transfer = body.get("thinking"), body.get("kv_transfer_params")
-    if not isinstance(thinking, dict) or thinking.get("type") != "enabled" or max_tokens is None:
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
         return
-    if isinstance(transfer, dict) and transfer.get("do_remote_decode"):
+    budget = thinking_budget(thinking)
+    if budget is None or budget < MIN_THINKING_BUDGET:
+        raise InvalidRequest(f"thinking.budget_tokens must be an integer of at least {MIN_THINKING_BUDGET}, got "
+                             f"{thinking.get('budget_tokens')!r}.", param="thinking.budget_tokens")  # fmt: skip
+    if max_tokens is None or (isinstance(transfer, dict) and transfer.get("do_remote_decode")):
         return
-    budget = thinking.get("budget_tokens")
-    if isinstance(budget, int) and budget >= max_tokens:
+    if budget >= max_tokens:
         raise InvalidRequest("thinking.budget_tokens must be less than max_tokens.", param="thinking.budget_tokens")
+
+
+def thinking_budget(thinking: dict[str, Any]) -> int | None:
+    """budget_tokens as vLLM's pydantic model reads it: an integer, or a number with no fractional part."""
+    budget = thinking.get("budget_tokens")
+    if isinstance(budget, float) and budget.is_integer():
+        return int(budget)
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) else None

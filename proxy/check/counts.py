@@ -116,15 +116,10 @@ async def charged_count(upstream: Upstream, model: str, sample: Sample) -> Count
 async def count_both(
     model: GuardedModel, samples: Sequence[Sample], upstream: Upstream, charge: bool = True
 ) -> list[Row]:
-    """Every sample counted by the guard, by /tokenize and (with `charge`) by what a generation is charged."""
+    """Every sample counted by the guard, by /tokenize and (with `charge`) by what a generation is charged: the
+    reference for every renderer, since /tokenize can differ from generation (a BOS on mistral completions, harmony
+    chat rendered with the template, tool conversations refused in mistral mode)."""
     guard = [await guard_count(model, s) for s in samples]
     theirs = [await upstream_count(upstream, model.name, s) for s in samples]
     charged = [await charged_count(upstream, model.name, s) for s in samples] if charge else None
     return compare(model.name, [s.name for s in samples], guard, theirs, charged)
-
-
-def needs_charging(model: GuardedModel) -> bool:
-    """/tokenize renders a template-rendered model's chat exactly as generation does (the same conversation,
-    template, kwargs and server defaults), so the start-up check spares the upstream its 1-token generations there;
-    for harmony and mistral_common it is no reference."""
-    return model.tokenizer.rendering.mode != "hf"

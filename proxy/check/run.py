@@ -18,7 +18,7 @@ from pathlib import Path
 
 from proxy.api.models import ModelCard
 from proxy.check.compare import Window, drift_lines
-from proxy.check.counts import count_both, needs_charging
+from proxy.check.counts import count_both
 from proxy.check.defaults import learn
 from proxy.check.report import ModelInfo, Report
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
@@ -48,12 +48,14 @@ async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: 
         rows = []
         for name in registry.names:
             model = registry.resolve(name)
-            rows += await count_both(model, BUILTIN_SAMPLES, upstream, charge=needs_charging(model))
+            rows += await count_both(model, BUILTIN_SAMPLES, upstream)
         await apply(registry, rows, UpstreamCounter(upstream))
     except GuardError as exc:
         return [f"drift check against {upstream.url} could not run: {exc.message}"]
     except Exception as exc:  # a warning must never stop the proxy from serving
         return [f"drift check against {upstream.url} failed unexpectedly: {exc!r}"]
+    finally:
+        registry.checked = True
     return drift_lines(rows)
 
 

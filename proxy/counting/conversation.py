@@ -63,8 +63,10 @@ def _convert_message(index: int, message: Any, content_format: ContentFormat, st
     content: Any
     if content_format == "openai" and role != "tool":  # vLLM joins tool results whatever the format
         content = [{**extra, "type": "text", "text": text} for text, extra in parts]
-    else:
+    elif content_format == "openai":  # a tool message's parts, kept as dicts, empty texts included, then joined
         content = "\n".join(text for text, _ in parts)
+    else:  # vLLM keeps only the parts that parse to something truthy: an empty text is dropped, not joined
+        content = "\n".join(text for text, _ in parts if text)
     converted: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
         if message.get("tool_calls") is not None:

@@ -43,6 +43,7 @@ class CounterStats:
     entries: int
     bytes: int
     max_bytes: int
+    fallbacks: int = 0  # prompts counted locally because the upstream's counting failed (counting/source.py)
 
 
 class TokenCounter:
@@ -56,6 +57,7 @@ class TokenCounter:
         self._word_limit = settings.split_min_chars  # longer segments are split per core instead
         self.by_words = False
         self.hits = self.misses = 0
+        self.fallbacks = 0
         self._check(name or "tokenizer")
 
     def _check(self, name: str) -> None:
@@ -89,7 +91,7 @@ class TokenCounter:
 
     def stats(self) -> CounterStats:
         cache = self._cache
-        return CounterStats(self.hits, self.misses, len(cache), cache.bytes, cache.max_bytes)
+        return CounterStats(self.hits, self.misses, len(cache), cache.bytes, cache.max_bytes, self.fallbacks)
 
     def _prepare(self, texts: Sequence[str]) -> tuple[list[Cut], dict[str, Prepared]]:
         """In a worker thread, for long texts: their cuts, and each long segment's cache key and plan. At 30 MB these

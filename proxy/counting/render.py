@@ -12,7 +12,7 @@ from proxy.counting.isolated import RENDERER
 from proxy.counting.roles import developer_as_system, has_developer, mentions_developer
 from proxy.counting.templates import RenderArgs, TemplateError, render
 from proxy.counting.tokenizer import ModelTokenizer
-from proxy.errors import CountedUpstreamOnly, InvalidRequest
+from proxy.errors import CountedUpstreamOnly, InvalidRequest, TemplateRefused
 
 NO_TEMPLATE = (
     "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template "
@@ -27,13 +27,13 @@ BOTH_FLAGS = (
 
 
 def render_chat(tok: ModelTokenizer, req: ChatRequest) -> str:
-    with _as_bad_request():
+    with _as_bad_request(own_template=req.chat_template is None):
         return render(*render_inputs(tok, req))
 
 
 async def render_chat_isolated(tok: ModelTokenizer, req: ChatRequest) -> str:
     """As render_chat, for a template the request brought: in a child process with a time and memory limit."""
-    with _as_bad_request():
+    with _as_bad_request(own_template=False):
         return await RENDERER.render(render_inputs(tok, req))
 
 
@@ -54,7 +54,7 @@ def render_inputs(tok: ModelTokenizer, req: ChatRequest) -> RenderArgs:
 
 
 @contextmanager
-def _as_bad_request() -> Iterator[None]:
+def _as_bad_request(own_template: bool) -> Iterator[None]:
     try:
         yield
     except MediaPart as exc:
@@ -62,4 +62,5 @@ def _as_bad_request() -> Iterator[None]:
     except ConversationError as exc:
         raise InvalidRequest(str(exc), param="messages") from None
     except TemplateError as exc:
-        raise InvalidRequest(f"The chat template could not render these messages: {exc}", param="messages") from None
+        refused = TemplateRefused if own_template else InvalidRequest  # a request's template: vLLM's would refuse too
+        raise refused(f"The chat template could not render these messages: {exc}", param="messages") from None

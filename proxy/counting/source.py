@@ -3,24 +3,28 @@ which renders and counts it with the model's own processor (proxy/upstream/count
 
 Per model: "local" always counts here; "upstream" always asks vLLM; "auto" counts here unless the start-up check
 found the guard disagreeing with what vLLM charges for this model (the registry then says "upstream"). Per request:
-in "auto", parts only vLLM can count (images, audio) are counted by the upstream too.
+in "auto", parts only vLLM can count (images, audio) are counted by the upstream too; and a prompt the upstream's
+counting endpoint refuses or fails on is counted locally (source "local"), never refused for that.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from collections.abc import Coroutine
+from typing import Any, Protocol, TypeVar
 
 from proxy.api.batch import BatchChatRequest
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
 from proxy.counting.count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
-from proxy.errors import CountedUpstreamOnly
+from proxy.errors import CountedUpstreamOnly, GuardError, InvalidRequest, TemplateRefused, UpstreamUnavailable
 
 log = logging.getLogger("token_guard.count_source")
 
 LOCAL, UPSTREAM = "local", "upstream"
+UNCOUNTED = "none"  # neither could count it: forwarded uncounted (Uncounted)
+T = TypeVar("T")
 
 
 class RemoteCount(Protocol):
@@ -34,14 +38,22 @@ class RemoteCount(Protocol):
 async def chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount | None) -> tuple[int, str]:
     """The prompt's token count, and who counted it."""
     if model.count_source == UPSTREAM and remote is not None:
-        return await remote.chat(model.name, req.body), UPSTREAM
+        try:
+            return await remote.chat(model.name, req.body), UPSTREAM
+        except (InvalidRequest, UpstreamUnavailable) as exc:
+            return await _instead(model, exc, count_chat(model.tokenizer, req, model.counter)), LOCAL
     try:
         return await count_chat(model.tokenizer, req, model.counter), LOCAL
-    except CountedUpstreamOnly as exc:
+    except (CountedUpstreamOnly, TemplateRefused) as exc:
         if model.count_source == LOCAL or remote is None:
             raise
         log.info("model %s: %s; counted by the upstream", model.name, exc.message)
-        return await remote.chat(model.name, req.body), UPSTREAM
+        try:
+            return await remote.chat(model.name, req.body), UPSTREAM
+        except (InvalidRequest, UpstreamUnavailable) as failed:
+            if isinstance(exc, TemplateRefused):  # neither could count it: vLLM's generation answers it
+                raise Uncounted(exc, failed) from None
+            raise
 
 
 async def batch_tokens(model: GuardedModel, req: BatchChatRequest, remote: RemoteCount | None) -> tuple[list[int], str]:
@@ -58,5 +70,33 @@ async def completion_tokens(
     model: GuardedModel, req: CompletionRequest, remote: RemoteCount | None
 ) -> tuple[list[int], str]:
     if model.count_source == UPSTREAM and remote is not None:
-        return await remote.completion(model.name, req.body), UPSTREAM
+        try:
+            return await remote.completion(model.name, req.body), UPSTREAM
+        except (InvalidRequest, UpstreamUnavailable) as exc:
+            return await _instead(model, exc, count_completion(model.tokenizer, req, model.counter)), LOCAL
     return await count_completion(model.tokenizer, req, model.counter), LOCAL
+
+
+async def _instead(model: GuardedModel, failed: GuardError, local: Coroutine[Any, Any, T]) -> T:
+    """A count the upstream's counting endpoint refused or failed, done locally: that endpoint fails where generation
+    does not (vLLM 0.31/0.32's /tokenize in mistral mode on any assistant turn with tool calls), so its failure is
+    never the client's error. Counted in token_guard_upstream_count_fallbacks; a prompt the guard cannot count
+    either gets the guard's own error."""
+    model.counter.fallbacks += 1
+    log.warning("model %s: the upstream could not count a prompt (%s); counted locally", model.name, failed.message)
+    try:
+        return await local
+    except CountedUpstreamOnly:
+        raise failed from None
+    except TemplateRefused as refused:
+        raise Uncounted(refused, failed) from None
+
+
+class Uncounted(Exception):
+    """Neither the guard nor the upstream's counting endpoint could count a prompt that vLLM's generation may still
+    serve (the guard, not told of mistral mode, renders a template stricter than mistral_common; /tokenize refuses
+    tool calls there): the guard forwards it uncounted rather than refuse it (policy/guard.py)."""
+
+    def __init__(self, local: GuardError, upstream: GuardError) -> None:
+        super().__init__(f"{local.message} / upstream: {upstream.message}")
+        self.local, self.upstream = local, upstream

@@ -75,7 +75,8 @@ class Core:
             return 503, {"status": "starting", "detail": "learning the upstream's models"}
         if not await self.upstream.is_healthy():
             return 503, {"status": "unhealthy", "detail": "no upstream replica answers its /health"}
-        return 200, {"status": "ok", "models": self.registry.names}
+        # checked: the start-up check has run, so each model's count source is decided
+        return 200, {"status": "ok", "models": self.registry.names, "checked": self.registry.checked}
 
     def jobs(self) -> list[Coroutine[Any, Any, None]]:
         """The background work of the front end's lifetime, each logged if it fails (never taking the server down)."""

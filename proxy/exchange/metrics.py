@@ -170,7 +170,8 @@ class Metrics:
                 self.add("key_limited", (found.api_key.name,))
 
     def _decided(self, labels: tuple[str, str], decision: Decision, asked: int | None) -> None:
-        self.observe_value("prompt_tokens", labels, decision.prompt_tokens)
+        if decision.action != "uncounted":
+            self.observe_value("prompt_tokens", labels, decision.prompt_tokens)
         if asked is not None and decision.max_tokens is not None and decision.max_tokens < asked:
             self.add("clamped", labels, asked - decision.max_tokens)
         if decision.action == "reject":
@@ -224,7 +225,7 @@ class _Families(Collector):
 
 
 class _CounterCaches(Collector):
-    """The segment caches' own counters, read when scraped."""
+    """The counters' own numbers, read when scraped: segment caches, and fallbacks from upstream counting."""
 
     def __init__(self, counters: Callable[[], dict[str, CounterStats]]) -> None:
         self.counters = counters
@@ -237,11 +238,18 @@ class _CounterCaches(Collector):
         )
         misses = CounterMetricFamily("token_guard_count_cache_misses", "Prompt segments encoded anew", labels=model)
         size = GaugeMetricFamily("token_guard_count_cache_bytes", "Memory held by the count cache", labels=model)
+        fallbacks = CounterMetricFamily(
+            "token_guard_upstream_count_fallbacks",
+            "Prompts counted locally because the upstream's counting endpoint refused or failed them (a warning: "
+            "counting.source upstream or auto)",
+            labels=model,
+        )
         for name, s in stats.items():
             hits.add_metric([name], s.hits)
             misses.add_metric([name], s.misses)
             size.add_metric([name], s.bytes)
-        return [hits, misses, size]
+            fallbacks.add_metric([name], s.fallbacks)
+        return [hits, misses, size, fallbacks]
 
 
 class _Gate(Collector):

@@ -40,6 +40,15 @@ def refuse_too_many_parts(prompt_tokens: int, chunk_tokens: int) -> None:
         raise CannotChunk(f"the prompt would take more than {MAX_PARTS} parts of {chunk_tokens} tokens")
 
 
+def output_shares(total: int, parts: int) -> list[int]:
+    """The client's output limit split across the parts of an answer they make together, in order (the first parts
+    take the remainder), so that the answer it receives stays within what it asked for."""
+    if total < parts:
+        raise CannotChunk(f"max_tokens of {total} cannot be shared by {parts} parts (each answers 1 token or more)")
+    base, extra = divmod(total, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
 def refuse_unsound(body: dict[str, Any], n: int, kind: str) -> None:
     reasons = []
     if n > 1:

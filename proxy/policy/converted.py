@@ -4,8 +4,11 @@ their own items.
 
     pass / clamp / reject   as chat, on `max_output_tokens` (Responses) or `max_tokens` (Messages)
     partial                 Responses with `previous_response_id`: vLLM prepends a stored conversation the guard cannot
-                            see; the count is of what the request holds (a lower bound), and the limit is never clamped
-                            on that guess; a prompt that already overflows without the stored part is still refused
+                            see; the count is of what the request holds (a lower bound), and a limit above the room
+                            that bound leaves is clamped to it (it would overflow whatever the stored part holds); a
+                            prompt that already overflows without the stored part is still refused
+    upstream cut            Responses `truncation: "auto"` with an input over the window: forwarded for vLLM to cut,
+                            the limit set to the room a cut prompt keeps for its answer (_cut_upstream)
     truncate                whole turns dropped, oldest first (turns.py)
     chunk                   not applied: the answers of these APIs are not merged (the 400 says so)
 """
@@ -42,6 +45,17 @@ class Converted:
     kept: Callable[[Any], bool]
     partial: bool = False  # previous_response_id: part of the prompt is stored upstream
     upstream_truncates: bool = False  # Responses `truncation: "auto"`
+    follow: Callable[[int], dict[str, Any]] | None = None  # fields that follow a lowered limit (thinking.py)
+
+    def forwarded(self, changes: dict[str, int], limit: int | None, items: list[Any] | str | None = None) -> bytes:
+        """The body to forward: the client's bytes when nothing changes; else with `changes`, the items kept, and
+        the fields that follow the output limit."""
+        extra = self.follow(limit) if self.follow is not None and limit is not None else {}
+        if items is not None:
+            extra = {self.items_field: items, **extra}
+        if not changes and not extra:
+            return self.raw
+        return with_changes({**self.body, **extra}, changes)
 
 
 async def settle(
@@ -51,24 +65,33 @@ async def settle(
     cuts cannot be counted exactly and the overflow policies fall back to reject)."""
     plan = decide_output(prompt_tokens, limits, conv.limit_field, conv.requested, conv.param)
     cost = plan.cost(limits, 1)
-    if conv.partial:
-        if plan.error is not None:
-            return refuse(plan, "That is without the stored conversation of previous_response_id, which adds more.")
-        body, limit = _key_capped(conv, limits)
-        return Forward(body, Decision("partial", prompt_tokens, limit), cost)
-    if plan.error is None:
-        body = with_changes(conv.body, plan.changes) if plan.changes else conv.raw
-        return Forward(body, Decision.of(plan), cost)
+    if plan.error is None:  # a partial count is a lower bound: a limit above the room it leaves overflows anyway
+        body = conv.forwarded(plan.changes, plan.max_tokens)
+        action = "partial" if conv.partial else plan.action
+        return Forward(body, Decision(action, prompt_tokens, plan.max_tokens), cost)
     if not isinstance(plan.error, ContextLengthExceeded):  # over the whole KV budget: nothing cut would be admitted
         return Refuse(plan.error, Decision.of(plan))
     if conv.upstream_truncates:  # vLLM cuts the prompt itself, as the client asked
-        body, limit = _key_capped(conv, limits)
-        return Forward(body, Decision("pass" if body is conv.raw else "clamp", prompt_tokens, limit), cost)
+        return _cut_upstream(conv, prompt_tokens, limits)
+    if conv.partial:
+        return refuse(plan, "That is without the stored conversation of previous_response_id, which adds more.")
     if choice == "chunk":
         return refuse(plan, f"The chunk policy was not applied: {conv.endpoint} answers cannot be merged.")
     if choice == "truncate" and recount is not None:
         return await _truncate(conv, plan, limits, recount)
     return Refuse(plan.error, Decision.of(plan))
+
+
+def _cut_upstream(conv: Converted, prompt_tokens: int, limits: Limits) -> Forward:
+    """Responses `truncation: "auto"` with an input over the window: vLLM keeps the input's last tokens, as many as
+    the window less the output limit (0.31; 0.32 keeps all but one). So the limit is the room a cut prompt keeps
+    for its answer, as for the guard's own cuts: what the request asks for, else default_max_tokens, else a quarter
+    of the window; at most half the window (and the key's cap). Its KV cost is the whole window."""
+    limit = limits.cap(output_reserve(conv.requested, limits))
+    if limit == conv.requested:
+        return Forward(conv.raw, Decision("pass", prompt_tokens, limit), limits.max_model_len)
+    body = with_changes(conv.body, {conv.limit_field: limit})
+    return Forward(body, Decision("clamp", prompt_tokens, limit), limits.max_model_len)
 
 
 async def _truncate(conv: Converted, plan: Plan, limits: Limits, recount: CountItems) -> Outcome:
@@ -81,19 +104,10 @@ async def _truncate(conv: Converted, plan: Plan, limits: Limits, recount: CountI
         return refuse(plan, "Truncation could not make it fit: the system prompt and the last user turn alone are "
                             "too long.")  # fmt: skip
     fitted = decide_output(cut.prompt_tokens, limits, conv.limit_field, conv.requested, conv.param)
-    body = with_changes({**conv.body, conv.items_field: cut.items}, fitted.changes)
+    body = conv.forwarded(fitted.changes, fitted.max_tokens, cut.items)
     decision = Decision("truncate", cut.prompt_tokens, fitted.max_tokens, dropped_messages=cut.dropped,
                         truncated_tokens=plan.prompt_tokens - cut.prompt_tokens)  # fmt: skip
     return Forward(body, decision, fitted.cost(limits, 1))
-
-
-def _key_capped(conv: Converted, limits: Limits) -> tuple[bytes, int | None]:
-    """The body and output limit of a request forwarded without a decision on its room: only the API key's cap
-    applies (a cap the key sets, not a guess at what the prompt leaves)."""
-    cap = limits.max_output
-    if cap is None or (conv.requested is not None and conv.requested <= cap):
-        return conv.raw, conv.requested
-    return with_changes(conv.body, {conv.limit_field: cap}), cap
 
 
 def response_turn(item: Any) -> bool:

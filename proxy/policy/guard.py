@@ -3,6 +3,7 @@ not fit. Returns what to do (forward a body, refuse, or fan out parts); the serv
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -28,8 +29,17 @@ from proxy.counting.isolated import PARSER
 from proxy.counting.pooling import cohere_tokens, pooling_tokens, scoring_tokens
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat
-from proxy.counting.source import LOCAL, RemoteCount, batch_tokens, chat_tokens, completion_tokens
+from proxy.counting.source import (
+    LOCAL,
+    UNCOUNTED,
+    RemoteCount,
+    Uncounted,
+    batch_tokens,
+    chat_tokens,
+    completion_tokens,
+)
 from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from proxy.policy import thinking
 from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
 from proxy.policy.choice import choose_policy
@@ -52,6 +62,8 @@ from proxy.policy.pooling import Pooled, settle_pooling
 from proxy.policy.reduce import reduce_request
 from proxy.policy.turns import CountItems
 from proxy.settings import PolicySettings, Settings
+
+log = logging.getLogger("token_guard.guard")
 
 SIZE_FLOOR = "size"  # the count source of a prompt refused from its size alone: its prompt tokens are a lower bound
 FAR_OVER = 16  # characters a token: a prompt longer than this many times the window is counted only until proven over
@@ -89,10 +101,15 @@ class Guard:
             outcome = self._audio(audio_request(raw, headers.get("content-type", "")), raw, headers, findings)
         else:
             body = await PARSER.parse(raw, server.max_json_depth, server.max_json_values)  # large: in a child process
-            if route.kind is Kind.COUNT:
-                outcome = await self._counted(route, body, raw, headers, findings)
-            else:
-                outcome = await self._read(route.reads, body, raw, headers, findings)
+            try:
+                if route.kind is Kind.COUNT:
+                    outcome = await self._counted(route, body, raw, headers, findings)
+                else:
+                    outcome = await self._read(route.reads, body, raw, headers, findings)
+            except Uncounted as exc:
+                if route.answered:  # a count the guard would answer itself: it has none to give
+                    raise exc.local from None
+                outcome = self._uncounted(raw, exc, findings, route.kind is not Kind.COUNT)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
         if findings.chunk_refused and isinstance(outcome, Refuse) and isinstance(outcome.error, ContextLengthExceeded):
@@ -228,6 +245,16 @@ class Guard:
     ) -> Outcome:
         findings.max_tokens_before = req.max_tokens
         model, _, choice, limits = self._target(req.model, headers, findings)
+        outcome = await self._settle_messages(model, req, raw, limits, choice, findings)
+        if not thinking.needs_off(outcome, req):
+            return thinking.noted(outcome, req, disabled=False)
+        off = thinking.without_thinking(req)  # renders differently: counted and decided again
+        outcome = await self._settle_messages(model, off, with_changes(off.body, {}), limits, choice, findings)
+        return thinking.noted(outcome, req, disabled=True)
+
+    async def _settle_messages(
+        self, model: GuardedModel, req: MessagesRequest, raw: bytes, limits: Limits, choice: str, findings: Findings
+    ) -> Outcome:
         newer = self.registry.upstream_newer()
         prompt_tokens = await self._count(model, messages_chat(model.tokenizer, req, newer), findings)
 
@@ -237,7 +264,7 @@ class Guard:
 
         conv = Converted(
             "/v1/messages", req.body, raw, "max_tokens", req.max_tokens, "messages", "messages", req.messages,
-            message_turn, message_kept,
+            message_turn, message_kept, follow=thinking.follower(req),
         )  # fmt: skip
         return await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
 
@@ -330,6 +357,15 @@ class Guard:
         if choice == "chunk" and self.chunk_instead is not None:
             choice, findings.chunk_refused = self.chunk_instead, self.chunk_instead == "reject"
         return model, policy, choice, limits
+
+    def _uncounted(self, raw: bytes, exc: Uncounted, findings: Findings, generates: bool = True) -> Outcome:
+        """A prompt neither the guard nor the upstream's counting could count: forwarded as sent for vLLM's own
+        answer (it may serve it), holding the whole window in admission (a render route holds none: nothing is
+        generated); never the client's 400 on the guard's say."""
+        log.warning("model %s: a prompt could not be counted (%s); forwarded uncounted", findings.model, exc)
+        window = self.registry.resolve(findings.model).max_model_len
+        findings.count_source = UNCOUNTED
+        return Forward(raw, Decision("uncounted", 0, count_source=UNCOUNTED), window if generates else None)
 
     def policy_for(self, model: str) -> PolicySettings:
         return self._policies.get(model) or self.settings.policy

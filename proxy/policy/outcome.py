@@ -16,13 +16,15 @@ from proxy.settings.sections import KeySettings
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # pass, clamp, reject, truncate, chunk; partial (previous_response_id), count (count_tokens)
+    action: str  # pass, clamp, reject, truncate, chunk; partial (previous_response_id), count (count_tokens);
+    # uncounted (neither the guard nor the upstream could count it: forwarded as sent)
     prompt_tokens: int
     max_tokens: int | None = None  # the effective output limit, when there is one
     chunk_tokens: tuple[int, ...] = ()  # chunk: each part's prompt tokens
     dropped_messages: int | None = None  # truncate
     truncated_tokens: int | None = None  # truncate
     count_source: str | None = None  # who counted the prompt: "local" or "upstream"
+    thinking: str | None = None  # Anthropic thinking under a lowered limit: "budget_tokens=N" or "disabled"
 
     @classmethod
     def of(cls, plan: Plan, count_source: str | None = None) -> Decision:
@@ -33,7 +35,10 @@ class Decision:
         return len(self.chunk_tokens) or None
 
     def headers(self) -> dict[str, str]:
-        headers = {"x-token-guard-prompt-tokens": str(self.prompt_tokens), "x-token-guard-action": self.action}
+        headers = {}
+        if self.action != "uncounted":  # forwarded without a count: no number to tell
+            headers["x-token-guard-prompt-tokens"] = str(self.prompt_tokens)
+        headers["x-token-guard-action"] = self.action
         if self.max_tokens is not None:
             headers["x-token-guard-max-tokens"] = str(self.max_tokens)
         if self.chunk_tokens:
@@ -45,6 +50,8 @@ class Decision:
             headers["x-token-guard-truncated-tokens"] = str(self.truncated_tokens)
         if self.count_source is not None:
             headers["x-token-guard-count-source"] = self.count_source
+        if self.thinking is not None:
+            headers["x-token-guard-thinking"] = self.thinking
         return headers
 
 

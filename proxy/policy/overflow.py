@@ -18,6 +18,7 @@ from proxy.policy.choice import output_reserve
 from proxy.policy.chunk import (
     CannotChunk,
     Split,
+    output_shares,
     refuse_too_many_parts,
     refuse_unsound,
     split_chat,
@@ -63,9 +64,10 @@ async def overflow_chat(
         split = await split_chat(
             tok, req, budget, policy.chunk_tokens, policy.chunk_overlap, policy.chunk_prompt, count
         )
+        limits_each = _shares(requested[1] if requested else None, len(split.prompts), policy)
     except CannotChunk as exc:
         return refuse(plan, f"The chunk policy was not applied: {exc}.")
-    parts = [_chat_with(req, m) for m in split.prompts]
+    parts = [_limited_to(_chat_with(req, m), share) for m, share in zip(split.prompts, limits_each, strict=True)]
     plans = [decide_chat(part, n, limits) for part, n in zip(parts, split.prompt_tokens, strict=True)]
     bodies = [{**part.body, **p.changes} for part, p in zip(parts, plans, strict=True)]
     return _chunked("chat", req, plan, split, bodies, [p.cost(limits, 1) for p in plans], policy)
@@ -89,15 +91,37 @@ async def overflow_completion(
         if len(req.prompts) != 1:
             raise CannotChunk("the chunk policy cannot split a batch of prompts")
         split = await split_completion(tok, req, budget, policy.chunk_tokens, policy.chunk_overlap)
+        limits_each = _shares(req.requested_output[1], len(split.prompts), policy)
     except CannotChunk as exc:
         return refuse(plan, f"The chunk policy was not applied: {exc}.")
     bodies, costs = [], []
-    for ids in split.prompts:
+    for ids, share in zip(split.prompts, limits_each, strict=True):
         part = replace(req, prompts=[ids], body={**req.body, "prompt": ids})
+        if share is not None:
+            part = replace(part, max_tokens=share, body={**part.body, "max_tokens": share})
         part_plan = decide_completion(part, [len(ids)], limits)
         bodies.append({**part.body, **part_plan.changes})
         costs.append(part_plan.cost(limits, 1))
     return _chunked("completion", req, plan, split, bodies, costs, policy)
+
+
+def _shares(requested: int | None, parts: int, policy: PolicySettings) -> list[int | None]:
+    """Each part's output limit: with `chunk_merge = "concat"` the parts' answers are the answer, so they share the
+    client's limit; with "reduce" they are notes for the combining request, whose answer the client's limit bounds,
+    so each keeps the limit as asked. A request that names no limit leaves each part to its own."""
+    if requested is None or policy.chunk_merge != "concat":
+        return [None] * parts
+    return list(output_shares(requested, parts))
+
+
+def _limited_to(req: ChatRequest, share: int | None) -> ChatRequest:
+    """The part with every output-limit field it sent set to its share."""
+    if share is None:
+        return req
+    max_tokens = share if req.max_tokens is not None else None
+    completion = share if req.max_completion_tokens is not None else None
+    sent = {name: share for name, value in (("max_tokens", max_tokens), ("max_completion_tokens", completion)) if value}
+    return replace(req, body={**req.body, **sent}, max_tokens=max_tokens, max_completion_tokens=completion)
 
 
 def _chat_with(req: ChatRequest, messages: list[Any]) -> ChatRequest:

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -44,6 +45,11 @@ from proxy.simulator.wire import parse_json_body
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# vLLM 0.31/0.32's QueueOverflowError, a GracefulHTTPError: its status, and the status's phrase as the type
+QUEUE_FULL = ApiError(
+    "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.",
+    status=503, type="Service Unavailable",
+)  # fmt: skip
 Planner = Callable[[Context, Any, Mapping[str, str]], Generation]
 
 
@@ -193,6 +199,11 @@ class Endpoints:
         except Exception as exc:
             tracker.finish("rejected")
             return internal_error(exc)
+        if self._queue_full():  # a stream has begun by then: 0.32 answers 200 with the error as its first event
+            if not (generation.stream and generation.endpoint in ("chat", "completion")):
+                tracker.finish("rejected")
+                return error_response(QUEUE_FULL, anthropic)
+            generation = replace(generation, engine_error=QUEUE_FULL)
         wire, engine = Wire(generation, self.ctx.fingerprint), self.engine
         if generation.engine_error is None:
             tracker.occupy(generation.kv_tokens)
@@ -209,6 +220,11 @@ class Endpoints:
             return Response()
         tracker.finish("completed")
         return JSONResponse(result)
+
+    def _queue_full(self) -> bool:
+        """vLLM's check_admission (--max-num-queued-reqs): the unfinished requests besides this one, plus it."""
+        limit = self.ctx.settings.max_num_queued_reqs
+        return limit is not None and self.stats.active > limit
 
     async def tokenize(self, request: Request) -> Response:
         return await self._utility(request, tokenize)

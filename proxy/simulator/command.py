@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-capacity", type=int, default=None, help="KV cache in tokens; over it every request slows (preemption)"
     )
     parser.add_argument("--root", default=None, help="`root` shown by /v1/models (default: the tokenizer path)")
+    parser.add_argument("--reasoning-parser", default=None, help="as vLLM's: without one, thinking budgets are refused")
+    parser.add_argument(
+        "--max-num-queued-reqs", type=int, default=None, help="as vLLM's: over it, requests get 503 (engine busy)"
+    )
 
 
 def demo_tokenizer_dir() -> Path:
@@ -50,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
             itl_s=args.itl,
             root=args.root,
             kv_capacity_tokens=args.kv_capacity,
+            reasoning_parser=args.reasoning_parser,
+            max_num_queued_reqs=args.max_num_queued_reqs,
         )
         app = create_app(settings)
     except (OSError, ValueError) as exc:

@@ -22,16 +22,25 @@ from proxy.simulator.chat import plan_chat
 from proxy.simulator.chat_prompt import ChatOptions, RenderedChat, render_chat
 from proxy.simulator.completions import plan_completion
 from proxy.simulator.context import Context, engine_error, raise_if, response_id, unwrap
-from proxy.simulator.errors import ApiError
+from proxy.simulator.errors import ApiError, validation_error
 from proxy.simulator.generation import Generation, PromptPlan
 from proxy.simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
+
+NO_REASONING = (
+    "thinking_token_budget is set but reasoning_config is not configured. Please set --reasoning-parser and/or "
+    "--reasoning-config to use thinking_token_budget."
+)
 
 
 def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
     req = _read(lambda raw: parse_responses(raw), body)
     chat = _read(lambda _: responses_chat(req, newer=not ctx.profile.reserves_output), body)
     ctx.check_model(req.model)
-    request = OutputRequest(ctx.settings.max_model_len, req.max_output_tokens, "max_output_tokens")
+    # truncation "auto": vLLM's TokenizeParams gets truncate_prompt_tokens -1, so the input keeps its last tokens,
+    # as many as the window less max_output_tokens (0.31), or all but one (0.32)
+    truncate = -1 if req.truncation_auto else None
+    request = OutputRequest(ctx.settings.max_model_len, req.max_output_tokens, "max_output_tokens",
+                            truncate_prompt_tokens=truncate)  # fmt: skip
     suffix = headers.get("x-request-id") or f"{time.time_ns() & (2**64 - 1):016x}"
     return _generation(ctx, "responses", f"resp_{suffix}", chat, request, req.body, req.stream)
 
@@ -41,7 +50,11 @@ def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Genera
     chat = _anthropic_chat(ctx, req)
     # vLLM hands the limit to chat as max_completion_tokens too, so that is the name its errors use
     request = OutputRequest(ctx.settings.max_model_len, req.max_tokens, "max_completion_tokens")
-    return _generation(ctx, "messages", response_id("chatcmpl", headers, None), chat, request, req.body, req.stream)
+    planned = _generation(ctx, "messages", response_id("chatcmpl", headers, None), chat, request, req.body, req.stream)
+    thinking = req.body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled" and ctx.settings.reasoning_parser is None:
+        raise validation_error(NO_REASONING)  # the engine's check on thinking_token_budget, after the length rules
+    return planned
 
 
 def count_tokens(ctx: Context, body: Any) -> dict[str, Any]:

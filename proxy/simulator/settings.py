@@ -22,6 +22,8 @@ class SimulatorSettings:
     # The KV cache in tokens: over it, every running sequence slows down (preemption); None = unlimited.
     kv_capacity_tokens: int | None = None
     trust_request_chat_template: bool = False  # as vLLM's --trust-request-chat-template
+    reasoning_parser: str | None = None  # as vLLM's --reasoning-parser: without one, a thinking budget is refused
+    max_num_queued_reqs: int | None = None  # as vLLM's --max-num-queued-reqs: over it, 503 "the engine is busy"
 
     def __post_init__(self) -> None:
         get_profile(self.profile)
@@ -31,6 +33,8 @@ class SimulatorSettings:
             raise ValueError("ttft_s and itl_s must not be negative")
         if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < 1:
             raise ValueError(f"kv_capacity_tokens must be at least 1, got {self.kv_capacity_tokens}")
+        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 0:
+            raise ValueError(f"max_num_queued_reqs must not be negative, got {self.max_num_queued_reqs}")
         if not self.model:
             raise ValueError("model must not be empty")
 

@@ -16,7 +16,7 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from proxy.errors import GuardError, UpstreamConnectTimeout, UpstreamRefused, UpstreamUnavailable
+from proxy.errors import GuardError, TooBusy, UpstreamConnectTimeout, UpstreamRefused, UpstreamUnavailable
 from proxy.settings import AdmissionSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
 from proxy.upstream.headers import forwardable, outgoing, upstream_auth
@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("token_guard.upstream")
 
 MAX_BACKOFF_S = 30.0
+# vLLM's QueueOverflowError and MaxQueuedTokensError: "... Please try again later or on a different instance."
+QUEUE_FULL = (
+    b"The engine is currently busy and cannot accept new requests.",
+    b"The engine has reached its prefill token backlog limit.",
+)
 NONE: frozenset[int] = frozenset()  # no replica excluded
 
 
@@ -124,13 +129,30 @@ class Upstream:
             except BaseException:
                 self._release(ticket)
                 raise
-            if response.status == 503 and not last:
-                response.close()
-                self._release(ticket)
-                tried.add(index)
+            if (response.status == 503 or response.is_sse) and not await self._keeps(response, ticket, last, cost):
+                tried.add(index)  # only these can be vLLM's full queue: the usual answer costs no coroutine here
                 continue
             return Opened(response, ticket, replica.url)
         raise UpstreamUnavailable("No upstream replica could take the request.")
+
+    async def _keeps(self, response: UpstreamResponse, ticket: Ticket | None, last: bool, cost: int | None) -> bool:
+        """Whether to answer with this response; False: closed, try another replica (a 503, or vLLM's full queue).
+        When every replica tried is at its own queue limit, the client gets 429 with Retry-After, as for ours."""
+        try:
+            busy = await queue_full(response)
+        except BaseException:  # the client went away, or the upstream broke off, while its first chunk was read
+            response.close()
+            self._release(ticket)
+            raise
+        if response.status != 503 and busy is None:
+            return True
+        if last and busy is None:
+            return True
+        response.close()
+        self._release(ticket)
+        if last:
+            raise TooBusy(f"The upstream is at its request queue limit: {busy}", self.admission.retry_after(cost or 0))
+        return False
 
     async def _choose(self, cost: int | None, tried: set[int]) -> tuple[Ticket | None, int]:
         up = {i for i, r in enumerate(self.replicas) if r.budget.available and i not in tried}
@@ -233,6 +255,20 @@ class Upstream:
         if not isinstance(self.admission, Admission):
             await self.admission.aclose()
         await self._client.aclose()
+
+
+async def queue_full(response: UpstreamResponse) -> str | None:
+    """vLLM's message when its own queue is full (--max-num-queued-reqs / --max-num-queued-tokens, 0.31+): a 503, or,
+    for a stream, a 200 whose first event is that error (measured on 0.32). None for any other answer; the first
+    chunk read to tell stays in the answer."""
+    if response.status == 503 or (response.status == 200 and response.is_sse):
+        head = await response.first()
+        if response.is_sse and not head.startswith(b'data: {"error"'):
+            return None
+        for marker in QUEUE_FULL:
+            if marker in head:
+                return marker.decode()
+    return None
 
 
 def _share(budget: int, workers: int) -> int:

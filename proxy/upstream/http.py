@@ -90,11 +90,27 @@ class UpstreamResponse:
         self.headers: Mapping[str, str] = response.headers
         self.content_type = response.headers.get("content-type", "")
         self.is_sse = self.content_type.startswith("text/event-stream")
+        self._held: bytes | None = None  # the first chunk, when read ahead by first()
+
+    async def first(self) -> bytes:
+        """The body's first chunk, read ahead (b"" for an empty body); chunks() still yields it first."""
+        if self._held is None:
+            try:
+                self._held = await self._response.content.readany()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise translate(exc) from None
+            self._watch.heard()
+        return self._held
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body's bytes as they arrive."""
         watch = self._watch
         try:
+            if self._held is not None:
+                held, self._held = self._held, b""
+                if held:
+                    yield held
+                watch.resume()
             async for chunk in self._response.content.iter_any():
                 watch.heard()
                 yield chunk

@@ -37,6 +37,8 @@ from proxy.cli import main
 from proxy.counting.registry import ModelRegistry
 from proxy.server.running import ServerThread
 from proxy.settings import load_settings
+from proxy.simulator import SimulatorSettings
+from proxy.simulator import create_app as create_simulator
 from proxy.upstream.client import Upstream
 from tests.support.servers import MODEL, guard, simulator
 from tests.support.trained import CHATML_TEMPLATE
@@ -367,6 +369,38 @@ def test_drift_warnings_for_a_different_template(drifted_upstream: str, deepseek
     model = registry.resolve(MODEL)
     assert model.count_source == "upstream"
     assert "vLLM counts this model's prompts (POST /tokenize)" in model.source_reason
+
+
+def tokenize_adds_one(app: Any) -> Any:
+    """The simulator, but its POST /tokenize counts one token more than generation charges: what vLLM 0.31/0.32 in
+    mistral mode answer for a completions prompt (a BOS that generation's usage does not count)."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/tokenize":
+            await app(scope, receive, send)
+            return
+        sent: list[Any] = []
+
+        async def keep(message: Any) -> None:
+            sent.append(message)
+
+        await app(scope, receive, keep)
+        payload = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+        payload["count"] += 1
+        body = json.dumps(payload).encode()
+        headers = [(k, v) for k, v in sent[0]["headers"] if k != b"content-length"]
+        await send({**sent[0], "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return wrapped
+
+
+def test_the_start_up_check_judges_by_what_generation_charges_not_by_tokenize(deepseek_dir: Path) -> None:
+    app = create_simulator(SimulatorSettings(tokenizer=deepseek_dir, model=MODEL))
+    with ServerThread(tokenize_adds_one(app)) as server:
+        lines, registry = drift(server.url, deepseek_dir)
+    assert lines == []
+    assert registry.resolve(MODEL).count_source == "auto" and registry.checked
 
 
 def test_a_configured_local_source_is_kept_whatever_the_check_finds(drifted_upstream: str, deepseek_dir: Path) -> None:

@@ -60,6 +60,42 @@ def test_list_content_is_joined_with_newlines_for_string_templates(deepseek_dir:
     assert as_parts == as_text
 
 
+PHI_35 = (  # microsoft/Phi-3.5-mini-instruct's template, as llama.cpp's sources ship it
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+
+def test_an_empty_text_part_is_dropped_before_the_parts_are_joined(deepseek_dir: Path, tmp_path: Path) -> None:
+    # vLLM 0.31/0.32 (_parse_chat_message_content_parts): `if parse_res: content.append(parse_res)`, so for a template
+    # that reads content as a string an empty text part leaves no "\n" behind; the others are joined.
+    template = tmp_path / "phi.jinja"
+    template.write_text(PHI_35)
+    tok = load_tokenizer(str(deepseek_dir), chat_template=template)
+    parts = ["", {"type": "text", "text": "Hi"}, {"type": "text", "text": ""}, "there", {"type": "text", "text": ""}]
+    ref = AutoTokenizer.from_pretrained(str(deepseek_dir))
+    text = ref.apply_chat_template([{"role": "user", "content": "Hi\nthere"}], chat_template=PHI_35, tokenize=False,
+                                   add_generation_prompt=True)  # fmt: skip
+    expected = len(ref(text, add_special_tokens=False)["input_ids"])
+    assert guard_chat_count(tok, {"messages": [{"role": "user", "content": parts}]}) == expected
+    only_empty = guard_chat_count(tok, {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]})
+    assert only_empty == guard_chat_count(tok, {"messages": [{"role": "user", "content": ""}]})
+
+
+def test_an_empty_text_part_stays_a_part_for_templates_that_loop_over_parts(deepseek_dir: Path, tmp_path: Path) -> None:
+    # wrap_dicts: the part parses to {"type": "text", "text": ""}, which is truthy, so the template still sees it
+    template = tmp_path / "parts.jinja"
+    template.write_text("{% for m in messages %}{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}{% endfor %}")
+    tok = load_tokenizer(str(deepseek_dir), chat_template=template)
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": ""}]
+    ref = AutoTokenizer.from_pretrained(str(deepseek_dir))
+    assert guard_chat_count(tok, {"messages": [{"role": "user", "content": parts}]}) == len(
+        ref("[a][]", add_special_tokens=False)["input_ids"]
+    )
+
+
 def test_chat_template_override_changes_the_count(deepseek_dir: Path, tmp_path: Path) -> None:
     override = tmp_path / "t.jinja"
     override.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")

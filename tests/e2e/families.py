@@ -27,6 +27,7 @@ class Family:
     vllm_args: tuple[str, ...] = ()
     guard_args: tuple[str, ...] = ()
     tokenize_is_reference: bool = True  # POST /tokenize renders chat as generation does (not for harmony, mistral)
+    exact: bool = True  # the guard is configured as vLLM is served, so it counts as vLLM charges
 
 
 THINKING_OFF = '{"enable_thinking": false}'
@@ -37,9 +38,16 @@ FAMILIES = (
            ("--default-chat-template-kwargs", THINKING_OFF)),
     Family("mistral-nemo-mistral", "mistral-nemo", ("--tokenizer-mode", "mistral"), ("--tokenizer-mode", "mistral"),
            tokenize_is_reference=False),
+    Family("mistral-nemo-hf", "mistral-nemo"),  # tokenizer_mode auto on both sides: its Jinja template
     Family("gpt-oss", "gpt-oss", tokenize_is_reference=False),  # harmony, chosen from config.json on both sides
     Family("gemma", "gemma"),
 )  # fmt: skip
+
+
+# vLLM in mistral mode, the guard not told (tokenizer_mode auto finds no consolidated weights, so it renders the
+# template): counting.source auto decides from the start-up check, and no request vLLM serves may be refused.
+UNSAID_MISTRAL = Family("mistral-nemo-mistral", "mistral-nemo", ("--tokenizer-mode", "mistral"),
+                        tokenize_is_reference=False, exact=False)  # fmt: skip
 
 
 @dataclass
@@ -57,7 +65,9 @@ BILLED = {"model": runtime.SERVED_NAME, "max_tokens": 1, "temperature": 0, "mess
 ]}  # fmt: skip
 
 
-def _checked(http: httpx.Client, guard: str) -> bool:
+def _checked(http: httpx.Client, guard: str, exact: bool) -> bool:
+    if not exact:  # the start-up check has run (/health says so); the count need not agree
+        return bool(http.get(guard + "/health").json().get("checked"))
     answer = http.post(guard + "/v1/chat/completions", json=BILLED)
     return answer.status_code == 200 and answer.headers.get("x-token-guard-prompt-tokens") == str(
         answer.json()["usage"]["prompt_tokens"]
@@ -88,7 +98,7 @@ def served(family: Family, versions: Sequence[str], workdir: Path) -> Iterator[d
             for guard in guards.values():
                 # The start-up check runs once /health is ready; it reads the upstream's version, on which 0.32's
                 # billing-header rule depends: wait until the guard counts such a request as vLLM charges it.
-                if not eventually(partial(_checked, http, guard.url), timeout_s=60, interval_s=0.5):
+                if not eventually(partial(_checked, http, guard.url, family.exact), timeout_s=60, interval_s=0.5):
                     raise TimeoutError(f"the guard's start-up check did not finish:\n{runtime.tail(guard.log)}")
             yield {v: Served(family, v, vllms[v].url, guards[v].url, http) for v in versions}
     finally:

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,7 +210,13 @@ def spawn(name: str, argv: Sequence[str | Path], log: Path, url: str, env: dict[
     return Process(name, popen, log, url)
 
 
-def start_vllm(venv: Path, model_dir: Path, workdir: Path, extra_args: Sequence[str] = ()) -> Process:
+def start_vllm(
+    venv: Path,
+    model_dir: Path,
+    workdir: Path,
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+) -> Process:
     port = free_port()
     argv: list[str | Path] = [
         venv / "bin" / "vllm", "serve", model_dir,
@@ -223,7 +229,8 @@ def start_vllm(venv: Path, model_dir: Path, workdir: Path, extra_args: Sequence[
         *extra_args,
     ]  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
-    return spawn(f"vLLM {venv.name}", argv, workdir / "vllm.log", f"http://127.0.0.1:{port}", quiet_env(workdir))
+    env = {**quiet_env(workdir), **(extra_env or {})}
+    return spawn(f"vLLM {venv.name}", argv, workdir / "vllm.log", f"http://127.0.0.1:{port}", env)
 
 
 def start_proxy(

@@ -18,7 +18,7 @@ import pytest
 
 from proxy.upstream.counting import chat_tokenize_body
 from tests.e2e import runtime
-from tests.e2e.families import FAMILIES, WINDOW, Family, Served, served
+from tests.e2e.families import FAMILIES, UNSAID_MISTRAL, WINDOW, Family, Served, served
 from tests.e2e.wire import GUARD_ACTION, GUARD_PROMPT
 
 pytestmark = pytest.mark.e2e
@@ -122,3 +122,29 @@ def test_a_clamp_lands_exactly_on_the_window(family: Served) -> None:
 def _chat(text: str, max_tokens: int) -> dict[str, Any]:
     return {"model": runtime.SERVED_NAME, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
             "temperature": 0}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def unsaid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
+    with served(UNSAID_MISTRAL, runtime.VERSIONS, tmp_path_factory.mktemp("mistral-unsaid")) as running:
+        yield running
+
+
+@pytest.mark.parametrize("version", runtime.VERSIONS)
+def test_a_guard_not_told_of_mistral_mode_refuses_nothing_vllm_serves(unsaid: dict[str, Served], version: str) -> None:
+    """vLLM renders with mistral_common; the guard, not told, with its template. Whatever the start-up check decides
+    (judged by what generation charges), a count /tokenize cannot make (0.31/0.32 refuse any assistant turn with tool
+    calls in mistral mode) is made locally and marked so: the guard forwards every request vLLM itself serves."""
+    family = unsaid[version]
+    refused, local, served_both = [], 0, 0
+    for label, path, body in requests(family.family):
+        direct = family.http.post(family.vllm_url + path, json=body)
+        guarded = family.http.post(family.guard_url + path, json=body)
+        if direct.status_code == 200 and guarded.status_code != 200:
+            refused.append(f"{label}: vLLM 200, guard {guarded.status_code} {guarded.text[:160]}")
+        served_both += direct.status_code == guarded.status_code == 200
+        local += guarded.headers.get("x-token-guard-count-source") == "local"
+    print(f"\nmistral mode, guard not told, vLLM {version}: {served_both} served by both, {len(refused)} refused by "
+          f"the guard only, {local} counted locally")  # fmt: skip
+    assert not refused, "\n".join(refused)
+    assert served_both >= 35

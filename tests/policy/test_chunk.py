@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.api.chat import parse_chat
 from proxy.counting.count import count_chat
 from proxy.counting.tokenizer import load_tokenizer
-from proxy.policy.chunk import split_chat
+from proxy.policy.chunk import CannotChunk, output_shares, split_chat
 
 SENTENCES = ["The river bends east past the mill.", "東京の夜は静かです。", "Numbers: 12345, 678.", "🎉 done!",
              "def f(x):\n    return x * 2", "A quieter line follows here."]  # fmt: skip
@@ -48,3 +49,11 @@ def test_chat_windows_cover_the_text_exactly_once_in_order_and_each_part_fits(
     for i, messages in enumerate(split.prompts):
         assert messages[0] == {"role": "system", "content": "S"}
         assert messages[1]["content"].endswith(text[split.spans[i][0] : split.spans[i][1]])
+
+
+def test_output_shares_split_the_clients_limit_across_the_parts_in_order() -> None:
+    assert output_shares(64, 4) == [16, 16, 16, 16]
+    assert output_shares(10, 4) == [3, 3, 2, 2]
+    assert sum(output_shares(1000, 7)) == 1000
+    with pytest.raises(CannotChunk, match="cannot be shared by 5 parts"):
+        output_shares(4, 5)

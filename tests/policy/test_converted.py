@@ -1,5 +1,6 @@
 """The decision for Responses and Anthropic Messages requests: clamp their own limit field, refuse in their terms,
-previous_response_id never clamped on a guess, truncation by whole turns, and count_tokens answered."""
+previous_response_id clamped to the room its lower bound leaves,
+truncation "auto" left to vLLM with room kept for the answer, truncation by whole turns, and count_tokens answered."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from proxy.policy.turns import droppable_turns
 LIMITS = Limits(max_model_len=100)
 
 
-def responses(requested: int | None, items: list[Any] | str = "hi", **flags: bool) -> Converted:
+def responses(requested: int | None, items: list[Any] | str = "hi", **flags: Any) -> Converted:
     body = {"model": "m", "input": items, **({"max_output_tokens": requested} if requested is not None else {})}
     return Converted("/v1/responses", body, json.dumps(body).encode(), "max_output_tokens", requested, "input",
                      "input", items, response_turn, response_kept, **flags)  # fmt: skip
@@ -59,11 +60,18 @@ def test_a_request_that_fits_is_forwarded_as_sent() -> None:
     assert isinstance(outcome, Forward) and outcome.body is conv.raw and outcome.decision.action == "pass"
 
 
-def test_previous_response_id_is_counted_as_a_lower_bound_and_never_clamped() -> None:
-    conv = responses(1000, partial=True)
-    outcome = asyncio.run(settle(conv, 60, LIMITS, "reject", None))
-    assert isinstance(outcome, Forward) and outcome.body is conv.raw
-    assert (outcome.decision.action, outcome.decision.prompt_tokens) == ("partial", 60)
+def test_previous_response_id_is_counted_as_a_lower_bound_and_its_limit_kept_within_the_room_it_leaves() -> None:
+    # The stored part can only add tokens: a limit above max_model_len - the lower bound overflows whatever it holds.
+    outcome = asyncio.run(settle(responses(1000, partial=True), 60, LIMITS, "reject", None))
+    assert isinstance(outcome, Forward)
+    assert json.loads(outcome.body)["max_output_tokens"] == 40
+    assert (outcome.decision.action, outcome.decision.prompt_tokens, outcome.decision.max_tokens) == ("partial", 60, 40)
+    fits = responses(30, partial=True)
+    kept = asyncio.run(settle(fits, 60, LIMITS, "reject", None))
+    assert isinstance(kept, Forward) and kept.body is fits.raw and kept.decision.action == "partial"
+    unsaid = responses(None, partial=True)
+    left = asyncio.run(settle(unsaid, 60, LIMITS, "reject", None))
+    assert isinstance(left, Forward) and left.body is unsaid.raw and left.decision.max_tokens is None
 
 
 def test_previous_response_id_that_overflows_without_the_stored_part_is_refused() -> None:
@@ -71,10 +79,26 @@ def test_previous_response_id_that_overflows_without_the_stored_part_is_refused(
     assert isinstance(outcome, Refuse) and "stored conversation" in outcome.error.message
 
 
-def test_truncation_auto_leaves_the_cut_to_vllm() -> None:
-    conv = responses(10, upstream_truncates=True)
-    outcome = asyncio.run(settle(conv, 120, LIMITS, "reject", None))
-    assert isinstance(outcome, Forward) and outcome.body is conv.raw
+def test_truncation_auto_leaves_the_cut_to_vllm_with_a_limit_that_keeps_room_for_the_answer() -> None:
+    # vLLM 0.31 keeps the input's last (window - limit) tokens: the limit is the reserve a cut prompt keeps, what the
+    # request asks for up to half the window (a quarter when it asks nothing)
+    asked = responses(10, upstream_truncates=True)
+    outcome = asyncio.run(settle(asked, 120, LIMITS, "reject", None))
+    assert isinstance(outcome, Forward) and outcome.body is asked.raw
+    assert (outcome.decision.action, outcome.decision.max_tokens, outcome.cost) == ("pass", 10, 100)
+    huge = asyncio.run(settle(responses(100_000, upstream_truncates=True), 120, LIMITS, "reject", None))
+    assert isinstance(huge, Forward) and json.loads(huge.body)["max_output_tokens"] == 50
+    assert (huge.decision.action, huge.decision.prompt_tokens, huge.decision.max_tokens) == ("clamp", 120, 50)
+    unsaid = asyncio.run(settle(responses(None, upstream_truncates=True), 120, LIMITS, "reject", None))
+    assert isinstance(unsaid, Forward) and json.loads(unsaid.body)["max_output_tokens"] == 25
+    capped = asyncio.run(settle(responses(100_000, upstream_truncates=True), 120, Limits(100, max_output=8), "reject",
+                                None))  # fmt: skip
+    assert isinstance(capped, Forward) and json.loads(capped.body)["max_output_tokens"] == 8
+
+
+def test_truncation_auto_with_an_input_that_fits_is_clamped_as_any_request() -> None:
+    outcome = asyncio.run(settle(responses(100_000, upstream_truncates=True), 60, LIMITS, "reject", None))
+    assert isinstance(outcome, Forward) and json.loads(outcome.body)["max_output_tokens"] == 40
 
 
 def test_chunk_is_refused_with_the_reason() -> None:

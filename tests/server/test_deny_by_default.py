@@ -20,9 +20,8 @@ from proxy.counting.registry import ModelRegistry
 from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
-from tests.support.polling import eventually
 from tests.support.redis import RedisServer, redis_server
-from tests.support.servers import MODEL, simulator, wait_healthy
+from tests.support.servers import MODEL, simulator, wait_checked, wait_healthy
 from tests.support.tcp import Forbidden, TcpTap
 
 ALICE = {"Authorization": "Bearer sk-alice"}  # limited to the model `tiny`, 3,000 tokens a minute
@@ -82,7 +81,7 @@ def doors(deepseek_dir: Path, redis: RedisServer, tmp_path_factory: pytest.TempP
         app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
         with Forbidden() as forbidden, ServerThread(app, **uvicorn_options(settings.server)) as guard:
             wait_healthy(guard.url)
-            assert eventually(lambda: _quiet(tap), timeout_s=60)  # its start-up check (through the tap) is done
+            wait_checked(guard, sim.url)  # the start-up check's requests go through the tap too
             yield guard.url, tap, forbidden, stats
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.check.samples import BUILTIN_SAMPLES
 from proxy.server.running import bind_socket
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, simulator
@@ -49,6 +50,13 @@ def serve(
         if process.poll() is None:
             process.kill()
         process.wait(timeout=30)
+
+
+def checked(stats: Any) -> None:
+    """Once the guard's start-up check has charged its samples (a 1-token generation each), the upstream forgets
+    them: the test counts only its own requests."""
+    assert eventually(lambda: stats.completed >= len(BUILTIN_SAMPLES) and stats.active == 0, timeout_s=60)
+    stats.reset()
 
 
 def _healthy(url: str) -> bool:
@@ -89,8 +97,8 @@ def read_stream(url: str, max_tokens: int, on_first_token: Any) -> str:
 
 def test_sigterm_lets_a_stream_in_flight_finish(sim: Any, deepseek_dir: Path, tmp_path: Path) -> None:
     server, stats = sim
-    stats.reset()
     with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=60) as (process, url):
+        checked(stats)
         refused: list[bool] = []
 
         def terminate() -> None:
@@ -106,8 +114,8 @@ def test_sigterm_lets_a_stream_in_flight_finish(sim: Any, deepseek_dir: Path, tm
 
 def test_streams_are_cut_when_the_drain_timeout_passes(sim: Any, deepseek_dir: Path, tmp_path: Path) -> None:
     server, stats = sim
-    stats.reset()
     with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=0.5) as (process, url):
+        checked(stats)
         text = read_stream(url, 2000, lambda: process.send_signal(signal.SIGTERM))  # 2000 tokens: about 100 s
         assert '"content"' in text and "[DONE]" not in text
         assert process.wait(timeout=60) is not None

@@ -71,11 +71,11 @@ def test_responses_too_long_is_refused_without_reaching_vllm(oai: openai.OpenAI,
     assert sim[1].received == before
 
 
-def test_previous_response_id_is_partial_and_never_clamped(proxy: str, sim: Any) -> None:
-    body = {"model": MODEL, "input": "next", "previous_response_id": "resp_x", "max_output_tokens": 99999}
+def test_previous_response_id_is_partial_and_a_limit_within_its_room_is_forwarded_as_sent(proxy: str, sim: Any) -> None:
+    body = {"model": MODEL, "input": "next", "previous_response_id": "resp_x", "max_output_tokens": 999}
     response = httpx.post(f"{proxy}/v1/responses", json=body)
     assert response.headers["x-token-guard-action"] == "partial"
-    assert sim[1].requests[-1]["max_output_tokens"] == 99999  # forwarded as sent: vLLM holds the history
+    assert sim[1].requests[-1]["max_output_tokens"] == 999  # vLLM holds the history, which may or may not fit
 
 
 def test_responses_truncate_drops_the_oldest_turns(proxy: str, sim: Any) -> None:

@@ -126,8 +126,9 @@ def test_chunk_chat_answers_a_10000_token_document(proxy: str, sim: Any) -> None
     assert sim[1].received - before == parts
     bodies = list(sim[1].requests)[-parts:]
     assert all(b["messages"][0]["content"] == "Summarise." for b in bodies)
-    usage = reply.usage
-    assert usage is not None and usage.completion_tokens == 32 * parts
+    usage = reply.usage  # the parts share the client's max_tokens: the merged answer stays within it
+    assert usage is not None and usage.completion_tokens == 32
+    assert [b["max_tokens"] for b in bodies] == [32 // parts + (i < 32 % parts) for i in range(parts)]
     part_tokens = [int(n) for n in raw.headers["x-token-guard-chunk-tokens"].split(",")]
     assert usage.prompt_tokens == sum(part_tokens) and all(n + 32 <= WINDOW for n in part_tokens)
     assert reply.choices[0].finish_reason == "length" and reply.id.startswith("chatcmpl-tg")
@@ -160,7 +161,7 @@ def test_chunked_completions_stream_and_not(proxy: str) -> None:
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model=MODEL, prompt=prompt, max_tokens=16, stream=True) if c.choices)  # fmt: skip
     assert streamed == whole.choices[0].text and whole.usage is not None
-    assert whole.usage.completion_tokens == 16 * (whole.choices[0].text.count("\n\n") + 1)
+    assert whole.usage.completion_tokens == 16  # vLLM's default max_tokens, shared by the parts
 
 
 def test_reduce_merge_returns_the_combining_answer(deepseek_dir: Path, sim: Any) -> None:
@@ -173,7 +174,19 @@ def test_reduce_merge_returns_the_combining_answer(deepseek_dir: Path, sim: Any)
         assert raw.headers["x-token-guard-merge"] == "reduce"
         last = sim[1].requests[-1]["messages"][-1]["content"]
         assert last.startswith("Below are answers to consecutive parts")
+        # the parts keep the client's limit each (notes for the combining request, whose answer it bounds)
         assert reply.usage is not None and reply.usage.completion_tokens == 24 * (parts + 1)
+
+
+def test_concatenated_parts_share_a_max_tokens_smaller_than_their_count_only_if_each_gets_one(proxy: str) -> None:
+    messages: Any = [{"role": "user", "content": document(10000)}]
+    with pytest.raises(openai.BadRequestError, match="max_tokens of 3 cannot be shared by"):
+        sdk(proxy, "chunk").chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
+    client = sdk(proxy, "chunk")
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=64, stream=True,
+                                           stream_options={"include_usage": True})  # fmt: skip
+    usages = [chunk.usage for chunk in reply if chunk.usage]
+    assert usages[-1] is not None and usages[-1].completion_tokens == 64
 
 
 UNSOUND = [
@@ -194,8 +207,8 @@ def test_chunking_without_sound_meaning_falls_back_to_reject_saying_why(proxy: s
 
 
 def test_a_prompt_needing_more_than_64_parts_is_not_chunked(deepseek_dir: Path, sim: Any) -> None:
-    before = sim[1].received
     with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.chunk_tokens": 16}) as server:
+        before = sim[1].received
         with pytest.raises(openai.BadRequestError, match="chunk policy was not applied: the prompt would take more "
                                                           "than 64 parts of 16 tokens"):  # fmt: skip
             sdk(server.url, "chunk").chat.completions.create(
@@ -242,11 +255,13 @@ class FailSecondChat:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_failing_part_cancels_the_others(deepseek_dir: Path, stream: bool) -> None:
     app = create_simulator(SimulatorSettings(tokenizer=deepseek_dir, model=MODEL, max_model_len=WINDOW, itl_s=0.01))
-    stats = app.state.stats
+    stats, failing = app.state.stats, FailSecondChat(app)
     with (
-        ServerThread(FailSecondChat(app)) as sim,
-        guard(sim.url, deepseek_dir, **{"model.max_model_len": WINDOW}) as proxy,
+        ServerThread(failing) as sim,
+        # the start-up check's own requests come first: counted locally whatever it makes of the one that fails
+        guard(sim.url, deepseek_dir, **{"model.max_model_len": WINDOW, "counting.source": "local"}) as proxy,
     ):
+        failing.seen = 0
         body = {"model": MODEL, "messages": [{"role": "user", "content": document(8000)}], "max_tokens": 400,
                 "stream": stream}  # fmt: skip
         response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=60,

@@ -3,6 +3,7 @@ the exact bytes the simulator sent."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,6 +62,7 @@ def guard(upstream: str, tokenizer: Path | None = None, **flags: Any) -> Iterato
     """The guard in front of `upstream`, once its /health says ready."""
     with _guard(upstream, tokenizer, flags) as server:
         wait_healthy(server.url)
+        wait_checked(server, upstream)
         yield server
 
 
@@ -83,6 +85,15 @@ def _server(upstream: str, tokenizer: Path | None, flags: dict[str, Any]) -> Ser
     settings = load_settings(settings_flags, environ={})
     app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
     return ServerThread(app, **uvicorn_options(settings.server))
+
+
+def wait_checked(server: ServerThread, upstream: str) -> None:
+    """The start-up check sends the upstream a few 1-token generations: once it is done, a simulator upstream forgets
+    them, so that a test counts only what its own requests did."""
+    if not eventually(lambda: server.app.registry.checked, timeout_s=60):
+        raise AssertionError("the guard's start-up check did not finish")
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(f"{upstream.split(',')[0]}/sim/reset", timeout=5)
 
 
 def wait_healthy(url: str, timeout_s: float = 10.0) -> None:

@@ -17,11 +17,12 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from proxy.api.chat import parse_chat
+from proxy.api.completions import parse_completion
 from proxy.counting.count import count_chat
 from proxy.counting.registry import GuardedModel
-from proxy.counting.source import chat_tokens
+from proxy.counting.source import Uncounted, chat_tokens, completion_tokens
 from proxy.counting.tokenizer import load_tokenizer
-from proxy.errors import CountedUpstreamOnly, InvalidRequest, UpstreamTooLarge
+from proxy.errors import CountedUpstreamOnly, InvalidRequest, UpstreamTooLarge, UpstreamUnavailable
 from proxy.server.running import ServerThread
 from proxy.settings import UpstreamSettings
 from proxy.upstream.client import Upstream
@@ -185,6 +186,78 @@ def test_who_counts(deepseek_dir: Path, source: str, content: Any, expected: str
         assert tokens == asyncio.run(count_chat(model.tokenizer, req)) and not remote.asked
     else:
         assert tokens == 999 and remote.asked == [req.body]
+
+
+class Refusing(Remote):
+    """An upstream whose counting endpoint refuses what its generation serves (vLLM 0.31/0.32's /tokenize in mistral
+    mode on an assistant turn with tool calls: "tool_calls must be a list, got ValidatorIterator")."""
+
+    async def chat(self, model: str, body: dict[str, Any]) -> int:
+        self.asked.append(body)
+        raise InvalidRequest("1 validation error: tool_calls must be a list, got ValidatorIterator")
+
+    async def completion(self, model: str, body: dict[str, Any]) -> list[int]:
+        raise UpstreamUnavailable("The upstream could not count the prompt (/tokenize: HTTP 500).")
+
+
+def test_a_count_the_upstream_refuses_is_counted_locally_never_the_clients_error(deepseek_dir: Path) -> None:
+    model, remote = model_with(deepseek_dir, "upstream"), Refusing()
+    req = parse_chat(json.dumps({"messages": [{"role": "user", "content": "hello"}]}).encode())
+    tokens, who = asyncio.run(chat_tokens(model, req, remote))
+    assert (tokens, who) == (asyncio.run(count_chat(model.tokenizer, req)), "local") and remote.asked
+    completion = parse_completion(b'{"prompt": "hello"}')
+    assert asyncio.run(completion_tokens(model, completion, remote)) == ([1], "local")
+    assert model.counter.stats().fallbacks == 2  # token_guard_upstream_count_fallbacks
+
+
+def test_a_prompt_neither_side_can_count_gets_the_upstreams_reason(deepseek_dir: Path) -> None:
+    req = parse_chat(json.dumps({"messages": [{"role": "user", "content": [IMAGE]}]}).encode())
+    with pytest.raises(InvalidRequest, match="ValidatorIterator"):
+        asyncio.run(chat_tokens(model_with(deepseek_dir, "upstream"), req, Refusing()))
+
+
+STRICT = (  # a template stricter than the one vLLM renders with (mistral_common, where the guard was not told)
+    "{% for m in messages %}{% if m['content'] == 'refuse me' %}{{ raise_exception('Only user and assistant roles "
+    "are supported!') }}{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+)
+
+
+def strict_model(tmp_path: Path, deepseek_dir: Path, source: str) -> GuardedModel:
+    from proxy.counting.counter import TokenCounter
+    from proxy.settings import CountingSettings
+
+    template = tmp_path / "strict.jinja"
+    template.write_text(STRICT)
+    tok = load_tokenizer(str(deepseek_dir), chat_template=template)
+    return GuardedModel(MODEL, tok, 2048, "config", TokenCounter(tok.backend, CountingSettings()), source, "test")
+
+
+def test_a_prompt_the_models_template_refuses_is_counted_by_the_upstream_else_forwarded_uncounted(
+    tmp_path: Path, deepseek_dir: Path
+) -> None:
+    req = parse_chat(json.dumps({"messages": [{"role": "user", "content": "refuse me"}]}).encode())
+    assert asyncio.run(chat_tokens(strict_model(tmp_path, deepseek_dir, "auto"), req, Remote())) == (999, "upstream")
+    with pytest.raises(Uncounted, match="Only user and assistant roles"):
+        asyncio.run(chat_tokens(strict_model(tmp_path, deepseek_dir, "auto"), req, Refusing()))
+    with pytest.raises(Uncounted):  # counting.source upstream: the upstream failed, then the guard
+        asyncio.run(chat_tokens(strict_model(tmp_path, deepseek_dir, "upstream"), req, Refusing()))
+    with pytest.raises(InvalidRequest, match="could not render"):  # local: never asks
+        asyncio.run(chat_tokens(strict_model(tmp_path, deepseek_dir, "local"), req, Remote()))
+
+
+def test_an_uncounted_prompt_is_forwarded_for_vllms_own_answer(tmp_path: Path, deepseek_dir: Path) -> None:
+    template = tmp_path / "strict.jinja"
+    template.write_text(STRICT)
+    body = {"model": MODEL, "max_tokens": 5000, "messages": [{"role": "user", "content": "refuse me"}]}
+    with (
+        ServerThread(fake_vllm(renders=False)) as upstream,
+        guard(upstream.url, deepseek_dir, **{"model.chat_template": str(template)}) as proxy,
+    ):
+        response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200 and response.json()["echo_max_tokens"] == 5000  # forwarded as sent
+    assert response.headers["x-token-guard-action"] == "uncounted"
+    assert response.headers["x-token-guard-count-source"] == "none"
+    assert "x-token-guard-prompt-tokens" not in response.headers
 
 
 def test_a_local_source_refuses_what_it_cannot_count(deepseek_dir: Path) -> None:

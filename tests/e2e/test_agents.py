@@ -1,0 +1,252 @@
+"""What agent clients send, through the guard to real vLLM: Claude Code's extended thinking with `max_tokens: 32000`
+(the anthropic SDK), a Responses second turn over a stored conversation and `truncation: "auto"` with limits far over
+the window, and the OpenAI Agents SDK's tool loop on its Responses and chat models.
+
+Two servings of the tiny model, each with the guard in front and vLLM's Responses store on: one with a reasoning
+parser (vLLM serves a thinking budget only with one), 0.31 and 0.32; one with auto tool choice (the Agents SDK sends
+`tool_choice: auto` once a tool has run), 0.32."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import anthropic
+import httpx
+import pytest
+from pydantic import BaseModel
+
+from tests.e2e import runtime
+from tests.e2e.stack import PROXY_READY_TIMEOUT, VLLM_READY_TIMEOUT
+from tests.e2e.wire import GUARD_ACTION, GUARD_PROMPT
+
+pytestmark = pytest.mark.e2e
+
+WINDOW = runtime.MAX_MODEL_LEN
+STORE = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+REASONING = ("--reasoning-parser", "deepseek_r1")
+# compact JSON: a constrained answer of random weights ends where its schema does, not in endless whitespace
+TOOLS = ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}')  # fmt: skip
+
+
+@dataclass
+class Served:
+    version: str
+    vllm: str
+    guard: str
+    http: httpx.Client
+
+
+@contextlib.contextmanager
+def served(version: str, vllm_args: tuple[str, ...], workdir: Path) -> Iterator[Served]:
+    model = runtime.tiny_model(runtime.vllm_venv(runtime.VERSIONS[0]) / "bin" / "python")
+    vllm = runtime.start_vllm(runtime.vllm_venv(version), model, workdir / "vllm", vllm_args, STORE)
+    processes = [vllm]
+    try:
+        vllm.wait_ready("/v1/models", VLLM_READY_TIMEOUT)
+        guard = runtime.start_proxy(vllm.url, model, workdir / "guard")
+        processes.append(guard)
+        guard.wait_ready("/health", PROXY_READY_TIMEOUT)
+        with httpx.Client(timeout=180) as http:
+            yield Served(version, vllm.url, guard.url, http)
+    finally:
+        for process in reversed(processes):
+            process.stop()
+
+
+@pytest.fixture(scope="module", params=runtime.VERSIONS)
+def thinking(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    version: str = request.param
+    with served(version, REASONING, tmp_path_factory.mktemp(f"reasoning-{version}")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with served("0.32.0", TOOLS, tmp_path_factory.mktemp("tools-0.32.0")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def queued(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """0.32 with a queue of two requests, one running at a time: its own admission answers the rest."""
+    args = ("--max-num-queued-reqs", "2", "--max-num-seqs", "1")
+    with served("0.32.0", args, tmp_path_factory.mktemp("queued-0.32.0")) as running:
+        yield running
+
+
+def essay(words: int) -> str:
+    return " ".join(f"word{i % 50}" for i in range(words))
+
+
+# --- Claude Code with extended thinking (anthropic SDK) ---
+
+BASH = {"name": "Bash", "description": "Run a shell command.", "input_schema": {"type": "object", "properties": {
+    "command": {"type": "string"}, "timeout": {"type": "number"}}, "required": ["command"]}}  # fmt: skip
+
+
+def claude_code(served: Served, system_words: int) -> Any:
+    """A Claude Code-shaped request: billing header and system blocks, tools, extended thinking, max_tokens 32000."""
+    claude = anthropic.Anthropic(base_url=served.guard, api_key="x", max_retries=0, timeout=180)
+    system: Any = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch=0"},
+        {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude. " + essay(system_words),
+         "cache_control": {"type": "ephemeral"}},
+    ]  # fmt: skip
+    tools: Any = [BASH]
+    messages: Any = [{"role": "user", "content": [{"type": "text", "text": "List the files in this directory."}]}]
+    return claude.messages.with_raw_response.create(
+        model=runtime.SERVED_NAME, max_tokens=32000, system=system, tools=tools, tool_choice={"type": "none"},
+        thinking={"type": "enabled", "budget_tokens": 16000}, extra_body={"temperature": 0}, messages=messages,
+    )  # fmt: skip
+
+
+def test_claude_code_with_extended_thinking_is_answered_with_a_budget_within_its_limit(thinking: Served) -> None:
+    raw = claude_code(thinking, 420)  # about 900 tokens: the room left keeps a budget of vLLM's minimum, 1024
+    reply = raw.parse()
+    limit = int(raw.headers["x-token-guard-max-tokens"])
+    assert raw.headers[GUARD_ACTION] == "clamp" and raw.headers["x-token-guard-thinking"] == "budget_tokens=1024"
+    assert limit == WINDOW - int(raw.headers[GUARD_PROMPT]) > 1024
+    assert reply.usage.input_tokens == int(raw.headers[GUARD_PROMPT])
+    assert reply.usage.input_tokens + reply.usage.output_tokens <= WINDOW
+
+
+def test_thinking_is_turned_off_when_the_window_leaves_no_budget(thinking: Served) -> None:
+    raw = claude_code(thinking, 560)  # about 1,200 tokens: fewer than 1024 left for the output
+    reply = raw.parse()
+    assert raw.headers["x-token-guard-thinking"] == "disabled"
+    assert int(raw.headers["x-token-guard-max-tokens"]) <= 1024
+    assert reply.usage.input_tokens == int(raw.headers[GUARD_PROMPT])  # counted again with thinking off, exactly
+    assert reply.usage.input_tokens + reply.usage.output_tokens <= WINDOW
+    # (the tiny model's template ignores reasoning_effort and the reasoning parser reads every token as thinking, so
+    # the answer's blocks say nothing here; the 200 is vLLM's: no thinking_token_budget reached it)
+
+
+def test_vllm_alone_refuses_the_same_request(thinking: Served) -> None:
+    body = {"model": runtime.SERVED_NAME, "max_tokens": 32000, "thinking": {"type": "enabled", "budget_tokens": 16000},
+            "messages": [{"role": "user", "content": "Hi"}]}  # fmt: skip
+    answer = thinking.http.post(thinking.vllm + "/v1/messages", json=body)
+    assert answer.status_code == 400 and "cannot be greater than max_model_len" in answer.text
+
+
+# --- Responses: truncation "auto", and a second turn over a stored conversation ---
+
+
+def test_truncation_auto_is_cut_by_vllm_and_keeps_room_for_the_answer(thinking: Served) -> None:
+    body = {"model": runtime.SERVED_NAME, "input": essay(3000), "truncation": "auto", "max_output_tokens": 100000,
+            "temperature": 0}  # fmt: skip
+    assert thinking.http.post(thinking.vllm + "/v1/responses", json=body).status_code == 400  # over the window
+    answer = thinking.http.post(thinking.guard + "/v1/responses", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers[GUARD_ACTION] == "clamp" and answer.headers["x-token-guard-max-tokens"] == "1024"
+    usage = answer.json()["usage"]
+    # 0.31 keeps the window less the limit of the input; 0.32 all of the window but one token, whatever the limit
+    expected = (WINDOW - 1024, 1024) if thinking.version == "0.31.0" else (WINDOW - 1, 1)
+    assert (usage["input_tokens"], usage["output_tokens"]) == expected
+
+
+def test_a_second_turn_over_a_stored_conversation_is_clamped_to_the_room_its_own_part_leaves(thinking: Served) -> None:
+    first = {"model": runtime.SERVED_NAME, "input": essay(700), "max_output_tokens": 5, "store": True,
+             "temperature": 0}  # fmt: skip
+    stored = thinking.http.post(thinking.guard + "/v1/responses", json=first)
+    assert stored.status_code == 200, stored.text
+    second = {"model": runtime.SERVED_NAME, "input": "And now?", "previous_response_id": stored.json()["id"],
+              "max_output_tokens": 100000, "temperature": 0}  # fmt: skip
+    refused = thinking.http.post(thinking.vllm + "/v1/responses", json=second)
+    assert refused.status_code == 400 and "cannot be greater than max_model_len" in refused.text
+    answer = thinking.http.post(thinking.guard + "/v1/responses", json=second)
+    assert answer.headers[GUARD_ACTION] == "partial"
+    assert int(answer.headers["x-token-guard-max-tokens"]) == WINDOW - int(answer.headers[GUARD_PROMPT])
+    if thinking.version == "0.31.0":  # 0.31 reserves the whole limit on top of the stored part: still too long
+        assert answer.status_code == 400 and "maximum context length" in answer.text
+    else:  # 0.32 clamps the limit to the room the whole prompt leaves
+        assert answer.status_code == 200, answer.text
+        usage = answer.json()["usage"]
+        assert usage["input_tokens"] > int(answer.headers[GUARD_PROMPT])  # the stored part came in
+        assert usage["input_tokens"] + usage["output_tokens"] == WINDOW
+
+
+# --- the OpenAI Agents SDK: a tool loop on its Responses and chat models, max_tokens far over the window ---
+
+
+class Forecast(BaseModel):
+    weather: Literal["sunny", "rainy"]
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_an_agents_sdk_tool_loop_runs_through_the_guard(tools: Served, api: str) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # offline: no traces exported
+    calls: list[str] = []
+
+    @function_tool
+    def weather(city: Literal["Paris"]) -> str:
+        """The weather in a city."""
+        calls.append(city)
+        return "sunny"
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=tools.guard + "/v1", api_key="x", max_retries=0, timeout=180)
+        model: Any = (OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel)(
+            model=runtime.SERVED_NAME, openai_client=client
+        )
+        # the first turn must call the tool (vLLM constrains its arguments), the next answers in the schema: random
+        # weights then stop on their own; max_tokens stays far over the window, for the guard to clamp
+        settings = ModelSettings(max_tokens=100_000, tool_choice="weather", temperature=0)
+        agent = Agent(name="forecaster", instructions="Answer with the forecast. " + essay(300), tools=[weather],
+                      model=model, output_type=Forecast, model_settings=settings)  # fmt: skip
+        try:
+            return await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    assert calls == ["Paris"]
+    assert isinstance(result.final_output, Forecast)
+    assert len(result.raw_responses) == 2  # the tool call, then the answer with the tool's result
+    for response in result.raw_responses:
+        assert response.usage.input_tokens + response.usage.output_tokens <= WINDOW
+    endpoint = "/v1/responses" if api == "responses" else "/v1/chat/completions"
+    clamped = f'token_guard_requests_total{{action="clamp",endpoint="{endpoint}",model="tiny",status="200"}} 2.0'
+    assert clamped in tools.http.get(tools.guard + "/metrics").text  # both turns: max_tokens 100000 clamped
+
+
+# --- vLLM's own full queue ---
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllms_full_queue_reaches_the_client_as_a_429_with_retry_after(queued: Served, stream: bool) -> None:
+    """Measured: 0.32 answers a request over --max-num-queued-reqs with 503 "The engine is currently busy and cannot
+    accept new requests" (a stream: 200, that error as its first event). The guard, with no replica to retry,
+    answers 429 with Retry-After, as for its own admission."""
+    body = {"model": runtime.SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 200,
+            "temperature": 0, "stream": stream}  # fmt: skip
+
+    async def flood(url: str) -> list[httpx.Response]:  # one runs for about 2 s: the others arrive meanwhile
+        async with httpx.AsyncClient(timeout=180) as client:
+            return await asyncio.gather(*(client.post(url + "/v1/chat/completions", json=body) for _ in range(10)))
+
+    direct = asyncio.run(flood(queued.vllm))
+    busy = [a for a in direct if "cannot accept new requests" in a.text]
+    assert busy and all(a.status_code == (200 if stream else 503) for a in busy)
+    answers = asyncio.run(flood(queued.guard))
+    statuses = [a.status_code for a in answers]
+    assert set(statuses) <= {200, 429} and 429 in statuses and 200 in statuses
+    refused = next(a for a in answers if a.status_code == 429)
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded" and int(refused.headers["retry-after"]) >= 1
+    assert not any('"error"' in a.text for a in answers if a.status_code == 200)
