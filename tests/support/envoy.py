@@ -110,6 +110,15 @@ class ProcessorThread:
             raise RuntimeError(f"the processor failed to start: {self._error!r}") from self._error
         return self
 
+    def checked(self, upstream: str | None = None) -> ProcessorThread:
+        """Once the models are known and the start-up check has run (its 1-token generations reach the upstream);
+        a simulator `upstream` then forgets them, so that a test sees only what its own requests did."""
+        if not eventually(lambda: self.core.registry.checked, timeout_s=60):
+            raise AssertionError("the processor's start-up check did not finish")
+        if upstream is not None:
+            httpx.post(f"{upstream}/sim/reset", timeout=5)
+        return self
+
     def __exit__(self, *exc: object) -> None:
         if self._loop is not None and self._stop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._stop.set)
