@@ -42,6 +42,8 @@ def through(stacks: Stacks, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                   for v, s in ready.items()}  # fmt: skip
     for thread in processors.values():
         thread.__enter__()
+    for thread in processors.values():  # its start-up check's generations would count among a test's requests
+        thread.checked()
     try:
         listeners: dict[str, list[dict[str, Any]]] = {}
         routes: dict[str, str] = {}

@@ -299,8 +299,9 @@ def test_a_prompt_that_cannot_fit_is_refused_in_its_routes_envelope(
 def test_count_tokens_and_the_route_tables_refusals_are_answered_by_the_processor(rig: Rig) -> None:
     before = len(rig.fast.seen)
     counted = httpx.post(rig.url("duplex") + "/v1/messages/count_tokens", json=chat("hello there"))
-    assert counted.status_code == 200 and counted.json() == httpx.post(
-        rig.serve + "/v1/messages/count_tokens", json=chat("hello there")).json()  # fmt: skip
+    served = httpx.post(rig.serve + "/v1/messages/count_tokens", json=chat("hello there"))
+    assert counted.status_code == 200 and counted.json() == served.json()
+    assert tg_headers(counted) == tg_headers(served) and counted.headers["x-token-guard-action"] == "count"
     for path, status in (("/v1/nope", 404), ("/cohere/v2/chat", 404), ("/sleep", 403), ("/v1/chat/completions/", 400)):
         answer = httpx.post(rig.url("buffered") + path, json={})
         assert answer.status_code == status and "error" in answer.json(), (path, answer.text)
