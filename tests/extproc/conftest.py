@@ -1,0 +1,71 @@
+"""The Envoy rig for the module that asks for it: one Envoy, a listener per arrangement, the processors and serve
+beside each (tests/extproc/rig.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.envoy import cluster, processor
+from proxy.server.running import ServerThread
+from proxy.settings import load_settings
+from tests.extproc.rig import BUDGET, KEYS, MAX_BODY, Gate, Rig, picker, port_of, served, upstream
+from tests.support.envoy import ProcessorThread, envoy
+from tests.support.processes import free_port
+from tests.support.servers import MODEL, guard
+
+
+@pytest.fixture(scope="module")
+def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    work = tmp_path_factory.mktemp("envoy")
+    gate = Gate()
+    with (
+        upstream(deepseek_dir, max_model_len=2048, reasoning_parser="deepseek_r1") as (fast_url, fast),
+        upstream(deepseek_dir, max_model_len=2048, ttft_s=0.05, itl_s=0.05) as (slow_url, slow),
+        ServerThread(gate.app) as gated,
+    ):
+        flags = {"upstream.urls": [slow_url, fast_url], "model.name": MODEL, "model.tokenizer": str(deepseek_dir),
+                 "admission.max_inflight_tokens": BUDGET, "server.max_body_bytes": MAX_BODY}  # fmt: skip
+        settings = load_settings(flags, environ={})
+        keys = work / "keys.toml"
+        keys.write_text(KEYS)
+        keyed_settings = load_settings({**flags, "upstream.urls": [fast_url]}, environ={}, config_file=keys)
+        tight_settings = load_settings({**flags, "upstream.urls": [slow_url], "admission.max_inflight_requests": 1,
+                                        "admission.max_queue": 0}, environ={})  # fmt: skip
+        with (
+            ProcessorThread(settings) as proc,
+            ProcessorThread(keyed_settings) as keyed,
+            ProcessorThread(tight_settings) as tight,
+            picker(f"127.0.0.1:{port_of(fast_url)}") as picker_port,
+            guard(fast_url, deepseek_dir, **{"admission.max_inflight_tokens": BUDGET}) as serve,
+            served(keyed_settings) as keyed_serve,
+            served(tight_settings) as tight_serve,
+        ):
+            guarded = {"buffered": processor("guard", "BUFFERED"),
+                       "duplex": processor("guard", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")}  # fmt: skip
+            stand_in = processor("picker", "NONE", headers_only=True)
+            listeners = {
+                "buffered": [guarded["buffered"]], "duplex": [guarded["duplex"]], "slow": [guarded["buffered"]],
+                "down": [processor("nobody", "BUFFERED")],
+                "picker-first": [stand_in, guarded["duplex"]], "guard-first": [guarded["duplex"], stand_in],
+                "keyed-streamed": [processor("keyed", "BUFFERED", "STREAMED")],
+                "keyed-none": [processor("keyed", "BUFFERED", "NONE")],
+                "tight": [processor("tight", "BUFFERED", "NONE")],
+                "gated-streamed": [guarded["buffered"]], "gated-duplex": [guarded["duplex"]],
+            }  # fmt: skip
+            clusters = [cluster("guard", proc.port, grpc=True), cluster("picker", picker_port, grpc=True),
+                        cluster("keyed", keyed.port, grpc=True), cluster("tight", tight.port, grpc=True),
+                        cluster("nobody", free_port(), grpc=True), cluster("slow", port_of(slow_url)),
+                        cluster("gated", port_of(gated.url))]  # fmt: skip
+            for thread in (proc, keyed, tight):
+                thread.checked()
+            for url in (fast_url, slow_url):  # what the checks sent is forgotten: each test sees its own
+                httpx.post(f"{url}/sim/reset", timeout=5)
+            routes = {"slow": "slow", "picker-first": "slow", "guard-first": "slow", "tight": "slow",
+                      "gated-streamed": "gated", "gated-duplex": "gated"}  # fmt: skip
+            with envoy(work, port_of(fast_url), listeners, clusters, routes=routes) as running:
+                yield Rig(running, serve.url, fast, slow, proc, keyed, keyed_serve.url, tight, tight_serve.url, gate)
+            gate.open.set()
