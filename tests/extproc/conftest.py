@@ -16,6 +16,7 @@ from tests.extproc.rig import BUDGET, KEYS, MAX_BODY, Gate, Rig, picker, port_of
 from tests.support.envoy import ProcessorThread, envoy
 from tests.support.processes import free_port
 from tests.support.servers import MODEL, guard
+from tests.upstream.test_counting import STRICT, fake_vllm
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,7 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         upstream(deepseek_dir, max_model_len=2048, reasoning_parser="deepseek_r1") as (fast_url, fast),
         upstream(deepseek_dir, max_model_len=2048, ttft_s=0.05, itl_s=0.05) as (slow_url, slow),
         ServerThread(gate.app) as gated,
+        ServerThread(fake_vllm(renders=False)) as refusing,
     ):
         flags = {"upstream.urls": [slow_url, fast_url], "model.name": MODEL, "model.tokenizer": str(deepseek_dir),
                  "admission.max_inflight_tokens": BUDGET, "server.max_body_bytes": MAX_BODY}  # fmt: skip
@@ -35,14 +37,21 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         keyed_settings = load_settings({**flags, "upstream.urls": [fast_url]}, environ={}, config_file=keys)
         tight_settings = load_settings({**flags, "upstream.urls": [slow_url], "admission.max_inflight_requests": 1,
                                         "admission.max_queue": 0}, environ={})  # fmt: skip
+        template = work / "strict.jinja"
+        template.write_text(STRICT)
+        strict = {"upstream.url": refusing.url, "model.name": MODEL, "model.tokenizer": str(deepseek_dir),
+                  "model.chat_template": str(template)}  # fmt: skip
+        strict_settings = load_settings(strict, environ={})
         with (
             ProcessorThread(settings) as proc,
             ProcessorThread(keyed_settings) as keyed,
             ProcessorThread(tight_settings) as tight,
+            ProcessorThread(strict_settings) as strict_processor,
             picker(f"127.0.0.1:{port_of(fast_url)}") as picker_port,
             guard(fast_url, deepseek_dir, **{"admission.max_inflight_tokens": BUDGET}) as serve,
             served(keyed_settings) as keyed_serve,
             served(tight_settings) as tight_serve,
+            served(strict_settings) as strict_serve,
         ):
             guarded = {"buffered": processor("guard", "BUFFERED"),
                        "duplex": processor("guard", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")}  # fmt: skip
@@ -55,17 +64,31 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 "keyed-none": [processor("keyed", "BUFFERED", "NONE")],
                 "tight": [processor("tight", "BUFFERED", "NONE")],
                 "gated-streamed": [guarded["buffered"]], "gated-duplex": [guarded["duplex"]],
+                "strict": [processor("strict", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")],
             }  # fmt: skip
             clusters = [cluster("guard", proc.port, grpc=True), cluster("picker", picker_port, grpc=True),
                         cluster("keyed", keyed.port, grpc=True), cluster("tight", tight.port, grpc=True),
                         cluster("nobody", free_port(), grpc=True), cluster("slow", port_of(slow_url)),
-                        cluster("gated", port_of(gated.url))]  # fmt: skip
-            for thread in (proc, keyed, tight):
+                        cluster("gated", port_of(gated.url)), cluster("strict", strict_processor.port, grpc=True),
+                        cluster("refusing", port_of(refusing.url))]  # fmt: skip
+            for thread in (proc, keyed, tight, strict_processor):
                 thread.checked()
             for url in (fast_url, slow_url):  # what the checks sent is forgotten: each test sees its own
                 httpx.post(f"{url}/sim/reset", timeout=5)
             routes = {"slow": "slow", "picker-first": "slow", "guard-first": "slow", "tight": "slow",
-                      "gated-streamed": "gated", "gated-duplex": "gated"}  # fmt: skip
+                      "gated-streamed": "gated", "gated-duplex": "gated", "strict": "refusing"}  # fmt: skip
             with envoy(work, port_of(fast_url), listeners, clusters, routes=routes) as running:
-                yield Rig(running, serve.url, fast, slow, proc, keyed, keyed_serve.url, tight, tight_serve.url, gate)
+                yield Rig(
+                    running,
+                    serve.url,
+                    fast,
+                    slow,
+                    proc,
+                    keyed,
+                    keyed_serve.url,
+                    tight,
+                    tight_serve.url,
+                    strict_serve.url,
+                    gate,
+                )
             gate.open.set()

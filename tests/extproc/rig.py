@@ -168,6 +168,7 @@ class Rig:
     keyed_serve: str  # serve on the keyed processor's settings
     tight: ProcessorThread  # room for one request at a time and no queue, in front of the slow simulator
     tight_serve: str  # serve on the tight processor's settings
+    strict_serve: str  # serve with a chat template stricter than its upstream's, which cannot count either
     gate: Gate
 
     def url(self, listener: str) -> str:

@@ -308,3 +308,16 @@ def test_admissions_429_is_serves_in_both_envelopes(rig: Rig) -> None:
         assert int(answer.headers["retry-after"]) >= 1 and int(expected.headers["retry-after"]) >= 1
         assert {k: v for k, v in told(answer).items() if k != "retry-after"} == {
             k: v for k, v in told(expected).items() if k != "retry-after"}  # fmt: skip
+
+
+def test_a_prompt_neither_side_can_count_is_forwarded_uncounted_as_serve_forwards_it(rig: Rig) -> None:
+    """The guard's template refuses the messages and the upstream's /tokenize does too (main's 995a694): forwarded
+    as sent for vLLM's own answer, through both front ends alike."""
+    body = {"model": MODEL, "max_tokens": 5000, "messages": [{"role": "user", "content": "refuse me"}]}
+    served = httpx.post(rig.strict_serve + CHAT, json=body, timeout=30)
+    through = httpx.post(rig.url("strict") + CHAT, json=body, timeout=30)
+    for answer in (served, through):
+        assert answer.status_code == 200 and answer.json()["echo_max_tokens"] == 5000, answer.text
+        assert answer.headers["x-token-guard-action"] == "uncounted"
+        assert "x-token-guard-prompt-tokens" not in answer.headers
+    assert tg_headers(through) == tg_headers(served)
