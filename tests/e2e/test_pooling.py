@@ -143,15 +143,17 @@ def test_cohere_embed_is_counted_as_vllm_bills_it(pooling: Pooling, body: dict[s
 
 def test_cohere_none_is_refused_before_vllm_and_truncate_asks_for_vllms_cut(pooling: Pooling) -> None:
     before = pooling.seen("/v2/embed")
-    over = pooling.http.post(pooling.proxy + "/v2/embed", json={"texts": ["a", words(3000)], "truncate": "NONE"})
-    assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
-    capped = {"texts": [words(60)], "truncate": "NONE", "max_tokens": 50}
+    over_body = {"model": SERVED_NAME, "texts": ["a", words(3000)], "truncate": "NONE"}
+    over = pooling.http.post(pooling.proxy + "/v2/embed", json=over_body)
+    assert over.status_code == 400, over.text
+    assert over.json()["error"]["code"] == "context_length_exceeded"
+    capped = {"model": SERVED_NAME, "texts": [words(60)], "truncate": "NONE", "max_tokens": 50}
     direct = pooling.http.post(pooling.vllm + "/v2/embed", json=capped)  # vLLM refuses it once it has embedded it
     assert direct.status_code == 400 and "Input of 60 tokens exceeds max_tokens=50" in direct.text
     guarded = pooling.http.post(pooling.proxy + "/v2/embed", json=capped)
     assert guarded.status_code == 400 and guarded.json()["error"]["message"] == direct.json()["error"]["message"]
     assert pooling.seen("/v2/embed") == before + 1  # only the direct one
-    cut = pooling.http.post(pooling.proxy + "/v2/embed", json={"texts": [words(3000)], "truncate": "NONE"},
-                            headers=TRUNCATE)  # fmt: skip
+    cut_body = {"model": SERVED_NAME, "texts": [words(3000)], "truncate": "NONE"}
+    cut = pooling.http.post(pooling.proxy + "/v2/embed", json=cut_body, headers=TRUNCATE)
     assert cut.status_code == 200 and cut.headers[GUARD_ACTION] == "truncate"
     assert int(cut.headers[GUARD_PROMPT]) == cut.json()["meta"]["billed_units"]["input_tokens"] == MAX_MODEL_LEN
