@@ -43,7 +43,6 @@ from proxy.policy import thinking
 from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
 from proxy.policy.choice import choose_policy
-from proxy.policy.chunk import MAX_PARTS, CannotChunk, refuse_too_many_parts
 from proxy.policy.cohere import settle_cohere
 from proxy.policy.converted import (
     Converted,
@@ -56,17 +55,16 @@ from proxy.policy.converted import (
 )
 from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion, limits_for, reject_at_least
 from proxy.policy.generate import settle_generate
-from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse
-from proxy.policy.overflow import overflow_chat, overflow_completion, refuse
+from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse, outcome_of
+from proxy.policy.overflow import overflow_chat, overflow_completion
 from proxy.policy.pooling import Pooled, settle_pooling
 from proxy.policy.reduce import reduce_request
+from proxy.policy.size import SIZE_FLOOR, proven_over, refuse_by_size
 from proxy.policy.turns import CountItems
 from proxy.settings import PolicySettings, Settings
 
 log = logging.getLogger("token_guard.guard")
 
-SIZE_FLOOR = "size"  # the count source of a prompt refused from its size alone: its prompt tokens are a lower bound
-FAR_OVER = 16  # characters a token: a prompt longer than this many times the window is counted only until proven over
 
 POOLING_KINDS: dict[str, PoolingKind] = {
     "embeddings": "embeddings", "pooling": "pooling", "classify": "classify", "score": "score", "rerank": "rerank",
@@ -156,7 +154,7 @@ class Guard:
             completion = completion_request(body)
             model, policy, _, limits = self._target(completion.model, headers, findings)
             texts = [[p] for p in completion.prompts if isinstance(p, str)]
-            proven = await _by_size(model, texts, limits, "reject", policy, "prompt", findings)
+            proven = await refuse_by_size(model, texts, limits, "reject", policy, "prompt", findings)
             if proven is not None:
                 return proven
             counts, findings.count_source = await completion_tokens(model, completion, self.remote)
@@ -177,7 +175,7 @@ class Guard:
         else:
             raise InvalidRequest(f"token-guard cannot count requests of this endpoint ({route.reads}).")
         texts = [list(verbatim_texts(chat.messages))]
-        proven = await _by_size(model, texts, limits, "reject", policy, "messages", findings)
+        proven = await refuse_by_size(model, texts, limits, "reject", policy, "messages", findings)
         if proven is not None:
             return proven
         prompt_tokens = await self._count(model, chat, findings)
@@ -190,7 +188,7 @@ class Guard:
         model, policy, choice, limits = self._target(req.model, headers, findings)
         if not policy.trust_request_chat_template and _brings_template(req):
             raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
-        proven = await _by_size(
+        proven = await refuse_by_size(
             model, [list(verbatim_texts(req.messages))], limits, choice, policy, "messages", findings
         )
         if proven is not None:
@@ -202,7 +200,7 @@ class Guard:
         # Truncate and chunk re-count their cuts here; only a locally counted prompt can be cut exactly.
         if _fits_by_cutting(plan, choice) and findings.count_source == LOCAL:
             return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
-        return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n), findings.count_source)
+        return outcome_of(plan, req.body, raw, plan.cost(limits, req.n), findings.count_source)
 
     async def _completion(
         self, req: CompletionRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
@@ -210,7 +208,7 @@ class Guard:
         findings.max_tokens_before = req.requested_output[1]
         model, policy, choice, limits = self._target(req.model, headers, findings)
         texts = [[p] for p in req.prompts if isinstance(p, str)]
-        proven = await _by_size(model, texts, limits, choice, policy, "prompt", findings)
+        proven = await refuse_by_size(model, texts, limits, choice, policy, "prompt", findings)
         if proven is not None:
             return proven
         started = time.perf_counter()
@@ -219,7 +217,7 @@ class Guard:
         plan = decide_completion(req, counts, limits)
         if _fits_by_cutting(plan, choice) and findings.count_source == LOCAL:
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
-        return _as_outcome(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)), findings.count_source)
+        return outcome_of(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)), findings.count_source)
 
     async def _responses(
         self, req: ResponsesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
@@ -296,7 +294,7 @@ class Guard:
             raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
         if model.tokenizer.native is None:
             texts = [list(verbatim_texts(chat.messages)) for chat in req.chats]
-            floor = await _proven_over(model, texts, limits.max_model_len - limits.min_output_tokens)
+            floor = await proven_over(model, texts, limits.max_model_len - limits.min_output_tokens)
             if floor is not None:
                 findings.count_source = SIZE_FLOOR
                 return refuse_batch(reject_at_least(floor, limits, "messages"), floor, "", choice, SIZE_FLOOR)
@@ -378,45 +376,6 @@ class Guard:
         return await reduce_request(model, chunked, answers, limits)
 
 
-async def _by_size(
-    model: GuardedModel, prompts: list[list[str]], limits: Limits, choice: str, policy: PolicySettings, param: str,
-    findings: Findings,
-) -> Outcome | None:  # fmt: skip
-    """A prompt whose size alone proves it cannot fit is refused before it is rendered or encoded (counting/bound.py):
-    its answer costs what reading it costs. Truncation still counts it (in bounded slices) to cut it exactly; chunking
-    is refused when the floor alone needs more parts than it takes (policy/chunk.py)."""
-    if model.tokenizer.native is not None or choice == "truncate":
-        return None  # mistral_common and harmony count with vocabularies of their own
-    ceiling = limits.max_model_len - limits.min_output_tokens
-    floor = await _proven_over(model, prompts, ceiling)
-    if floor is None:
-        return None
-    findings.count_source = SIZE_FLOOR
-    if choice == "reject":
-        return _as_outcome(reject_at_least(floor, limits, param), {}, b"", 0, SIZE_FLOOR)
-    most = MAX_PARTS * policy.chunk_tokens  # more than this many tokens are not chunked
-    if floor <= most:
-        floor = await _proven_over(model, prompts, most) or floor
-    try:
-        refuse_too_many_parts(floor, policy.chunk_tokens)
-    except CannotChunk as exc:
-        return refuse(reject_at_least(floor, limits, param), f"The chunk policy was not applied: {exc}.")
-    return None
-
-
-async def _proven_over(model: GuardedModel, prompts: list[list[str]], ceiling: int) -> int | None:
-    """The most tokens the prompts' verbatim texts prove one of them has, when above `ceiling`: from their size
-    (TokenCounter.floor), else, for texts far longer than could fit, by counting them only until the count passes it
-    (TokenCounter.at_least)."""
-    if all(sum(len(t) for t in texts) <= ceiling for texts in prompts):
-        return None  # the floor's own first check, and none is far over: no coroutine per prompt (most requests)
-    counter = model.counter
-    floors = [await counter.floor_off_loop(texts, ceiling) for texts in prompts]
-    floors += [await counter.at_least(texts, ceiling) for texts, floor in zip(prompts, floors, strict=True)
-               if floor is None and sum(len(t) for t in texts) > FAR_OVER * ceiling]  # fmt: skip
-    return max((f for f in floors if f is not None), default=None)
-
-
 def _fits_by_cutting(plan: Plan, choice: str) -> bool:
     """True when the overflow policy may cut the prompt to fit the window (never for a request over the KV budget)."""
     return plan.action == "reject" and choice != "reject" and isinstance(plan.error, ContextLengthExceeded)
@@ -424,10 +383,3 @@ def _fits_by_cutting(plan: Plan, choice: str) -> bool:
 
 def _brings_template(req: ChatRequest) -> bool:
     return req.chat_template is not None or req.chat_template_kwargs.get("chat_template") is not None
-
-
-def _as_outcome(plan: Plan, body: dict[str, Any], raw: bytes, cost: int, source: str | None) -> Outcome:
-    decision = Decision.of(plan, source)
-    if plan.error is not None:
-        return Refuse(plan.error, decision)
-    return Forward(with_changes(body, plan.changes) if plan.changes else raw, decision, cost)

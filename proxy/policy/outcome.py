@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.api.body import with_changes
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
 from proxy.errors import GuardError
@@ -104,3 +105,12 @@ class Findings:
     count_source: str | None = None  # "local" or "upstream"
     decision: Decision | None = None
     chunk_refused: bool = False  # its chunk policy became reject where the guard cannot fan out (Guard.chunk_instead)
+
+
+def outcome_of(plan: Plan, body: dict[str, Any], raw: bytes, cost: int, source: str | None) -> Outcome:
+    """The outcome a plan makes of a request: refused with its error, or forwarded (the body rewritten only when the
+    plan changes a field, else the raw bytes as received)."""
+    decision = Decision.of(plan, source)
+    if plan.error is not None:
+        return Refuse(plan.error, decision)
+    return Forward(with_changes(body, plan.changes) if plan.changes else raw, decision, cost)
