@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.processes import Stack, guard_and_simulator, peak_with_children_mb, rss_mb
+from tests.support.processes import Stack, guard_and_simulator, peak_with_children_mb, reset_peaks, rss_mb
 from tests.support.servers import MODEL
 
 CHAT = "/v1/chat/completions"
@@ -92,6 +92,7 @@ def filled(element: bytes, size: int) -> bytes:
     ids=["32 MiB of []", "32 MiB of {}", "4 MiB of {}"],
 )
 def test_a_body_of_millions_of_values_is_refused_before_any_is_built(stack: Stack, raw: bytes) -> None:
+    reset_peaks(stack.guard_pid)
     response = httpx.post(stack.url + CHAT, content=raw, timeout=300, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
@@ -105,6 +106,7 @@ def test_json_of_millions_of_values_in_tool_call_arguments_is_refused_too(stack:
     arguments = b'{"a": [' + b",".join([b"[]"] * 10_000_000) + b"]}"
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments.decode()}}
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    reset_peaks(stack.guard_pid)
     response = httpx.post(stack.url + CHAT, json={"model": MODEL, "messages": messages}, timeout=300)
     assert response.status_code == 400, response.text
     assert "tool calls' arguments" in response.json()["error"]["message"]
