@@ -1,4 +1,4 @@
-"""Count prompt tokens exactly as vLLM does (wire contract, section 12), without blocking the event loop.
+"""Count prompt tokens exactly as vLLM does (docs/vllm-wire-contract.md, section 12), without blocking the event loop.
 
 Chat: messages -> vLLM's conversation -> the chat template -> encode with add_special_tokens false by default.
 Completions: each string prompt encoded with special tokens (default true); token-id prompts counted as given.

@@ -2,9 +2,10 @@
 guard's own (`UpstreamRefused`, `UpstreamConnectTimeout`, `UpstreamUnavailable`, `UpstreamTimeout`).
 
 aiohttp rather than httpx: on the guard's hot path httpx's connection pool and request/response models cost more CPU
-than everything else the guard does (bench/results/2026-12-03/ceiling.md). One session serves every replica; it
-sends the client's headers and body as they are (no added User-Agent, Accept, Accept-Encoding or Content-Type, no
-cookie jar, no decompression, no redirects followed), and relays the answer's raw bytes.
+than everything else the guard does (bench/results/2026-12-03/ceiling-fe63219.md, the guard on httpx, against
+ceiling-9478fed.md, on aiohttp). One session serves every replica; it sends the client's headers and body as they are
+(no added User-Agent, Accept, Accept-Encoding or Content-Type, no cookie jar, no decompression, no redirects
+followed), and relays the answer's raw bytes.
 
 An answer is opened when its status and headers have arrived, within the shorter of first_byte_timeout_s and
 read_timeout_s; its body is then read whole or relayed chunk by chunk as it comes, each wait for the next chunk at

@@ -97,8 +97,8 @@ FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^ "]*)')
 
 
 def text_fields(line: str) -> list[tuple[str, str]]:
-    """The `name=value` pairs of a text request line, read as the README describes them: a value is either plain (no
-    space, no quote) or a JSON string in quotes. Nothing of the line is left outside a pair."""
+    """The `name=value` pairs of a text request line, read as docs/operating.md describes them: a value is either plain
+    (no space, no quote) or a JSON string in quotes. Nothing of the line is left outside a pair."""
     pairs = FIELD.findall(line)
     assert " ".join(f"{name}={value}" for name, value in pairs) == line, line
     return [(name, json.loads(value) if value.startswith('"') else value) for name, value in pairs]
