@@ -10,7 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "proxy"
 
 LAYERS = [  # lowest first: a module may import its own layer and the layers below it
-    {"errors", "settings", "assets"},
+    {"errors", "error_bodies", "settings", "assets"},
     {"api"},
     {"counting"},
     {"policy"},

@@ -5,14 +5,16 @@ from __future__ import annotations
 import logging
 import time
 
+from proxy import error_bodies
 from proxy.api.models import only_models
+from proxy.error_bodies import Envelope
 from proxy.errors import GuardError
 from proxy.exchange.headers import Headers
 from proxy.exchange.record import RequestRecord
 from proxy.server.asgi import Reply
-from proxy.server.sanitize import sanitize_upstream_error
 from proxy.upstream.headers import HOP_BY_HOP
 from proxy.upstream.http import ERROR_BYTES, GET_BYTES, UpstreamResponse
+from proxy.upstream.sanitize import sanitize_upstream_error
 
 log = logging.getLogger("token_guard.forward")
 
@@ -37,9 +39,11 @@ def _own_origin(location: bytes, upstream: str) -> bytes:
     return location[len(origin) :] or b"/" if location.startswith(origin) else location
 
 
-async def relay(reply: Reply, upstream: UpstreamResponse, extra: Headers, record: RequestRecord) -> None:
-    """Status, headers and raw body bytes as they arrive. A failure mid-answer ends a stream with an error event, as
-    vLLM does; any other answer is cut short (its Content-Length tells the client)."""
+async def relay(
+    reply: Reply, upstream: UpstreamResponse, extra: Headers, record: RequestRecord, envelope: Envelope
+) -> None:
+    """Status, headers and raw body bytes as they arrive. A failure mid-answer ends a stream with an error event in
+    the route's `envelope`, as vLLM does; any other answer is cut short (its Content-Length tells the client)."""
     await reply.start(upstream.status, relayed_headers(upstream, extra))
     tail = record.charge.tail if record.charge is not None else None  # a keyed request's usage is read from it
     try:
@@ -52,7 +56,7 @@ async def relay(reply: Reply, upstream: UpstreamResponse, extra: Headers, record
         record.upstream_error = "broken_stream"
         if not upstream.is_sse:
             return  # left incomplete: the server closes the connection, and the length tells the client
-        await reply.chunk(exc.sse_bytes())  # the status is already sent: tell a streaming client in-band
+        await reply.chunk(error_bodies.stream_event(exc, envelope))  # the status is out: tell the client in-band
     finally:
         record.upstream_s = time.perf_counter() - record.started
     await reply.end()

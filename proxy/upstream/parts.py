@@ -15,10 +15,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.errors import GuardError, UpstreamTooLarge, UpstreamUnavailable, first_error
-from proxy.policy.merge import DONE, StreamMerger, sse
+from proxy import error_bodies
+from proxy.errors import GuardError, UpstreamFailed, UpstreamTooLarge, UpstreamUnavailable, first_error
+from proxy.policy.merge import StreamMerger
 from proxy.upstream.client import Opened, Upstream
 from proxy.upstream.http import ANSWER_BYTES, ERROR_BYTES, EVENT_BYTES, UpstreamResponse
+from proxy.upstream.sanitize import withheld
 
 
 @dataclass
@@ -29,6 +31,23 @@ class PartFailed(Exception):
     body: bytes
     content_type: str
     cut: bool = False  # the body is only the first ERROR_BYTES of the upstream's
+
+    def relayed(self) -> dict[str, Any] | None:
+        """The upstream's own error envelope, to relay as it said it; None when its body is not one, or would show
+        the upstream's internals."""
+        if withheld(self.status, self.content_type, self.body, self.cut) is not None:
+            return None
+        try:
+            body = json.loads(self.body)
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) and isinstance(body.get("error"), dict) else None
+
+    def error(self) -> UpstreamFailed:
+        """The guard's own error for a failure whose body it does not relay: the upstream's text, unless that would
+        show its internals."""
+        text = self.body.decode(errors="replace")
+        return withheld(self.status, self.content_type, self.body, self.cut) or UpstreamFailed(text, self.status)
 
 
 async def failure(response: UpstreamResponse) -> PartFailed:
@@ -155,7 +174,7 @@ async def _merged(queues: list[asyncio.Queue[Any]], merger: StreamMerger) -> Asy
                 yield _error_event(event)
                 return
             if "error" in event:  # the upstream's own in-stream error: relay it and stop
-                yield sse(event) + DONE
+                yield error_bodies.relayed_event(event)
                 return
             for out in merger.feed(index, event):
                 yield out
@@ -164,16 +183,15 @@ async def _merged(queues: list[asyncio.Queue[Any]], merger: StreamMerger) -> Asy
 
 
 def _error_event(exc: BaseException) -> bytes:
-    if isinstance(exc, GuardError):
-        return exc.sse_bytes()
+    """The event that ends a chunked stream (chat or completions: OpenAI's envelope) when a part failed."""
     if isinstance(exc, PartFailed):
-        try:
-            body = json.loads(exc.body)
-        except ValueError:
-            body = {"error": {"message": exc.body.decode(errors="replace"), "type": "UpstreamError", "param": None,
-                              "code": exc.status}}  # fmt: skip
-        return sse(body) + DONE
-    return UpstreamUnavailable(f"a part of the chunked request failed: {type(exc).__name__}").sse_bytes()
+        relayed = exc.relayed()
+        if relayed is not None:
+            return error_bodies.relayed_event(relayed)
+        exc = exc.error()
+    if not isinstance(exc, GuardError):
+        exc = UpstreamUnavailable(f"a part of the chunked request failed: {type(exc).__name__}")
+    return error_bodies.stream_event(exc)
 
 
 async def sse_events(response: UpstreamResponse) -> AsyncIterator[dict[str, Any]]:

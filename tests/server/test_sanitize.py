@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from proxy.server.running import ServerThread
-from proxy.server.sanitize import sanitize_upstream_error
+from proxy.upstream.sanitize import sanitize_upstream_error
 from tests.support.servers import MODEL, guard
 
 TRACEBACK = """Traceback (most recent call last):
