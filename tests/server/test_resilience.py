@@ -216,7 +216,7 @@ def test_reset_mid_stream_is_an_error_event_then_done(deepseek_dir: Path) -> Non
 def messages_stream_that_breaks() -> RawServer:
     """A /v1/messages stream (as vLLM's Anthropic endpoint writes it) whose connection closes after its first event."""
     usage = {"input_tokens": 5, "output_tokens": 0}
-    message = {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": MODEL,
+    message: dict[str, Any] = {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": MODEL,
                "stop_reason": None, "stop_sequence": None, "usage": usage}  # fmt: skip
     event = b"event: message_start\ndata: " + json.dumps({"type": "message_start", "message": message}).encode()
     event += b"\n\n"
