@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import pickle
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,14 @@ def test_uvicorn_builds_the_protocol_with_the_keywords_the_subclass_passes_on() 
     assert "config.http_protocol_class(" in startup  # the factory given as `http` is what it calls per connection
     for keyword in ("config=", "server_state=", "app_state=", "_loop="):
         assert keyword in startup
+
+
+def test_the_limits_reach_worker_processes_with_uvicorns_config() -> None:
+    """`serve --workers N`: uvicorn pickles its config into each spawned worker, the protocol factory with it."""
+    options = uvicorn_options(ServerSettings(read_timeout_s=4.0, write_timeout_s=6.0))
+    config = pickle.loads(pickle.dumps(uvicorn.Config("proxy.server.worker:app", factory=True, workers=2, **options)))
+    assert config.http.keywords == {"limits": ConnectionLimits(header_timeout_s=4.0, write_timeout_s=6.0)}
+    assert config.http.func is GuardedHttpProtocol
 
 
 def test_flow_control_has_what_the_subclass_calls() -> None:
