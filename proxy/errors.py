@@ -13,8 +13,8 @@
     ├── MethodNotAllowed            405  a guarded path asked with another method than POST
     ├── RequestTimeout              408  the client sent its body too slowly (server.read_timeout_s)
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
-    ├── HeaderTooLarge              431  a request line and headers above 64 KiB (server/protocol.py)
     ├── TooBusy                     429  admission's queue is full or the wait timed out; a key over its quota
+    ├── HeaderTooLarge              431  a request line and headers above 64 KiB (server/protocol.py)
     ├── NotReady                    503  still learning the upstream's models, or a window not known yet
     ├── SharedStateUnavailable      503  Redis (admission.redis_url) does not answer in time
     ├── UpstreamFailed              (the upstream's)  its own error told in the guard's words: a 5xx body with
@@ -158,8 +158,8 @@ class SharedStateUnavailable(GuardError):
 
 class UpstreamFailed(GuardError):
     """The upstream's own error, told in the guard's words: a 5xx whose body held internals (a traceback, file paths)
-    or was too large to read whole, or a chunked request's part that failed after the answer began. The status is
-    the upstream's, the type the name the guard's own errors give that status."""
+    or was too large to read whole, or a chunked request's part that failed after the answer began. Its status is
+    the upstream's, and its type the name the guard's own errors give that status."""
 
     TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
              405: "MethodNotAllowedError", 408: "RequestTimeoutError", 413: "PayloadTooLargeError",
