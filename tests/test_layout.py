@@ -1,6 +1,6 @@
 """The layout holds: imports point one way (server and extproc -> exchange -> check -> upstream -> shared -> policy ->
-counting -> api -> settings and errors), and the pure packages (api, counting, policy) import nothing that speaks
-HTTP or Redis. Every import in every module counts, also those inside functions."""
+counting -> api -> settings, errors and error bodies), and the pure packages (api, counting, policy) import nothing
+that speaks HTTP or Redis. Every import in every module counts, also those inside functions."""
 
 from __future__ import annotations
 
