@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from proxy.errors import GuardError, UpstreamTooLarge, UpstreamUnavailable, first_error
 from proxy.policy.merge import DONE, StreamMerger, sse
 from proxy.upstream.client import Opened, Upstream
-from proxy.upstream.http import ANSWER_BYTES, ERROR_BYTES, EVENT_BYTES, UpstreamResponse
+from proxy.upstream.transport import ANSWER_BYTES, ERROR_BYTES, EVENT_BYTES, Answer
 
 
 @dataclass
@@ -31,7 +31,7 @@ class PartFailed(Exception):
     cut: bool = False  # the body is only the first ERROR_BYTES of the upstream's
 
 
-async def failure(response: UpstreamResponse) -> PartFailed:
+async def failure(response: Answer) -> PartFailed:
     body, cut = await response.head(ERROR_BYTES)
     return PartFailed(response.status, body, response.content_type or "application/json", cut)
 
@@ -176,7 +176,7 @@ def _error_event(exc: BaseException) -> bytes:
     return UpstreamUnavailable(f"a part of the chunked request failed: {type(exc).__name__}").sse_bytes()
 
 
-async def sse_events(response: UpstreamResponse) -> AsyncIterator[dict[str, Any]]:
+async def sse_events(response: Answer) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an SSE stream's `data:` events, up to [DONE]."""
     buffer = b""
     async for chunk in response.chunks():
