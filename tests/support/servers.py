@@ -79,10 +79,14 @@ class InMemorySim:
         return stats
 
 
+def simulator_in_memory(tokenizer: Path, **options: Any) -> contextlib.AbstractContextManager[InMemorySim]:
+    return in_memory(create_simulator(SimulatorSettings(tokenizer=tokenizer, model=MODEL, **options)))
+
+
 @contextmanager
-def simulator_in_memory(tokenizer: Path, **options: Any) -> Iterator[InMemorySim]:
-    app = create_simulator(SimulatorSettings(tokenizer=tokenizer, model=MODEL, **options))
-    tap = Tap(app)
+def in_memory(app: Starlette, front: ASGIApp | None = None) -> Iterator[InMemorySim]:
+    """`app` (usually a simulator) without a socket; `front`: middleware around it, which is what gets the requests."""
+    tap = Tap(front or app)
     with TestClient(tap, base_url=IN_MEMORY) as client:
         yield InMemorySim(IN_MEMORY, app, tap, client)
 
