@@ -1,6 +1,7 @@
-"""Audio transcription and translation end to end over loopback: the real `openai` SDK (a real multipart body) ->
-token-guard -> the vLLM simulator. No audio model runs on this machine's vLLM, so the simulator is the only upstream
-these routes are tested against. The audio is not counted (`partial`, 0 prompt tokens); the form goes as sent."""
+"""Audio transcription and translation end to end: the real `openai` SDK (a real multipart body) -> token-guard on
+loopback -> the vLLM simulator in memory. No audio model runs on this machine's vLLM, so the simulator is the only
+upstream these routes are tested against. The audio is not counted (`partial`, 0 prompt tokens); the form goes as
+sent."""
 
 from __future__ import annotations
 

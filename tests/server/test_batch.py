@@ -1,5 +1,5 @@
-"""Batch chat end to end over loopback: httpx (the OpenAI SDK has no method for it) -> token-guard -> the vLLM
-simulator (0.31 profile, which refuses every overflow): each conversation counted as chat, the shared limit clamped for
+"""Batch chat end to end: httpx (the OpenAI SDK has no method for it) -> token-guard on loopback -> the vLLM simulator
+in memory (0.31 profile, which refuses every overflow): each conversation counted as chat, the shared limit clamped for
 the longest, a conversation that cannot fit refused and named, the prompt tokens the batch's usage."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cohere's /v2/embed end to end over loopback: httpx -> token-guard -> the vLLM simulator (0.31 profile): texts
+"""Cohere's /v2/embed end to end: httpx -> token-guard on loopback -> the vLLM simulator in memory (0.31): texts
 counted as vLLM bills them, its own cuts (END by default) counted as what it keeps, NONE over the window refused
 before it reaches vLLM, the truncate policy answered by asking vLLM for its own cut."""
 

@@ -1,5 +1,5 @@
-"""Responses, Anthropic Messages, count_tokens and /invocations end to end over loopback: the real `openai` and
-`anthropic` SDKs -> token-guard -> the vLLM simulator (0.31 profile, which refuses what does not fit)."""
+"""Responses, Anthropic Messages, count_tokens and /invocations end to end: the real `openai` and `anthropic` SDKs ->
+token-guard on loopback -> the vLLM simulator in memory (0.31 profile, which refuses what does not fit)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Token-in generation end to end over loopback: httpx -> token-guard -> the vLLM simulator: the token ids are the
+"""Token-in generation end to end: httpx -> token-guard on loopback -> the simulator in memory: the token ids are the
 count, sampling_params.max_tokens is clamped in place, a prompt of the window is refused before it reaches vLLM."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The four GPU routes with [[keys]], end to end over loopback: the key's model list, its output cap and its token
-quota apply to batch chat, token-in generate, audio and Cohere embed as they do to chat; each is charged its cost."""
+"""The four GPU routes with [[keys]], end to end (the simulator in memory): the key's model list, its output cap and its
+token quota apply to batch chat, token-in generate, audio and Cohere embed as they do to chat; each is charged its
+cost."""
 
 from __future__ import annotations
 

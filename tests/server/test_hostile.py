@@ -1,6 +1,7 @@
-"""Hostile and careless input, over real sockets: every field with wrong types, broken and pathological JSON,
-encodings, paths and methods, header tricks, huge and slow requests. Each answer is checked for its status, the
-OpenAI error envelope, no traceback, path or upstream address in it, and a guard that still serves afterwards."""
+"""Hostile and careless input, over real sockets to the guard (the simulator behind it in memory): every field with
+wrong types, broken and pathological JSON, encodings, paths and methods, header tricks, huge and slow requests. Each
+answer is checked for its status, the OpenAI error envelope, no traceback, path or upstream address in it, and a guard
+that still serves afterwards."""
 
 from __future__ import annotations
 

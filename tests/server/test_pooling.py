@@ -1,5 +1,5 @@
-"""Embeddings, /pooling, /classify, score and rerank end to end over loopback: the real `openai` SDK (and httpx where
-it has no method) -> token-guard -> the vLLM simulator (0.31 profile)."""
+"""Embeddings, /pooling, /classify, score and rerank end to end: the real `openai` SDK (and httpx where
+it has no method) -> token-guard on loopback -> the vLLM simulator in memory (0.31 profile)."""
 
 from __future__ import annotations
 

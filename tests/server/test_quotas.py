@@ -1,4 +1,4 @@
-"""Per-key quotas end to end over loopback: the real `openai` SDK -> token-guard with [[keys]] -> the simulator.
+"""Per-key quotas end to end: the real `openai` SDK -> token-guard with [[keys]] -> the simulator (in memory).
 OpenAI's x-ratelimit-* headers on every answer to a keyed request, 429 with Retry-After when a key is over, unused
 tokens given back from the answer's usage, a key's model list and output cap, a key given by its SHA-256."""
 
