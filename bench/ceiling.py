@@ -2,7 +2,8 @@
 (bench.instant), and in front of it direct, nginx, the smallest Python relay, token-guard (1 and 2 workers) and LiteLLM,
 measured by one aiohttp load generator in a process of its own, interleaved round by round; CPU of each proxy's
 process tree from /proc.
-Writes bench/results/<date>/ceiling.md and ceiling.json (`--quick`: ceiling-quick.*, a smoke test of the harness).
+Writes bench/results/<date>/ceiling.md, ceiling.json and its plots (ceiling-*.png; `--quick`: ceiling-quick.*, a smoke
+test of the harness).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.aioload import Generator, Job
+from bench.ceiling_plots import draw
 from bench.ceiling_render import markdown, pool
 from bench.ceiling_systems import CEILING_SYSTEMS, machine_busy_s, start_instant, start_system
 from bench.instant import MAX_MODEL_LEN
@@ -127,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
     }
     stem = "ceiling-quick" if quick else "ceiling"
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(markdown(results))
+    (out / f"{stem}.md").write_text(markdown(results, draw(results, out, stem)))
     print(f"bench: wrote {out / stem}.md in {time.monotonic() - began:.0f} s", file=sys.stderr)
     return 0 if runs else 2
 
