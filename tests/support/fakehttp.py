@@ -7,6 +7,7 @@ connections. Closing an answer before its end is a disconnect, as the app sees o
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Mapping
 from urllib.parse import urlsplit
 
@@ -16,11 +17,12 @@ from proxy.errors import UpstreamRefused, UpstreamTimeout, UpstreamUnavailable
 from proxy.settings import UpstreamSettings
 from proxy.upstream.transport import GET_BYTES, Answer
 
+log = logging.getLogger("tests.fakehttp")
 END = None  # in an answer's queue: the body is complete
 BROKEN = "broken"  # in an answer's queue: the app failed after the status was sent
 
 
-class Exchange:
+class AppCall:
     """One request to an app, running in a task: what the app sends goes to `started` and `body`."""
 
     def __init__(self, app: ASGIApp, scope: dict[str, object], body: bytes) -> None:
@@ -34,15 +36,13 @@ class Exchange:
         try:
             await app(scope, self._receive, self._send)
         except Exception:
-            if not self.started.done():  # what uvicorn answers for an app that failed before its status
-                self.started.set_result({"status": 500, "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-                self.body.put_nowait(b"Internal Server Error")
-                self.body.put_nowait(END)
-            else:
-                self.body.put_nowait(BROKEN)
-            return
-        if not self.started.done():
-            self.started.set_result({"status": 500, "headers": []})
+            log.exception("the app failed answering %s %s", scope["method"], scope["path"])  # as uvicorn logs it
+            if self.started.done():
+                self.body.put_nowait(BROKEN)  # after the status: the connection breaks
+                return
+        if not self.started.done():  # what uvicorn answers for an app that failed or returned before its status
+            self.started.set_result({"status": 500, "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+            self.body.put_nowait(b"Internal Server Error")
         self.body.put_nowait(END)  # an app that returned without ending its body: the answer ends here
 
     async def status(self) -> None:
@@ -73,9 +73,9 @@ class Exchange:
 
 
 class AsgiAnswer(Answer):
-    def __init__(self, exchange: Exchange, base: str, silence_s: float | None) -> None:
-        start = exchange.started.result()
-        self._exchange, self.url, self._silence_s = exchange, base, silence_s
+    def __init__(self, call: AppCall, base: str, silence_s: float | None) -> None:
+        start = call.started.result()
+        self._call, self.url, self._silence_s = call, base, silence_s
         self.status = int(start["status"])
         self.raw_headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])]
         self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.raw_headers}
@@ -102,7 +102,7 @@ class AsgiAnswer(Answer):
             return None
         try:
             async with asyncio.timeout(self._silence_s):
-                item = await self._exchange.body.get()
+                item = await self._call.body.get()
         except TimeoutError:
             raise UpstreamTimeout("The upstream did not answer in time (silent for read_timeout_s).") from None
         if item == BROKEN:
@@ -115,7 +115,7 @@ class AsgiAnswer(Answer):
 
     def close(self) -> None:
         if not self._ended:
-            self._exchange.gone.set()
+            self._call.gone.set()
 
 
 class AsgiTransport:
@@ -130,41 +130,39 @@ class AsgiTransport:
     async def open(
         self, method: str, base: str, path: str, query: str, headers: Mapping[str, str], body: bytes
     ) -> AsgiAnswer:
-        exchange = self._start(method, base, path, query, headers, body)
+        call = self._start(method, base, path, query, headers, body)
         try:
             async with asyncio.timeout(self._header_s):
-                await exchange.status()
+                await call.status()
         except TimeoutError:
             raise UpstreamTimeout("The upstream did not answer in time (no response headers).") from None
-        return AsgiAnswer(exchange, base, self._read_s)
+        return AsgiAnswer(call, base, self._read_s)
 
     async def get(
         self, base: str, path: str, headers: Mapping[str, str], timeout_s: float, limit: int = GET_BYTES
     ) -> tuple[int, bytes]:
-        """The whole exchange within `timeout_s`, as http.HttpClient.get."""
-        exchange = self._start("GET", base, path, "", headers, b"")
+        """The request and its whole answer within `timeout_s`, as http.HttpClient.get."""
+        call = self._start("GET", base, path, "", headers, b"")
         try:
             async with asyncio.timeout(timeout_s):
-                await exchange.status()
-                answer = AsgiAnswer(exchange, base, None)
+                await call.status()
+                answer = AsgiAnswer(call, base, None)
                 try:
                     return answer.status, await answer.read(limit)
                 finally:
                     answer.close()
         except TimeoutError:
-            exchange.gone.set()
+            call.gone.set()
             raise UpstreamTimeout("The upstream did not answer in time (no response headers).") from None
 
-    def _start(
-        self, method: str, base: str, path: str, query: str, headers: Mapping[str, str], body: bytes
-    ) -> Exchange:
+    def _start(self, method: str, base: str, path: str, query: str, headers: Mapping[str, str], body: bytes) -> AppCall:
         app = self._apps.get(base.rstrip("/"))
         if app is None:
             raise UpstreamRefused("The upstream could not be reached (connection refused).")
-        exchange = Exchange(app, scope(method, base, path, query, headers, body), body)
-        self._running.add(exchange.task)
-        exchange.task.add_done_callback(self._running.discard)
-        return exchange
+        call = AppCall(app, scope(method, base, path, query, headers, body), body)
+        self._running.add(call.task)
+        call.task.add_done_callback(self._running.discard)
+        return call
 
     async def aclose(self) -> None:
         """Cancel what the apps are still doing for answers nobody reads, as closing a pool's connections would."""
