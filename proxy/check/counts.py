@@ -16,7 +16,7 @@ from proxy.counting.registry import GuardedModel
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.upstream.client import Upstream
 from proxy.upstream.counting import chat_tokenize_body
-from proxy.upstream.http import count_bytes
+from proxy.upstream.transport import count_bytes
 
 JSON_HEADERS = {"content-type": "application/json"}
 

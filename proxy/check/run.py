@@ -30,6 +30,7 @@ from proxy.settings import Settings
 from proxy.upstream.client import Upstream
 from proxy.upstream.counting import UpstreamCounter
 from proxy.upstream.discovery import discover
+from proxy.upstream.http import HttpClient
 
 
 class CheckError(Exception):
@@ -61,7 +62,7 @@ async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: 
 
 async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) -> Report:
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
-    upstream = Upstream(settings.upstream)
+    upstream = Upstream(settings.upstream, HttpClient(settings.upstream))
     try:
         cards = await _discover(upstream, wait_s, settings.upstream.connect_timeout_s)
         registry.apply_discovery(cards)

@@ -19,8 +19,8 @@ from proxy import error_bodies
 from proxy.errors import GuardError, UpstreamFailed, UpstreamTooLarge, UpstreamUnavailable, first_error
 from proxy.policy.merge import StreamMerger
 from proxy.upstream.client import Opened, Upstream
-from proxy.upstream.http import ANSWER_BYTES, ERROR_BYTES, EVENT_BYTES, UpstreamResponse
 from proxy.upstream.sanitize import withheld
+from proxy.upstream.transport import ANSWER_BYTES, ERROR_BYTES, EVENT_BYTES, Answer
 
 
 @dataclass
@@ -50,7 +50,7 @@ class PartFailed(Exception):
         return withheld(self.status, self.content_type, self.body, self.cut) or UpstreamFailed(text, self.status)
 
 
-async def failure(response: UpstreamResponse) -> PartFailed:
+async def failure(response: Answer) -> PartFailed:
     body, cut = await response.head(ERROR_BYTES)
     return PartFailed(response.status, body, response.content_type or "application/json", cut)
 
@@ -194,7 +194,7 @@ def _error_event(exc: BaseException) -> bytes:
     return error_bodies.stream_event(exc)
 
 
-async def sse_events(response: UpstreamResponse) -> AsyncIterator[dict[str, Any]]:
+async def sse_events(response: Answer) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an SSE stream's `data:` events, up to [DONE]."""
     buffer = b""
     async for chunk in response.chunks():

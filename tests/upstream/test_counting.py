@@ -27,6 +27,7 @@ from proxy.server.running import ServerThread
 from proxy.settings import UpstreamSettings
 from proxy.upstream.client import Upstream
 from proxy.upstream.counting import UpstreamCounter, chat_tokenize_body
+from proxy.upstream.http import HttpClient
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, simulator
 
@@ -86,7 +87,8 @@ def upstream(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[str], b
 
 def counted(url: str, body: dict[str, Any]) -> tuple[int, bool | None]:
     async def go() -> tuple[int, bool | None]:
-        client = Upstream(UpstreamSettings(url=url))
+        settings = UpstreamSettings(url=url)
+        client = Upstream(settings, HttpClient(settings))
         try:
             counter = UpstreamCounter(client)
             return await counter.chat(MODEL, body), counter.renders
