@@ -15,7 +15,7 @@
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
     ├── TooBusy                     429  admission's queue is full or the wait timed out; a key over its quota
     ├── NotReady                    503  still learning the upstream's models, or a window not known yet
-    ├── SharedStateUnavailable      503  Redis (admission.redis_url) does not answer in time
+    ├── FleetStateUnavailable       503  Redis (admission.redis_url) does not answer in time
     ├── UpstreamUnavailable         502  connection reset, broken answer, garbage
     │   ├── UpstreamRefused         502  no connection could be made: safe to retry on another replica
     │   └── UpstreamTooLarge        502  an answer read whole was larger than its limit (upstream/http.py)
@@ -23,7 +23,7 @@
         └── UpstreamConnectTimeout  504  no connection in time: safe to retry on another replica
 
 Library errors are translated into these at one boundary each: the HTTP client's in proxy/upstream/http.py, the
-template engine's in proxy/counting/render.py, Redis's in proxy/shared/link.py. The server only ever handles
+template engine's in proxy/counting/render.py, Redis's in proxy/fleet/link.py. The server only ever handles
 `GuardError`, and turns it into an answer in one place (proxy/exchange/answers.py).
 """
 
@@ -151,7 +151,7 @@ class NotReady(GuardError):
     error_type = "ServiceUnavailableError"
 
 
-class SharedStateUnavailable(GuardError):
+class FleetStateUnavailable(GuardError):
     """Redis, where guards share their budgets, did not answer: with admission.redis_failure "closed" the client
     sees it; with "open" the guard admits on its own share instead."""
 

@@ -20,9 +20,9 @@ from proxy.api.models import ModelCard
 from proxy.check.compare import Window, drift_lines
 from proxy.check.counts import count_both
 from proxy.check.defaults import learn
+from proxy.check.fleet import fleet_info
 from proxy.check.report import ModelInfo, Report
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
-from proxy.check.shared import shared_info
 from proxy.check.source import apply
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.errors import GuardError
@@ -83,7 +83,7 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
         raise CheckError(exc.message) from None
     finally:
         await upstream.aclose()
-    return Report(upstream.url, version, version_error, rows, windows, infos, await shared_info(settings.admission))
+    return Report(upstream.url, version, version_error, rows, windows, infos, await fleet_info(settings.admission))
 
 
 async def _discover(upstream: Upstream, wait_s: float, connect_timeout_s: float) -> list[ModelCard]:

@@ -25,7 +25,7 @@ from proxy.upstream.counting import UpstreamCounter
 from proxy.upstream.discovery import discover
 
 if TYPE_CHECKING:
-    from proxy.shared.link import RedisLink
+    from proxy.fleet.link import RedisLink
 
 log = logging.getLogger("token_guard.app")
 
@@ -50,11 +50,11 @@ class Core:
             ),  # fmt: skip
         )
         if self.link is not None:
-            from proxy.exchange.shared_metrics import SharedState
-            from proxy.upstream.shared_gate import SharedAdmission
+            from proxy.exchange.fleet_metrics import FleetState
+            from proxy.upstream.fleet_gate import FleetAdmission
 
             gate = self.upstream.admission
-            self.metrics.register(SharedState(self.link, gate if isinstance(gate, SharedAdmission) else None))
+            self.metrics.register(FleetState(self.link, gate if isinstance(gate, FleetAdmission) else None))
         self.guard = Guard(settings, registry, UpstreamCounter(self.upstream), self.upstream.ceiling, chunk_instead)
         self.quotas = Quotas(settings, self.link)
         self.meter = Meter(self.quotas)
@@ -84,7 +84,7 @@ class Core:
         if self.upstream.auto_budget:
             jobs.append(self.upstream.learn_budgets())
         if self.link is not None:
-            jobs += [self.link.watch(), *(self.upstream.shared_jobs() or [_heartbeat(self.link, self.settings)])]
+            jobs += [self.link.watch(), *(self.upstream.fleet_jobs() or [_heartbeat(self.link, self.settings)])]
         return [_logged(job) for job in jobs]
 
     async def aclose(self) -> None:
@@ -97,14 +97,14 @@ def _redis_link(admission: AdmissionSettings) -> RedisLink | None:
     """The one link to Redis, when guards share state through it (imported only then)."""
     if admission.redis_url is None:
         return None
-    from proxy.shared.link import RedisLink
+    from proxy.fleet.link import RedisLink
 
     return RedisLink(admission.redis_url, admission.redis_timeout_ms)
 
 
 async def _heartbeat(link: RedisLink, settings: Settings) -> None:
-    """This instance's heartbeat in Redis when no shared budget keeps one (`token-guard check` counts them)."""
-    from proxy.shared.presence import Presence
+    """This instance's heartbeat in Redis when no fleet budget keeps one (`token-guard check` counts them)."""
+    from proxy.fleet.presence import Presence
 
     await Presence(link, settings.admission.redis_lease_s).run()
 

@@ -65,7 +65,7 @@ class Charge:
     tokens: int
     prompt_tokens: int
     forwarded: bool = False  # something reached the upstream
-    shared: bool = False  # charged in Redis (else in this process's buckets)
+    fleet: bool = False  # charged in the fleet's buckets in Redis (else in this process's)
     merged: int | None = None  # a chunked request's input + output from its answers' summed usage (server/chunked.py)
     tail: AnswerTail = field(default_factory=AnswerTail)
 

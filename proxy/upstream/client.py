@@ -23,8 +23,8 @@ from proxy.upstream.headers import forwardable, outgoing, upstream_auth
 from proxy.upstream.http import GET_BYTES, METRICS_BYTES, HttpClient, UpstreamResponse
 
 if TYPE_CHECKING:
-    from proxy.shared.link import RedisLink
-    from proxy.upstream.shared_gate import SharedAdmission
+    from proxy.fleet.link import RedisLink
+    from proxy.upstream.fleet_gate import FleetAdmission
 
 log = logging.getLogger("token_guard.upstream")
 
@@ -89,13 +89,13 @@ class Upstream:
         self.settings = settings
         self.auto_budget = admission.max_inflight_tokens == "auto"
         local = Admission([r.budget for r in self.replicas], admission.queue_timeout_s, admission.max_queue)
-        self.admission: Admission | SharedAdmission = local
+        self.admission: Admission | FleetAdmission = local
         budgeted = self.auto_budget or any(whole)
         if link is not None and budgeted:  # imported only here: without a Redis, redis is never imported
-            from proxy.upstream.shared_gate import SharedAdmission
+            from proxy.upstream.fleet_gate import FleetAdmission
 
             urls, wholes = [r.url for r in self.replicas], [r.whole for r in self.replicas]
-            self.admission = SharedAdmission(local, urls, wholes, link, admission)
+            self.admission = FleetAdmission(local, urls, wholes, link, admission)
         self._client = client or HttpClient(settings)
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
 
@@ -247,8 +247,8 @@ class Upstream:
     def _by_health(self) -> list[Replica]:
         return sorted(self.replicas, key=lambda r: (not r.budget.available, r.down_until))
 
-    def shared_jobs(self) -> list[Coroutine[Any, Any, None]]:
-        """The shared gate's background work (admission.redis_url): releases, waiters, leases, heartbeat."""
+    def fleet_jobs(self) -> list[Coroutine[Any, Any, None]]:
+        """The fleet gate's background work (admission.redis_url): releases, waiters, leases, heartbeat."""
         return [] if isinstance(self.admission, Admission) else [self.admission.run()]
 
     async def aclose(self) -> None:

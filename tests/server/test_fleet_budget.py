@@ -23,10 +23,10 @@ import httpx
 import openai
 import pytest
 
-from proxy.shared.budget import SharedBudget
-from proxy.shared.link import RedisLink
-from proxy.shared.presence import count_instances
-from proxy.upstream.shared_credit import CHECK_S
+from proxy.fleet.budget import FleetBudget
+from proxy.fleet.link import RedisLink
+from proxy.fleet.presence import count_instances
+from proxy.upstream.fleet_credit import CHECK_S
 from tests.support.polling import eventually
 from tests.support.processes import free_port, healthy
 from tests.support.redis import RedisServer, fixture_redis, redis_server  # noqa: F401
@@ -122,7 +122,7 @@ def reserved(redis_url: str, replica: str) -> tuple[int, int]:
     async def read() -> tuple[int, int]:
         link = RedisLink(redis_url, 250)
         try:
-            return await SharedBudget(link, LEASE_S).in_flight(replica)
+            return await FleetBudget(link, LEASE_S).in_flight(replica)
         finally:
             await link.aclose()
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.errors import SharedStateUnavailable
+from proxy.errors import FleetStateUnavailable
 from proxy.settings import AdmissionSettings
 
 
 @dataclass(frozen=True)
-class SharedInfo:
+class FleetInfo:
     where: str  # the URL, without its password
     reachable: bool
     instances: int | None  # guard processes (each worker counts) with a live heartbeat
@@ -21,16 +21,16 @@ class SharedInfo:
         return f"Redis {self.where}: reachable, shared by {self.instances} guard process(es) with a live heartbeat"
 
 
-async def shared_info(admission: AdmissionSettings) -> SharedInfo | None:
+async def fleet_info(admission: AdmissionSettings) -> FleetInfo | None:
     if admission.redis_url is None:
         return None
-    from proxy.shared.link import RedisLink  # only with a Redis configured
-    from proxy.shared.presence import count_instances
+    from proxy.fleet.link import RedisLink  # only with a Redis configured
+    from proxy.fleet.presence import count_instances
 
     link = RedisLink(admission.redis_url, admission.redis_timeout_ms)
     try:
-        return SharedInfo(link.where, True, await count_instances(link))
-    except SharedStateUnavailable:
-        return SharedInfo(link.where, False, None)
+        return FleetInfo(link.where, True, await count_instances(link))
+    except FleetStateUnavailable:
+        return FleetInfo(link.where, False, None)
     finally:
         await link.aclose()

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from proxy.errors import SharedStateUnavailable
+from proxy.errors import FleetStateUnavailable
+from proxy.fleet.link import PROBE_INTERVAL_S, RedisLink
+from proxy.fleet.presence import Presence, count_instances
 from proxy.settings import SettingsError, load_settings
-from proxy.shared.link import PROBE_INTERVAL_S, RedisLink
-from proxy.shared.presence import Presence, count_instances
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 
 INCREMENT = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
@@ -41,7 +41,7 @@ def test_down_and_back_flip_once_each_way(redis: RedisServer, caplog: pytest.Log
         assert await link.ping()
         redis.stop(signal.SIGKILL)
         for _ in range(5):
-            with pytest.raises(SharedStateUnavailable):
+            with pytest.raises(FleetStateUnavailable):
                 await link.call(lambda client: client.get("token-guard:x"))
         assert not link.healthy and link.errors == 1  # the others failed at once, without calling
         redis.start()

@@ -13,10 +13,10 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from proxy.errors import SharedStateUnavailable
-from proxy.upstream.shared_gate import SharedAdmission
+from proxy.errors import FleetStateUnavailable
+from proxy.upstream.fleet_gate import FleetAdmission
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
-from tests.upstream.test_shared_gate import URL, gate, until
+from tests.upstream.test_fleet_gate import URL, gate, until
 
 SHARE = 0.5  # redis_block_share: half the budget, over the guards sharing it
 
@@ -35,7 +35,7 @@ def commands(redis: RedisServer) -> int:
     return sum(calls) - sum(info)
 
 
-async def with_block(a: SharedAdmission) -> None:
+async def with_block(a: FleetAdmission) -> None:
     """A request by the round trip asks for a block; one tending takes it (the gate's background is not running)."""
     a.release(await a.acquire(10))
     await a._send_releases()
@@ -64,7 +64,7 @@ def test_two_guards_contending_for_a_small_budget_both_progress_within_it(redis:
     running, peak, on_credit = 0, 0, 0
     done = {"a": 0, "b": 0}
 
-    async def client(name: str, g: SharedAdmission, rng: random.Random) -> None:
+    async def client(name: str, g: FleetAdmission, rng: random.Random) -> None:
         nonlocal running, peak, on_credit
         cost = 10  # the first fits in either block
         while done[name] < per_guard:
@@ -160,7 +160,7 @@ def test_redis_away_takes_the_credit_with_it(redis: RedisServer, failure: str) -
             assert a.credit.admit(10, frozenset()) is None and not a.credit.blocks[0].held  # credit with it
             if failure == "closed":
                 assert a.try_acquire(10) is None
-                with pytest.raises(SharedStateUnavailable):
+                with pytest.raises(FleetStateUnavailable):
                     await a.acquire(10)
             else:
                 ticket = a.try_acquire(10)
