@@ -1,6 +1,6 @@
 """`python -m bench admission --instances N`: N guards (`token-guard serve`, each a process of its own) in front of
 one simulator with a small KV cache, first each with its own budget (the whole KV cache each: N times too much
-together), then sharing one budget through Redis (admission.redis_url). A burst spread over the guards: p50/p99,
+together), then sharing one budget through Redis (redis.url). A burst spread over the guards: p50/p99,
 errors, and the simulator's peak running tokens against its capacity. Then what the fleet's budget adds to a
 request: p50 and p99 of sequential one-token requests through a guard with a budget in Redis against one without,
 in front of a simulator that answers at once."""
@@ -89,7 +89,7 @@ def guards(sim_url: str, tokenizer: Path, logs: Path, budgets: list[tuple[int, s
                    "TOKEN_GUARD_ADMISSION_QUEUE_TIMEOUT_S": "600",
                    "TOKEN_GUARD_ADMISSION_MAX_QUEUE": "10000"}  # fmt: skip
             if redis_url:
-                env["TOKEN_GUARD_ADMISSION_REDIS_URL"] = redis_url
+                env["TOKEN_GUARD_REDIS_URL"] = redis_url
             stack.enter_context(process(command, logs / f"guard-{port}.log", env))
             urls.append(f"http://127.0.0.1:{port}")
         for url in urls:

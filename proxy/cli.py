@@ -34,7 +34,7 @@ FLAGS = {  # flag destination -> settings key
     "tokenizer_mode": "model.tokenizer_mode",
     "default_chat_template_kwargs": "model.default_chat_template_kwargs",
     "count_source": "counting.source",
-    "redis_url": "admission.redis_url",
+    "redis_url": "redis.url",
 }
 
 

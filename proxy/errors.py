@@ -15,7 +15,7 @@
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
     ├── TooBusy                     429  admission's queue is full or the wait timed out; a key over its quota
     ├── NotReady                    503  still learning the upstream's models, or a window not known yet
-    ├── FleetStateUnavailable       503  Redis (admission.redis_url) does not answer in time
+    ├── FleetStateUnavailable       503  Redis (redis.url) does not answer in time
     ├── UpstreamUnavailable         502  connection reset, broken answer, garbage
     │   ├── UpstreamRefused         502  no connection could be made: safe to retry on another replica
     │   └── UpstreamTooLarge        502  an answer read whole was larger than its limit (upstream/http.py)
@@ -152,7 +152,7 @@ class NotReady(GuardError):
 
 
 class FleetStateUnavailable(GuardError):
-    """Redis, where guards share their budgets, did not answer: with admission.redis_failure "closed" the client
+    """Redis, where guards share their budgets, did not answer: with redis.failure "closed" the client
     sees it; with "open" the guard admits on its own share instead."""
 
     status = 503

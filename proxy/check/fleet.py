@@ -1,4 +1,4 @@
-"""The check's look at the Redis that guards share budgets through (admission.redis_url): whether it answers, and
+"""The check's look at the Redis that guards share budgets through (redis.url): whether it answers, and
 how many guard processes keep a live heartbeat in it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.errors import FleetStateUnavailable
-from proxy.settings import AdmissionSettings
+from proxy.settings import RedisSettings
 
 
 @dataclass(frozen=True)
@@ -17,17 +17,17 @@ class FleetInfo:
 
     def line(self) -> str:
         if not self.reachable:
-            return f"Redis {self.where}: UNREACHABLE: each guard admits on its own share, or refuses (redis_failure)"
+            return f"Redis {self.where}: UNREACHABLE: each guard admits on its own share, or refuses (redis.failure)"
         return f"Redis {self.where}: reachable, shared by {self.instances} guard process(es) with a live heartbeat"
 
 
-async def fleet_info(admission: AdmissionSettings) -> FleetInfo | None:
-    if admission.redis_url is None:
+async def fleet_info(redis: RedisSettings) -> FleetInfo | None:
+    if redis.url is None:
         return None
     from proxy.fleet.link import RedisLink  # only with a Redis configured
     from proxy.fleet.presence import count_instances
 
-    link = RedisLink(admission.redis_url, admission.redis_timeout_ms)
+    link = RedisLink(redis.url, redis.timeout_ms)
     try:
         return FleetInfo(link.where, True, await count_instances(link))
     except FleetStateUnavailable:

@@ -42,7 +42,7 @@ class Report:
     rows: list[Row]
     windows: list[Window]
     models: list[ModelInfo] = field(default_factory=list)
-    fleet: FleetInfo | None = None  # admission.redis_url's Redis, when set
+    fleet: FleetInfo | None = None  # redis.url's Redis, when set
 
     @property
     def failed(self) -> bool:

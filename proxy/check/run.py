@@ -83,7 +83,7 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
         raise CheckError(exc.message) from None
     finally:
         await upstream.aclose()
-    return Report(upstream.url, version, version_error, rows, windows, infos, await fleet_info(settings.admission))
+    return Report(upstream.url, version, version_error, rows, windows, infos, await fleet_info(settings.redis))
 
 
 async def _discover(upstream: Upstream, wait_s: float, connect_timeout_s: float) -> list[ModelCard]:

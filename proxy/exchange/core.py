@@ -19,7 +19,7 @@ from proxy.exchange.metering import Meter
 from proxy.exchange.metrics import Metrics
 from proxy.exchange.quotas import Quotas
 from proxy.policy.guard import Guard
-from proxy.settings import AdmissionSettings, Settings
+from proxy.settings import RedisSettings, Settings
 from proxy.upstream.client import Upstream
 from proxy.upstream.counting import UpstreamCounter
 from proxy.upstream.discovery import discover
@@ -38,9 +38,9 @@ class Core:
         """`chunk_instead`: for a front end that cannot fan a request out ("reject" or "truncate"), what the chunk
         policy becomes (policy/guard.py); None: chunking is available."""
         self.settings, self.registry = settings, registry
-        self.link = _redis_link(settings.admission)
+        self.link = _redis_link(settings.redis)
         self.upstream = upstream or Upstream(
-            settings.upstream, settings.admission, workers=settings.server.workers, link=self.link
+            settings.upstream, settings.admission, workers=settings.server.workers, link=self.link, redis=settings.redis
         )
         self.metrics = Metrics(
             lambda: {name: registry.resolve(name).counter.stats() for name in registry.names},
@@ -93,20 +93,20 @@ class Core:
             await self.link.aclose()
 
 
-def _redis_link(admission: AdmissionSettings) -> RedisLink | None:
+def _redis_link(redis: RedisSettings) -> RedisLink | None:
     """The one link to Redis, when guards share state through it (imported only then)."""
-    if admission.redis_url is None:
+    if redis.url is None:
         return None
     from proxy.fleet.link import RedisLink
 
-    return RedisLink(admission.redis_url, admission.redis_timeout_ms)
+    return RedisLink(redis.url, redis.timeout_ms)
 
 
 async def _heartbeat(link: RedisLink, settings: Settings) -> None:
     """This instance's heartbeat in Redis when no fleet budget keeps one (`token-guard check` counts them)."""
     from proxy.fleet.presence import Presence
 
-    await Presence(link, settings.admission.redis_lease_s).run()
+    await Presence(link, settings.redis.lease_s).run()
 
 
 async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: Upstream) -> None:

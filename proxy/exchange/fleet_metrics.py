@@ -1,4 +1,4 @@
-"""Metrics of the fleet's state in Redis (admission.redis_url), read when scraped: whether this instance
+"""Metrics of the fleet's state in Redis (redis.url), read when scraped: whether this instance
 reaches Redis, its failed calls, how many guards share the Redis, each replica's tokens in flight across them, the
 requests this instance admitted on its credit (no round trip), and those it admitted on its own share, or refused,
 while Redis was away. A replica is labelled by its place in upstream.urls, as in token_guard_inflight_tokens, not by
@@ -22,7 +22,7 @@ class FleetState(Collector):
         self.link, self.gate = link, gate
 
     def collect(self) -> Iterable[Metric]:
-        up = GaugeMetricFamily("token_guard_redis_up", "1 while this instance reaches Redis (admission.redis_url)")
+        up = GaugeMetricFamily("token_guard_redis_up", "1 while this instance reaches Redis (redis.url)")
         up.add_metric([], 1 if self.link.healthy else 0)
         errors = CounterMetricFamily("token_guard_redis_errors", "Redis calls that failed or timed out")
         errors.add_metric([], self.link.errors)
@@ -45,7 +45,7 @@ class FleetState(Collector):
         )
         local.add_metric([], gate.fallbacks)
         refused = CounterMetricFamily(
-            "token_guard_admission_redis_refusals", "Requests answered 503 while Redis was away (redis_failure closed)"
+            "token_guard_admission_redis_refusals", "Requests answered 503 while Redis was away (redis.failure closed)"
         )
         refused.add_metric([], gate.refusals)
         credit = CounterMetricFamily(

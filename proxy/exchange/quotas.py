@@ -1,8 +1,8 @@
 """Per-key quotas on the request path: charge a keyed request before it is forwarded (429 with Retry-After when its
 key is over), settle the charge against what the answer says it used, and the x-ratelimit-* headers of every answer.
 
-On Redis (admission.redis_url) when configured, so that a key's quota holds across guards and workers; per process
-otherwise. When Redis does not answer: admission.redis_failure "open" uses this process's buckets (each worker with
+On Redis (redis.url) when configured, so that a key's quota holds across guards and workers; per process
+otherwise. When Redis does not answer: redis.failure "open" uses this process's buckets (each worker with
 its share), "closed" answers 503."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Quotas:
             from proxy.fleet.quotas import RedisQuotas
 
             self.fleet = RedisQuotas(link)
-        self.closed = settings.admission.redis_failure == "closed"
+        self.closed = settings.redis.failure == "closed"
 
     async def charge(self, key: KeySettings, tokens: int, mode: int = CHARGE) -> Verdict:
         """Take `tokens` and one request from `key`'s quotas as `mode` says (policy/quota.py: a reservation, work
@@ -51,7 +51,7 @@ class Quotas:
 
     async def told(self, key: KeySettings) -> dict[str, str]:
         """The x-ratelimit-* headers of a look at `key`'s buckets, which charges nothing; none when Redis does not
-        answer and redis_failure is "closed" (the answer goes out without them)."""
+        answer and redis.failure is "closed" (the answer goes out without them)."""
         try:
             return (await self.peek(key)).headers()
         except FleetStateUnavailable:

@@ -26,6 +26,7 @@ from proxy.settings.sections import (
     ExtprocSettings,
     ModelSettings,
     PolicySettings,
+    RedisSettings,
     ServerSettings,
     Settings,
     UpstreamSettings,
@@ -39,6 +40,14 @@ WORKER_SETUP = "TOKEN_GUARD_WORKER_SETUP"  # how `serve --workers N` hands its s
 RETIRED = {
     "upstream.write_timeout_s": "it was never used (sending a request counts toward upstream.first_byte_timeout_s); "
     "the deadline for a client that stops reading the guard's answer is server.write_timeout_s",
+}
+# Keys that moved: the old name still works from a file, the environment or a flag, with a warning naming the new one.
+RENAMED = {
+    "admission.redis_url": "redis.url",
+    "admission.redis_failure": "redis.failure",
+    "admission.redis_timeout_ms": "redis.timeout_ms",
+    "admission.redis_lease_s": "redis.lease_s",
+    "admission.redis_block_share": "redis.block_share",
 }
 
 log = logging.getLogger("token_guard.settings")
@@ -83,11 +92,13 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_inflight_requests": v.integer(0),
         "queue_timeout_s": v.positive_float,
         "max_queue": v.integer(0),
-        "redis_url": v.redis_url,
-        "redis_failure": v.choice(*REDIS_FAILURE_MODES),
-        "redis_timeout_ms": v.integer(1, 60_000),
-        "redis_lease_s": v.lease_seconds,
-        "redis_block_share": v.fraction,
+    },
+    "redis": {
+        "url": v.redis_url,
+        "failure": v.choice(*REDIS_FAILURE_MODES),
+        "timeout_ms": v.integer(1, 60_000),
+        "lease_s": v.lease_seconds,
+        "block_share": v.fraction,
     },
     "policy": {
         "min_output_tokens": v.integer(1),
@@ -133,6 +144,7 @@ SECTIONS = {
     "policy": PolicySettings,
     "counting": CountingSettings,
     "admission": AdmissionSettings,
+    "redis": RedisSettings,
     "extproc": ExtprocSettings,
 }
 
@@ -163,7 +175,7 @@ def load_settings(
     path = config_file or (Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None)
     layers = [_file_layer(path) if path else _Layer(), _env_layer(environ), _flag_layer(flags)]
     merged = _Layer()
-    for layer in layers:
+    for layer in map(_renamed, layers):
         for section, values in layer.values.items():
             for key, value in values.items():
                 merged.put(section, key, value, layer.origins[f"{section}.{key}"])
@@ -225,7 +237,8 @@ def _flag_layer(flags: Mapping[str, Any]) -> _Layer:
         if value is None or dotted.startswith("model."):
             continue
         section, _, key = dotted.partition(".")
-        layer.put(section, key, value, "--" + key.replace("_", "-"))
+        flag = f"redis_{key}" if section == "redis" else key  # the [redis] keys' flags keep the section's name
+        layer.put(section, key, value, "--" + flag.replace("_", "-"))
     if single:
         layer.models = [dict(single, _origin="--model/--tokenizer flags")]
     return layer
@@ -254,6 +267,46 @@ def _validate(merged: _Layer) -> Settings:
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     return Settings(models=models, keys=keys, **sections)
+
+
+def _renamed(layer: _Layer) -> _Layer:
+    """`layer` with each old key of RENAMED under its new name; the same source giving both differently is an error."""
+    for old, new in RENAMED.items():
+        section, _, key = old.partition(".")
+        if key not in layer.values.get(section, {}):
+            continue
+        value, origin = layer.values[section].pop(key), layer.origins.pop(old)
+        new_section, _, new_key = new.partition(".")
+        if new in layer.origins:
+            if _parsed(new, value) != _parsed(new, layer.values[new_section][new_key]):
+                raise SettingsError(  # the values unsaid: a Redis URL may hold a password
+                    f"{new}: given twice with different values, as {_spelled(new, layer.origins[new])} and by its old "
+                    f"name {old} (from {origin}); keep only {new}"
+                )
+        else:
+            layer.put(new_section, new_key, value, origin)
+        log.warning("%s (from %s) is now %s: the old name still works, but will not forever", old, origin,
+                    _spelled(new, origin))  # fmt: skip
+    return layer
+
+
+def _parsed(dotted: str, value: Any) -> Any:
+    """`value` as the key's check reads it, so that two spellings of one value agree (the raw value if invalid)."""
+    section, _, key = dotted.partition(".")
+    try:
+        return SCHEMA[section][key](value)
+    except ValueError:
+        return value
+
+
+def _spelled(dotted: str, origin: str) -> str:
+    """A key as the source it came from writes it: `[redis] url`, TOKEN_GUARD_REDIS_URL or --redis-url."""
+    section, _, key = dotted.partition(".")
+    if origin.startswith(ENV_PREFIX):
+        return f"{dotted} ({ENV_PREFIX}{section.upper()}_{key.upper()})"
+    if origin.startswith("--"):
+        return f"{dotted} (--{section}-{key.replace('_', '-')})"
+    return f"{dotted} ([{section}] {key})"
 
 
 def _without_retired(section: str, given: dict[str, Any], origins: Mapping[str, str]) -> dict[str, Any]:

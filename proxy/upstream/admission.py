@@ -49,7 +49,7 @@ class Ticket:
     cost: int
     waited_s: float
     released: bool = False
-    lease: str | None = None  # its reservation in the fleet's budget (admission.redis_url), if it holds one
+    lease: str | None = None  # its reservation in the fleet's budget (redis.url), if it holds one
     credit: bool = False  # admitted on this process's block of the fleet's budget (proxy/upstream/credit.py)
 
 

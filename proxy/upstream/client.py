@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from proxy.errors import GuardError, TooBusy, UpstreamConnectTimeout, UpstreamRefused, UpstreamUnavailable
-from proxy.settings import AdmissionSettings, UpstreamSettings
+from proxy.settings import AdmissionSettings, RedisSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
 from proxy.upstream.headers import forwardable, outgoing, upstream_auth
 from proxy.upstream.http import GET_BYTES, METRICS_BYTES, HttpClient, UpstreamResponse
@@ -74,9 +74,10 @@ class Upstream:
         client: HttpClient | None = None,
         workers: int = 1,
         link: RedisLink | None = None,
+        redis: RedisSettings | None = None,
     ) -> None:
         """`workers`: processes serving the same port, each with its own gate: each takes 1/workers of a budget.
-        `link`: the Redis that guards share budgets through (admission.redis_url): each reserves from the whole."""
+        `link`: the Redis that guards share budgets through (`redis`, its settings): each reserves from the whole."""
         admission = admission or AdmissionSettings()
         self.workers = workers
         tokens = admission.max_inflight_tokens if isinstance(admission.max_inflight_tokens, int) else 0
@@ -95,7 +96,7 @@ class Upstream:
             from proxy.upstream.fleet_gate import FleetAdmission
 
             urls, wholes = [r.url for r in self.replicas], [r.whole for r in self.replicas]
-            self.admission = FleetAdmission(local, urls, wholes, link, admission)
+            self.admission = FleetAdmission(local, urls, wholes, link, admission, redis or RedisSettings())
         self._client = client or HttpClient(settings)
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
 
@@ -248,7 +249,7 @@ class Upstream:
         return sorted(self.replicas, key=lambda r: (not r.budget.available, r.down_until))
 
     def fleet_jobs(self) -> list[Coroutine[Any, Any, None]]:
-        """The fleet gate's background work (admission.redis_url): releases, waiters, leases, heartbeat."""
+        """The fleet gate's background work (redis.url): releases, waiters, leases, heartbeat."""
         return [] if isinstance(self.admission, Admission) else [self.admission.run()]
 
     async def aclose(self) -> None:

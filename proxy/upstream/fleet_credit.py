@@ -1,4 +1,4 @@
-"""This process's credit in the fleet's budget (admission.redis_url): a request that fits in a block it holds is
+"""This process's credit in the fleet's budget (redis.url): a request that fits in a block it holds is
 admitted at once, with no round trip to Redis; in the background the blocks are kept at what they should hold
 (proxy/upstream/credit.py decides), their leases renewed, and Redis asked on a short timer whether others want
 budget, in which case what is unused goes back.

@@ -1,10 +1,10 @@
-"""The admission gate when guards share a Redis (admission.redis_url). A request that fits in this process's credit
+"""The admission gate when guards share a Redis (redis.url). A request that fits in this process's credit
 (blocks of the budget it holds in Redis, proxy/upstream/fleet_credit.py) is admitted at once, with no round trip.
 Any other reserves from its replica's whole budget in Redis (proxy/fleet/budget.py) under a lease this process
 renews while the request runs, and releases it at its end. Waiters queue here in FIFO order and are retried when
 this process frees budget, and on a short poll for what other guards free.
 
-Redis unreachable: with admission.redis_failure "open" requests pass the local gate on this process's share of the
+Redis unreachable: with redis.failure "open" requests pass the local gate on this process's share of the
 budget; with "closed" they are answered 503. The link's probe brings Redis back without a restart.
 """
 
@@ -22,7 +22,7 @@ from proxy.errors import FleetStateUnavailable, TooBusy
 from proxy.fleet.budget import FleetBudget
 from proxy.fleet.link import RedisLink
 from proxy.fleet.presence import Presence
-from proxy.settings import AdmissionSettings
+from proxy.settings import AdmissionSettings, RedisSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, wait_in_queue
 from proxy.upstream.fleet_credit import FleetCredit
 
@@ -45,20 +45,20 @@ class _Waiter:
 class FleetAdmission:
     def __init__(
         self, local: Admission, urls: Sequence[str], whole: Sequence[Budget], link: RedisLink,
-        settings: AdmissionSettings,
+        settings: AdmissionSettings, redis: RedisSettings,
     ) -> None:  # fmt: skip
         """`local`: this process's gate on its share (counts every ticket, admits when Redis is away); `whole`:
         each replica's whole budget, shared by every guard."""
         self.local, self.urls, self.whole, self.link = local, list(urls), list(whole), link
-        self.budget = FleetBudget(link, settings.redis_lease_s)
-        self.presence = Presence(link, settings.redis_lease_s)
-        self.lease_s, self.closed = settings.redis_lease_s, settings.redis_failure == "closed"
+        self.budget = FleetBudget(link, redis.lease_s)
+        self.presence = Presence(link, redis.lease_s)
+        self.lease_s, self.closed = redis.lease_s, redis.failure == "closed"
         self.queue_timeout_s, self.max_queue = settings.queue_timeout_s, settings.max_queue
         self.fleet_tokens: dict[str, int] = {}  # each replica's tokens in flight across guards, as last seen
-        self.credit = FleetCredit(self.budget, self.presence, local, urls, whole, settings.redis_block_share,
+        self.credit = FleetCredit(self.budget, self.presence, local, urls, whole, redis.block_share,
                                    self.fleet_tokens)  # fmt: skip
         self.fallbacks = 0  # requests admitted on the local share while Redis was away
-        self.refusals = 0  # requests answered 503 for it (redis_failure "closed")
+        self.refusals = 0  # requests answered 503 for it (redis.failure "closed")
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._held: dict[str, int] = {}  # lease -> replica, of the reservations running here
         self._unsent: collections.defaultdict[int, list[str]] = collections.defaultdict(list)

@@ -63,7 +63,7 @@ def test_a_reservation_above_the_limit_is_refused_and_work_done_is_taken_into_de
 @pytest.mark.parametrize("failure", ["open", "closed"])
 def test_redis_gone_then_back(redis: RedisServer, failure: str) -> None:
     key = KeySettings("team", "0" * 64, tokens_per_minute=1000)
-    settings = load_settings({"admission.redis_url": redis.url, "admission.redis_failure": failure}, environ={})
+    settings = load_settings({"redis.url": redis.url, "redis.failure": failure}, environ={})
 
     async def run() -> None:
         link = RedisLink(redis.url, 250)

@@ -68,9 +68,9 @@ def test_single_model_from_environment() -> None:
         ({"TOKEN_GUARD_SERVER_WRITE_TIMEOUT_S": "0"}, "server.write_timeout_s: expected a number of seconds > 0"),
         ({"TOKEN_GUARD_POLICY_DEFAULT_MAX_TOKENS": "lots"}, "policy.default_max_tokens: expected a token count"),
         ({"TOKEN_GUARD_POLICY_MIN_OUTPUT_TOKENS": "0"}, "policy.min_output_tokens: expected an integer >= 1"),
-        ({"TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE": "1.5"}, "admission.redis_block_share: expected a number from 0 "
-                                                             "to 1"),
-        ({"TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE": "half"}, "admission.redis_block_share: expected a number from 0"),
+        ({"TOKEN_GUARD_REDIS_BLOCK_SHARE": "1.5"}, "redis.block_share: expected a number from 0 to 1"),
+        ({"TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE": "half"}, "redis.block_share: expected a number from 0 to 1, got "
+                                                              "'half' (from TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE)"),
         ({"TOKEN_GUARD_SERVER_LOG_LEVEL": "loud"}, "server.log_level: expected one of critical"),
         ({"TOKEN_GUARD_SERVER_COLOUR": "red"}, "server.colour: unknown key (from TOKEN_GUARD_SERVER_COLOUR)"),
         ({"TOKEN_GUARD_MAX_MODEL_LEN": "10"}, "models[0].name: required"),
@@ -183,5 +183,5 @@ def test_bad_counting_values(env: dict[str, str], message: str) -> None:
 
 @pytest.mark.parametrize(("value", "share"), [("0", 0.0), ("0.25", 0.25), ("1", 1.0)])
 def test_the_block_share_is_a_fraction(value: str, share: float) -> None:
-    env = {"TOKEN_GUARD_MODEL": "m", "TOKEN_GUARD_TOKENIZER": "/m", "TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE": value}
-    assert load_settings({}, environ=env).admission.redis_block_share == share
+    env = {"TOKEN_GUARD_MODEL": "m", "TOKEN_GUARD_TOKENIZER": "/m", "TOKEN_GUARD_REDIS_BLOCK_SHARE": value}
+    assert load_settings({}, environ=env).redis.block_share == share
