@@ -18,18 +18,18 @@ from pathlib import Path
 
 from proxy.api.models import ModelCard
 from proxy.check.compare import Window, drift_lines
-from proxy.check.counts import count_both
 from proxy.check.defaults import learn
 from proxy.check.fleet import fleet_info
 from proxy.check.report import ModelInfo, Report
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
+from proxy.check.sides import count_both
 from proxy.check.source import apply
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.errors import GuardError
 from proxy.settings import Settings
 from proxy.upstream.client import Upstream
-from proxy.upstream.counting import UpstreamCounter
 from proxy.upstream.discovery import discover
+from proxy.upstream.remote_count import RemoteCounter
 
 
 class CheckError(Exception):
@@ -49,7 +49,7 @@ async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: 
         for name in registry.names:
             model = registry.resolve(name)
             rows += await count_both(model, BUILTIN_SAMPLES, upstream)
-        await apply(registry, rows, UpstreamCounter(upstream))
+        await apply(registry, rows, RemoteCounter(upstream))
     except GuardError as exc:
         return [f"drift check against {upstream.url} could not run: {exc.message}"]
     except Exception as exc:  # a warning must never stop the proxy from serving
@@ -76,7 +76,7 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
         await learn(registry, upstream)
         models = [registry.resolve(name) for name in registry.names]
         rows = [row for model in models for row in await count_both(model, samples, upstream)]
-        await apply(registry, rows, UpstreamCounter(upstream))
+        await apply(registry, rows, RemoteCounter(upstream))
         windows = [_window(model, cards) for model in models]
         infos = [ModelInfo.of(registry.resolve(name)) for name in registry.names]
     except GuardError as exc:

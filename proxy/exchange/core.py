@@ -21,8 +21,8 @@ from proxy.exchange.quotas import Quotas
 from proxy.policy.guard import Guard
 from proxy.settings import RedisSettings, Settings
 from proxy.upstream.client import Upstream
-from proxy.upstream.counting import UpstreamCounter
 from proxy.upstream.discovery import discover
+from proxy.upstream.remote_count import RemoteCounter
 
 if TYPE_CHECKING:
     from proxy.fleet.link import RedisLink
@@ -55,7 +55,7 @@ class Core:
 
             gate = self.upstream.admission
             self.metrics.register(FleetState(self.link, gate if isinstance(gate, FleetAdmission) else None))
-        self.guard = Guard(settings, registry, UpstreamCounter(self.upstream), self.upstream.ceiling, chunk_instead)
+        self.guard = Guard(settings, registry, RemoteCounter(self.upstream), self.upstream.ceiling, chunk_instead)
         self.quotas = Quotas(settings, self.link)
         self.meter = Meter(self.quotas)
         self.flow = Flow(self.guard, self.meter, self.metrics)

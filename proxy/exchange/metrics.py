@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.counting.counter import CounterStats
+from proxy.counting.text_count import CounterStats
 from proxy.exchange.record import RequestRecord
 from proxy.policy.outcome import Decision
 

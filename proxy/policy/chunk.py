@@ -14,8 +14,8 @@ from typing import Any
 
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
-from proxy.counting.count import CountMessages
 from proxy.counting.ids import char_cut, encode, encode_with_offsets, windows
+from proxy.counting.local_count import CountMessages
 from proxy.counting.tokenizer import ModelTokenizer
 
 MIN_WINDOW = 32

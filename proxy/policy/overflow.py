@@ -10,8 +10,8 @@ from typing import Any
 from proxy.api.body import with_changes
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
-from proxy.counting.count import count_chat
-from proxy.counting.counter import TokenCounter
+from proxy.counting.local_count import count_chat
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.errors import ContextLengthExceeded
 from proxy.policy.choice import output_reserve

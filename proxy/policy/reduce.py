@@ -8,7 +8,7 @@ from typing import Any
 from proxy.api.body import with_changes
 from proxy.api.chat import ChatRequest, parse_chat
 from proxy.api.completions import parse_completion
-from proxy.counting.count import count_chat, count_completion
+from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
 from proxy.policy.decide import Limits, decide_chat, decide_completion
 from proxy.policy.merge import part_text

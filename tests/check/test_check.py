@@ -30,9 +30,9 @@ from proxy.check.compare import (
     verdict,
     window_verdict,
 )
-from proxy.check.counts import charge_body, charged_result, tokenize_body, tokenize_result
 from proxy.check.run import drift_warnings
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
+from proxy.check.sides import charge_body, charged_result, tokenize_body, tokenize_result
 from proxy.cli import main
 from proxy.counting.registry import ModelRegistry
 from proxy.server.running import ServerThread

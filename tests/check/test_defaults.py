@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from proxy.api.chat import parse_chat
 from proxy.check.defaults import learn
-from proxy.counting.count import count_chat
+from proxy.counting.local_count import count_chat
 from proxy.counting.registry import ModelRegistry
 from proxy.counting.tokenizer import load_tokenizer
 from proxy.server.running import ServerThread

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.api.chat import parse_chat
-from proxy.counting.count import count_chat
+from proxy.counting.local_count import count_chat
 from proxy.counting.tokenizer import load_tokenizer
 from proxy.policy.chunk import CannotChunk, output_shares, split_chat
 

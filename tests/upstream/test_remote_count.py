@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
-from proxy.counting.count import count_chat
+from proxy.counting.local_count import count_chat
 from proxy.counting.registry import GuardedModel
 from proxy.counting.source import Uncounted, chat_tokens, completion_tokens
 from proxy.counting.tokenizer import load_tokenizer
@@ -26,7 +26,7 @@ from proxy.errors import CountedUpstreamOnly, InvalidRequest, UpstreamTooLarge, 
 from proxy.server.running import ServerThread
 from proxy.settings import UpstreamSettings
 from proxy.upstream.client import Upstream
-from proxy.upstream.counting import UpstreamCounter, chat_tokenize_body
+from proxy.upstream.remote_count import RemoteCounter, chat_tokenize_body
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, simulator
 
@@ -88,7 +88,7 @@ def counted(url: str, body: dict[str, Any]) -> tuple[int, bool | None]:
     async def go() -> tuple[int, bool | None]:
         client = Upstream(UpstreamSettings(url=url))
         try:
-            counter = UpstreamCounter(client)
+            counter = RemoteCounter(client)
             return await counter.chat(MODEL, body), counter.renders
         finally:
             await client.aclose()
@@ -161,7 +161,7 @@ class Remote:
 
 
 def model_with(deepseek_dir: Path, source: str) -> GuardedModel:
-    from proxy.counting.counter import TokenCounter
+    from proxy.counting.text_count import TokenCounter
     from proxy.settings import CountingSettings
 
     tok = load_tokenizer(str(deepseek_dir))
@@ -223,7 +223,7 @@ STRICT = (  # a template stricter than the one vLLM renders with (mistral_common
 
 
 def strict_model(tmp_path: Path, deepseek_dir: Path, source: str) -> GuardedModel:
-    from proxy.counting.counter import TokenCounter
+    from proxy.counting.text_count import TokenCounter
     from proxy.settings import CountingSettings
 
     template = tmp_path / "strict.jinja"

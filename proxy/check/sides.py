@@ -1,5 +1,5 @@
-"""Counting each sample on both sides: with the guard's own tokenizer and template, and with the upstream's
-`POST /tokenize`."""
+"""Each sample counted on both sides: with the guard's own tokenizer and template, and by the upstream (its
+`POST /tokenize`, and what a generation is charged)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
 from proxy.check.compare import Count, Refusal, Row, compare
 from proxy.check.samples import Sample
-from proxy.counting.count import count_chat, count_completion
+from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.upstream.client import Upstream
-from proxy.upstream.counting import chat_tokenize_body
 from proxy.upstream.http import count_bytes
+from proxy.upstream.remote_count import chat_tokenize_body
 
 JSON_HEADERS = {"content-type": "application/json"}
 

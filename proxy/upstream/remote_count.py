@@ -58,7 +58,7 @@ def _reasoning_renamed(message: Any) -> Any:
     return renamed
 
 
-class UpstreamCounter:
+class RemoteCounter:
     """Counts prompts through the upstream; remembers whether it offers the render endpoints and POST /tokenize."""
 
     def __init__(self, upstream: Upstream) -> None:
