@@ -6,12 +6,16 @@ vLLM 0.31+ with `--enable-scale-out`), which run the very path a generation runs
 `POST /tokenize`, which renders chat with the Jinja template. /tokenize is exact for Hugging Face models, but not for
 gpt-oss (vLLM renders its chat with harmony, /tokenize with the template) nor for tool conversations in mistral mode
 (vLLM 0.31/0.32 refuse them there), so for those the check keeps counting local.
+
+The one client of the upstream's counting endpoints: the request bodies, the POST (`post_json`) and the reading of its
+answer (`Reply`); `token-guard check` asks /tokenize through them too (proxy/check/sides.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.errors import InvalidRequest, UpstreamUnavailable
@@ -24,6 +28,7 @@ JSON_HEADERS = {"content-type": "application/json"}
 # How a server without the render endpoints answers them: vLLM 0.31 has no route (404); 0.32 has the routes and
 # answers 403 unless started with --enable-scale-out.
 NOT_OFFERED = (403, 404, 405, 501)
+NO_ROUTE = b'{"detail":"Not Found"}'  # vLLM's (FastAPI's) 404 for a path it has no route for, not a model it lacks
 # The chat fields that change what vLLM renders; generation fields stay behind (their validation is not ours).
 RENDER_FIELDS = ("messages", "tools", "tool_choice", "add_generation_prompt", "continue_final_message",
                  "add_special_tokens", "chat_template", "chat_template_kwargs", "documents", "reasoning_effort",
@@ -49,6 +54,12 @@ def chat_tokenize_body(model: str, body: dict[str, Any]) -> dict[str, Any]:
     return {"model": model, **fields, **({"chat_template_kwargs": kwargs} if kwargs else {})}
 
 
+def completion_tokenize_body(model: str, prompt: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """The /tokenize request for `prompt`, one of a completions request's (`body`) prompts."""
+    extra = {"add_special_tokens": body["add_special_tokens"]} if "add_special_tokens" in body else {}
+    return {"model": model, "prompt": prompt, **extra}
+
+
 def _reasoning_renamed(message: Any) -> Any:
     if not isinstance(message, dict) or message.get("reasoning_content") is None:
         return message
@@ -56,6 +67,58 @@ def _reasoning_renamed(message: Any) -> Any:
     if renamed.get("reasoning") is None:
         renamed["reasoning"] = message["reasoning_content"]
     return renamed
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The upstream's answer to a POST, read whole within its limit, and what it says: a count, or an error's
+    message."""
+
+    status: int
+    raw: bytes
+    payload: Any = None  # the JSON; None when it is not JSON
+
+    @classmethod
+    def of(cls, status: int, raw: bytes) -> Reply:
+        try:
+            return cls(status, raw, json.loads(raw))
+        except ValueError:
+            return cls(status, raw)
+
+    @property
+    def no_route(self) -> bool:
+        return self.status == 404 and self.raw.strip() == NO_ROUTE
+
+    def tokenized(self) -> int | None:
+        """POST /tokenize's count; None when the answer is not a 200 with one."""
+        count = self.payload.get("count") if self.status == 200 and isinstance(self.payload, dict) else None
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+    def rendered(self) -> int | None:
+        """A render endpoint's token count (its token_ids); None when the answer is not a 200 with them."""
+        ids = self.payload.get("token_ids") if self.status == 200 and isinstance(self.payload, dict) else None
+        return len(ids) if isinstance(ids, list) else None
+
+    def message(self) -> str:
+        """What an error answer says: OpenAI's envelope, vLLM's older one or FastAPI's detail, else its first bytes."""
+        if isinstance(self.payload, dict):
+            error = self.payload.get("error")
+            said = (error.get("message") if isinstance(error, dict) else error, self.payload.get("message"),
+                    self.payload.get("detail"))  # fmt: skip
+            for message in said:
+                if isinstance(message, str):
+                    return message
+        return self.raw.decode(errors="replace")[:200]
+
+
+async def post_json(upstream: Upstream, path: str, payload: dict[str, Any]) -> Reply:
+    """POST `payload` to the upstream and read its answer, no further than a limit that grows with what was sent."""
+    sent = json.dumps(payload).encode()
+    response = (await upstream.open("POST", path, JSON_HEADERS, sent)).response
+    try:
+        return Reply.of(response.status, await response.read(count_bytes(len(sent))))
+    finally:
+        response.close()
 
 
 class RemoteCounter:
@@ -74,71 +137,54 @@ class RemoteCounter:
 
     async def chat(self, model: str, body: dict[str, Any]) -> int:
         if self.renders is not False:
-            render = {"model": model, **{k: body[k] for k in RENDER_FIELDS if k in body}}
-            found = await self._ask("/v1/chat/completions/render", render)
-            if found is not None:
-                return len(_token_ids(found))
-        found = await self._ask("/tokenize", chat_tokenize_body(model, body), render=False)
-        return _count(found)
+            count = await self._render({"model": model, **{k: body[k] for k in RENDER_FIELDS if k in body}})
+            if count is not None:
+                return count
+        return await self._tokenize(chat_tokenize_body(model, body))
 
     async def completion(self, model: str, body: dict[str, Any]) -> list[int]:
         prompt = body.get("prompt")
         prompts = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
-        extra = {"add_special_tokens": body["add_special_tokens"]} if "add_special_tokens" in body else {}
         counts = []
         for one in prompts:
             if isinstance(one, list):
                 counts.append(len(one))
                 continue
-            found = await self._ask("/tokenize", {"model": model, "prompt": one, **extra}, render=False)
-            counts.append(_count(found))
+            counts.append(await self._tokenize(completion_tokenize_body(model, one, body)))
         return counts
 
-    async def _ask(self, path: str, payload: dict[str, Any], render: bool = True) -> Any:
-        """The upstream's JSON answer; None when a render endpoint is not offered (remembered)."""
-        sent = json.dumps(payload).encode()
-        opened = await self.upstream.open("POST", path, JSON_HEADERS, sent)
-        response = opened.response
-        try:
-            raw = await response.read(count_bytes(len(sent)))
-        finally:
-            response.close()
-        if render and response.status in NOT_OFFERED:
+    async def _render(self, payload: dict[str, Any]) -> int | None:
+        """The chat render endpoint's count; None when it is not offered (remembered)."""
+        path = "/v1/chat/completions/render"
+        reply = await post_json(self.upstream, path, payload)
+        if reply.status in NOT_OFFERED:
             if self.renders is None:
                 log.info("upstream %s offers no %s (vLLM's --enable-scale-out); counting through POST /tokenize",
                          self.upstream.url, path)  # fmt: skip
             self.renders = False
             return None
-        if render and response.status == 200:
+        if reply.status == 200:
             self.renders = True
-        if path == "/tokenize" and (response.status == 200 or response.status in NOT_OFFERED):
-            self.tokenizes = response.status == 200
-        try:
-            answer = json.loads(raw)
-        except ValueError:
-            answer = None
-        if response.status == 400:  # vLLM refuses the request itself: the client gets vLLM's reason
-            raise InvalidRequest(_message(answer, raw), param="messages")
-        if response.status != 200 or answer is None:
-            raise UpstreamUnavailable(f"The upstream could not count the prompt ({path}: HTTP {response.status}).")
-        return answer
+        return _counted(_answered(reply, path).rendered(), "render answer has no token_ids")
+
+    async def _tokenize(self, payload: dict[str, Any]) -> int:
+        reply = await post_json(self.upstream, "/tokenize", payload)
+        if reply.status == 200 or reply.status in NOT_OFFERED:
+            self.tokenizes = reply.status == 200
+        return _counted(_answered(reply, "/tokenize").tokenized(), "POST /tokenize answer has no count")
 
 
-def _token_ids(answer: Any) -> list[Any]:
-    ids = answer.get("token_ids") if isinstance(answer, dict) else None
-    if not isinstance(ids, list):
-        raise UpstreamUnavailable("The upstream's render answer has no token_ids.")
-    return ids
+def _answered(reply: Reply, path: str) -> Reply:
+    """`reply` when it is a 200 with JSON; vLLM refusing the request itself (400) is the client's error, with vLLM's
+    reason, and anything else the upstream's failure."""
+    if reply.status == 400:
+        raise InvalidRequest(reply.message(), param="messages")
+    if reply.status != 200 or reply.payload is None:
+        raise UpstreamUnavailable(f"The upstream could not count the prompt ({path}: HTTP {reply.status}).")
+    return reply
 
 
-def _count(answer: Any) -> int:
-    count = answer.get("count") if isinstance(answer, dict) else None
-    if not isinstance(count, int):
-        raise UpstreamUnavailable("The upstream's POST /tokenize answer has no count.")
+def _counted(count: int | None, missing: str) -> int:
+    if count is None:
+        raise UpstreamUnavailable(f"The upstream's {missing}.")
     return count
-
-
-def _message(answer: Any, raw: bytes) -> str:
-    error = answer.get("error") if isinstance(answer, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
-    return message if isinstance(message, str) else raw.decode(errors="replace")[:300]

@@ -26,7 +26,7 @@ from proxy.errors import CountedUpstreamOnly, InvalidRequest, UpstreamTooLarge, 
 from proxy.server.running import ServerThread
 from proxy.settings import UpstreamSettings
 from proxy.upstream.client import Upstream
-from proxy.upstream.remote_count import RemoteCounter, chat_tokenize_body
+from proxy.upstream.remote_count import RemoteCounter, Reply, chat_tokenize_body, completion_tokenize_body
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, simulator
 
@@ -134,6 +134,25 @@ def test_tokenize_body_renders_what_chat_would() -> None:
         "messages": [{"role": "assistant", "content": "x", "reasoning": "why"}],  # chat's rename, which /tokenize lacks
         "chat_template_kwargs": {"documents": [{"t": 1}], "reasoning_effort": "none", "enable_thinking": False},
     }
+
+
+def test_completion_tokenize_body_keeps_add_special_tokens_only_when_sent() -> None:
+    body = {"prompt": ["a", "b"], "max_tokens": 3, "add_special_tokens": False}
+    assert completion_tokenize_body("m", "a", body) == {"model": "m", "prompt": "a", "add_special_tokens": False}
+    assert completion_tokenize_body("m", "a", {"prompt": "a"}) == {"model": "m", "prompt": "a"}
+
+
+def test_a_reply_says_its_count_or_its_error_in_every_envelope_vllm_uses() -> None:
+    assert Reply.of(200, b'{"count": 7, "tokens": []}').tokenized() == 7
+    assert Reply.of(200, b'{"token_ids": [1, 2, 3]}').rendered() == 3
+    assert Reply.of(200, b'{"count": true}').tokenized() is None and Reply.of(200, b"{}").rendered() is None
+    assert Reply.of(400, b'{"count": 7}').tokenized() is None  # only a 200 counts
+    assert Reply.of(400, b'{"error": {"message": "Not supported"}}').message() == "Not supported"
+    assert Reply.of(400, b'{"object": "error", "message": "old envelope"}').message() == "old envelope"
+    assert Reply.of(422, b'{"detail": "bad field"}').message() == "bad field"
+    assert Reply.of(502, b"Bad Gateway" + b"!" * 500).message() == "Bad Gateway" + "!" * 189
+    assert Reply.of(404, b'{"detail":"Not Found"}\n').no_route
+    assert not Reply.of(404, b'{"error": {"message": "The model `x` does not exist."}}').no_route
 
 
 def test_a_simulator_without_render_endpoints_counts_like_its_generation(deepseek_dir: Path) -> None:
