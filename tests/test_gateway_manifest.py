@@ -57,7 +57,7 @@ def test_the_guards_settings_load_and_share_a_budget_through_redis() -> None:
     settings = load_settings(environ=env_of(guard()))
     assert settings.redis.url and settings.admission.max_inflight_tokens not in (0, "0")
     assert settings.server.host == "0.0.0.0" and settings.server.workers > 1
-    assert urlparse(settings.upstream.url).hostname == "vllm"  # the vLLM Service, not a pod
+    assert [urlparse(url).hostname for url in settings.upstream.urls] == ["vllm"]  # the vLLM Service, not a pod
     assert objects()["Deployment", "llm-gateway"]["spec"]["replicas"] > 1
 
 

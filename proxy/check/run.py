@@ -51,9 +51,9 @@ async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: 
             rows += await count_both(model, BUILTIN_SAMPLES, upstream)
         await apply(registry, rows, RemoteCounter(upstream))
     except GuardError as exc:
-        return [f"drift check against {upstream.url} could not run: {exc.message}"]
+        return [f"drift check against {upstream.where} could not run: {exc.message}"]
     except Exception as exc:  # a warning must never stop the proxy from serving
-        return [f"drift check against {upstream.url} failed unexpectedly: {exc!r}"]
+        return [f"drift check against {upstream.where} failed unexpectedly: {exc!r}"]
     finally:
         registry.checked = True
     return drift_lines(rows)
@@ -83,7 +83,7 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
         raise CheckError(exc.message) from None
     finally:
         await upstream.aclose()
-    return Report(upstream.url, version, version_error, rows, windows, infos, await fleet_info(settings.redis))
+    return Report(upstream.where, version, version_error, rows, windows, infos, await fleet_info(settings.redis))
 
 
 async def _discover(upstream: Upstream, wait_s: float, connect_timeout_s: float) -> list[ModelCard]:
@@ -93,7 +93,7 @@ async def _discover(upstream: Upstream, wait_s: float, connect_timeout_s: float)
     except (GuardError, TimeoutError) as exc:
         last = exc.__cause__ if isinstance(exc.__cause__, GuardError | ValueError) else exc
         reason = last.message if isinstance(last, GuardError) else str(last) or "no answer to GET /v1/models"
-        raise CheckError(f"cannot reach the upstream at {upstream.url} within {wait_s:g} s: {reason}") from None
+        raise CheckError(f"cannot reach the upstream at {upstream.where} within {wait_s:g} s: {reason}") from None
 
 
 def _window(model: GuardedModel, cards: list[ModelCard]) -> Window:

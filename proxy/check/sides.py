@@ -69,7 +69,7 @@ async def upstream_count(upstream: Upstream, model: str, sample: Sample) -> Coun
     """The upstream's count; raises GuardError when it cannot be asked at all (unreachable, no /tokenize)."""
     reply = await post_json(upstream, "/tokenize", tokenize_body(model, sample))
     if reply.no_route:
-        raise UpstreamUnavailable(f"The upstream at {upstream.url} has no POST /tokenize to compare counts with.")
+        raise UpstreamUnavailable(f"The upstream at {upstream.where} has no POST /tokenize to compare counts with.")
     return tokenize_result(reply)
 
 

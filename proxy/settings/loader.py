@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,9 @@ RENAMED = {
     "admission.redis_lease_s": "redis.lease_s",
     "admission.redis_block_share": "redis.block_share",
 }
+# upstream.url and upstream.urls are one setting, the replicas' URLs, under two keys: a source that gives either
+# replaces what a lower source gave under the other; one source giving both means urls (an empty one says nothing).
+URL_KEYS = ("upstream.url", "upstream.urls")
 
 log = logging.getLogger("token_guard.settings")
 
@@ -77,8 +80,8 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "workers": v.integer(1, 64),
     },
     "upstream": {
-        "url": v.url,
-        "urls": v.list_of(v.url),
+        "url": v.urls,  # the short spelling of urls (SPELLINGS)
+        "urls": v.urls,
         "api_key": v.optional_text,
         "connect_timeout_s": v.positive_float,
         "first_byte_timeout_s": v.positive_float,
@@ -169,13 +172,15 @@ def load_settings(
     environ: Mapping[str, str] | None = None,
     config_file: Path | None = None,
 ) -> Settings:
-    """Build and validate the settings. `flags` holds dotted keys ("upstream.url") and "model.*" keys."""
+    """Build and validate the settings. `flags` holds dotted keys ("upstream.urls") and "model.*" keys."""
     environ = os.environ if environ is None else environ
     flags = dict(flags or {})
     path = config_file or (Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None)
     layers = [_file_layer(path) if path else _Layer(), _env_layer(environ), _flag_layer(flags)]
     merged = _Layer()
     for layer in map(_renamed, layers):
+        if _one_url_key(layer):
+            _forget(merged, URL_KEYS)
         for section, values in layer.values.items():
             for key, value in values.items():
                 merged.put(section, key, value, layer.origins[f"{section}.{key}"])
@@ -256,6 +261,8 @@ def _validate(merged: _Layer) -> Settings:
                 f"expected one of {', '.join(checks)}"
             )
         parsed = {key: _check(f"{section}.{key}", checks[key], value, merged.origins) for key, value in given.items()}
+        if section == "upstream":
+            parsed = _replica_urls(parsed)
         sections[section] = SECTIONS[section](**parsed)
     _check_policy(sections["policy"], "policy")
     models = tuple(_model(i, m, sections["policy"]) for i, m in enumerate(merged.models or []))
@@ -307,6 +314,30 @@ def _spelled(dotted: str, origin: str) -> str:
     if origin.startswith("--"):
         return f"{dotted} (--{section}-{key.replace('_', '-')})"
     return f"{dotted} ([{section}] {key})"
+
+
+def _one_url_key(layer: _Layer) -> bool:
+    """Leave at most one of upstream.url and upstream.urls in `layer` (urls when both), dropping an empty one; whether
+    one is left."""
+    values = layer.values.get("upstream", {})
+    _forget(layer, [key for key in URL_KEYS if values.get(key.partition(".")[2], 0) in ("", [], ())])
+    if all(key.partition(".")[2] in values for key in URL_KEYS):
+        _forget(layer, ["upstream.url"])
+    return any(key.partition(".")[2] in values for key in URL_KEYS)
+
+
+def _replica_urls(parsed: dict[str, Any]) -> dict[str, Any]:
+    """The upstream section with its URLs under `urls` whichever key gave them (at most one is left); none: the
+    default."""
+    urls = parsed.pop("url", ()) + parsed.pop("urls", ())
+    return {**parsed, "urls": urls} if urls else parsed
+
+
+def _forget(layer: _Layer, keys: Sequence[str]) -> None:
+    for dotted in keys:
+        section, _, key = dotted.partition(".")
+        if layer.values.get(section, {}).pop(key, None) is not None:
+            layer.origins.pop(dotted)
 
 
 def _without_retired(section: str, given: dict[str, Any], origins: Mapping[str, str]) -> dict[str, Any]:

@@ -30,8 +30,9 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class UpstreamSettings:
-    url: str = "http://127.0.0.1:8000"
-    urls: tuple[str, ...] = ()  # replicas of the same model; when set, `url` is not used for traffic
+    # Replicas of the same model, from upstream.urls (a list, or comma-separated) or upstream.url (one, or several
+    # comma-separated: `--upstream a,b`), parsed into this tuple once by the loader.
+    urls: tuple[str, ...] = ("http://127.0.0.1:8000",)
     api_key: str | None = None
     connect_timeout_s: float = 5.0
     first_byte_timeout_s: float = 600.0
@@ -39,10 +40,6 @@ class UpstreamSettings:
     startup_wait_s: float = 300.0
     retries: int = 2
     health_interval_s: float = 5.0
-
-    @property
-    def replicas(self) -> tuple[str, ...]:
-        return self.urls or (self.url,)
 
 
 @dataclass(frozen=True)

@@ -83,10 +83,8 @@ class Upstream:
         tokens = admission.max_inflight_tokens if isinstance(admission.max_inflight_tokens, int) else 0
         whole = (tokens, admission.max_inflight_requests)
         share = Budget(_share(whole[0], workers), _share(whole[1], workers))
-        self.replicas = [
-            Replica(url, replace(share), Budget(*whole), index=i) for i, url in enumerate(settings.replicas)
-        ]
-        self.url = ", ".join(r.url for r in self.replicas)
+        self.replicas = [Replica(url, replace(share), Budget(*whole), index=i) for i, url in enumerate(settings.urls)]
+        self.urls = settings.urls
         self.settings = settings
         self.auto_budget = admission.max_inflight_tokens == "auto"
         local = Admission([r.budget for r in self.replicas], admission.queue_timeout_s, admission.max_queue)
@@ -95,10 +93,15 @@ class Upstream:
         if link is not None and budgeted:  # imported only here: without a Redis, redis is never imported
             from proxy.upstream.fleet_gate import FleetAdmission
 
-            urls, wholes = [r.url for r in self.replicas], [r.whole for r in self.replicas]
-            self.admission = FleetAdmission(local, urls, wholes, link, admission, redis or RedisSettings())
+            wholes = [r.whole for r in self.replicas]
+            self.admission = FleetAdmission(local, self.urls, wholes, link, admission, redis or RedisSettings())
         self._client = client or HttpClient(settings)
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
+
+    @property
+    def where(self) -> str:
+        """The replicas' URLs, for the guard's own log lines and the check (never for what a client sees)."""
+        return ", ".join(self.urls)
 
     async def open(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, cost: int | None = None, query: str = ""

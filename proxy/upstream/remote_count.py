@@ -160,7 +160,7 @@ class RemoteCounter:
         if reply.status in NOT_OFFERED:
             if self.renders is None:
                 log.info("upstream %s offers no %s (vLLM's --enable-scale-out); counting through POST /tokenize",
-                         self.upstream.url, path)  # fmt: skip
+                         self.upstream.where, path)  # fmt: skip
             self.renders = False
             return None
         if reply.status == 200:

@@ -43,7 +43,7 @@ def learned(url: str, family: str) -> dict[str, Any]:
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
 
     async def go() -> None:
-        upstream = Upstream(UpstreamSettings(url=url))
+        upstream = Upstream(UpstreamSettings(urls=(url,)))
         try:
             await learn(registry, upstream)
         finally:

@@ -86,7 +86,7 @@ def upstream(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[str], b
 
 def counted(url: str, body: dict[str, Any]) -> tuple[int, bool | None]:
     async def go() -> tuple[int, bool | None]:
-        client = Upstream(UpstreamSettings(url=url))
+        client = Upstream(UpstreamSettings(urls=(url,)))
         try:
             counter = RemoteCounter(client)
             return await counter.chat(MODEL, body), counter.renders
