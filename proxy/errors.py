@@ -183,7 +183,7 @@ class UpstreamConnectTimeout(UpstreamTimeout):
 
 def first_error(error: BaseException) -> BaseException:
     """The first leaf of an exception group (a TaskGroup's failure), or the error itself: the one a client is told
-    about when several concurrent parts of its request failed."""
+    about when several concurrent chunks of its request failed."""
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]
     return error

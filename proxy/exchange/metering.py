@@ -29,7 +29,7 @@ class Meter:
             await self.charge(key, outcome.decision.prompt_tokens, TAKE, record, tagged)
             return
         verdict = await self.charge(key, tokens, CHARGE, record, tagged)
-        forwarded = isinstance(outcome, Chunked)  # its parts' summed usage settles it once the merged answer ends
+        forwarded = isinstance(outcome, Chunked)  # its chunks' summed usage settles it once the merged answer ends
         record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded, verdict.fleet)
 
     async def charge(self, key: KeySettings, tokens: int, mode: int, record: RequestRecord, tagged: Headers) -> Verdict:

@@ -1,5 +1,5 @@
 """The request path of a guarded endpoint: parse -> count -> decide, then the overflow policy when the prompt does
-not fit. Returns what to do (forward a body, refuse, or fan out parts); the server does it."""
+not fit. Returns what to do (forward a body, refuse, or fan out chunks); the server does it."""
 
 from __future__ import annotations
 

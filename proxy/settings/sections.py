@@ -36,7 +36,7 @@ class UpstreamSettings:
     api_key: str | None = None
     connect_timeout_s: float = 5.0
     first_byte_timeout_s: float = 600.0
-    read_timeout_s: float = 600.0  # the longest silence allowed between two chunks of an answer
+    read_timeout_s: float = 600.0  # the longest silence allowed between two pieces of an answer
     startup_wait_s: float = 300.0
     retries: int = 2
     health_interval_s: float = 5.0

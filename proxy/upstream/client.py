@@ -144,7 +144,7 @@ class Upstream:
         When every replica tried is at its own queue limit, the client gets 429 with Retry-After, as for ours."""
         try:
             busy = await queue_full(response)
-        except BaseException:  # the client went away, or the upstream broke off, while its first chunk was read
+        except BaseException:  # the client went away, or the upstream broke off, while its first piece was read
             response.close()
             self._release(ticket)
             raise
@@ -264,7 +264,7 @@ class Upstream:
 async def queue_full(response: UpstreamResponse) -> str | None:
     """vLLM's message when its own queue is full (--max-num-queued-reqs / --max-num-queued-tokens, 0.31+): a 503, or,
     for a stream, a 200 whose first event is that error (measured on 0.32). None for any other answer; the first
-    chunk read to tell stays in the answer."""
+    piece read to tell stays in the answer."""
     if response.status == 503 or (response.status == 200 and response.is_sse):
         head = await response.first()
         if response.is_sse and not head.startswith(b'data: {"error"'):

@@ -7,13 +7,13 @@ sends the client's headers and body as they are (no added User-Agent, Accept, Ac
 cookie jar, no decompression, no redirects followed), and relays the answer's raw bytes.
 
 An answer is opened when its status and headers have arrived, within the shorter of first_byte_timeout_s and
-read_timeout_s; its body is then read whole or relayed chunk by chunk as it comes, each wait for the next chunk at
+read_timeout_s; its body is then read whole or relayed piece by piece as it comes, each wait for the next piece at
 most read_timeout_s (silence.py). Closing an answer that was not read to its end closes its connection, which is what
 makes vLLM abort the generation.
 
 What is read whole has a limit: an upstream that answers with hundreds of megabytes (broken, or not the server it
 should be) would otherwise take the guard's memory and hold its event loop while the body is joined. The limits are
-below; what is relayed chunk by chunk needs none, as flow control keeps only a buffer of it.
+below; what is relayed piece by piece needs none, as flow control keeps only a buffer of it.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ KEEPALIVE_S = 3.0
 ERROR_BYTES = 64 * 2**10  # an error's body: a 5xx is relayed cut to this, the rest dropped with the connection
 GET_BYTES = 2**20  # the guard's own GETs (/health, /v1/models, /version) and the model lists it filters for a key
 METRICS_BYTES = 16 * 2**20  # vLLM's Prometheus /metrics, read for the KV budget (~100 KB for one model)
-ANSWER_BYTES = 64 * 2**20  # a whole generation's answer (a chunked request's parts)
-EVENT_BYTES = 4 * 2**20  # one event of a stream the guard parses (a chunked request's parts)
+ANSWER_BYTES = 64 * 2**20  # a whole generation's answer (a chunked request's chunks)
+EVENT_BYTES = 4 * 2**20  # one event of a stream the guard parses (a chunked request's chunks)
 
 
 def count_bytes(sent: int) -> int:
@@ -90,10 +90,10 @@ class UpstreamResponse:
         self.headers: Mapping[str, str] = response.headers
         self.content_type = response.headers.get("content-type", "")
         self.is_sse = self.content_type.startswith("text/event-stream")
-        self._held: bytes | None = None  # the first chunk, when read ahead by first()
+        self._held: bytes | None = None  # the first piece, when read ahead by first()
 
     async def first(self) -> bytes:
-        """The body's first chunk, read ahead (b"" for an empty body); chunks() still yields it first."""
+        """The body's first piece, read ahead (b"" for an empty body); pieces() still yields it first."""
         if self._held is None:
             try:
                 self._held = await self._response.content.readany()
@@ -102,7 +102,7 @@ class UpstreamResponse:
             self._watch.heard()
         return self._held
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
+    async def pieces(self) -> AsyncGenerator[bytes, None]:
         """The body's bytes as they arrive."""
         watch = self._watch
         try:
@@ -111,9 +111,9 @@ class UpstreamResponse:
                 if held:
                     yield held
                 watch.resume()
-            async for chunk in self._response.content.iter_any():
+            async for piece in self._response.content.iter_any():
                 watch.heard()
-                yield chunk
+                yield piece
                 watch.resume()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc) from None
@@ -130,15 +130,15 @@ class UpstreamResponse:
 
     async def head(self, limit: int) -> tuple[bytes, bool]:
         """The body's first `limit` bytes, and whether there was more (left unread)."""
-        chunks: list[bytes] = []
+        pieces: list[bytes] = []
         size = 0
-        async with contextlib.aclosing(self.chunks()) as reading:
-            async for chunk in reading:
-                chunks.append(chunk)
-                size += len(chunk)
+        async with contextlib.aclosing(self.pieces()) as reading:
+            async for piece in reading:
+                pieces.append(piece)
+                size += len(piece)
                 if size > limit:
-                    return b"".join(chunks)[:limit], True
-        return b"".join(chunks), False
+                    return b"".join(pieces)[:limit], True
+        return b"".join(pieces), False
 
     def _silent(self) -> None:
         # What aiohttp's own read timeout does: the waiting reader wakes up with it.
@@ -158,8 +158,8 @@ class HttpClient:
     """One connection pool for every replica, with the upstream timeouts."""
 
     def __init__(self, settings: UpstreamSettings) -> None:
-        # No sock_read: it re-arms a timer on every chunk. The wait for the headers has its deadline in open(), the
-        # waits for the body's chunks theirs in UpstreamResponse.
+        # No sock_read: it re-arms a timer on every piece. The wait for the headers has its deadline in open(), the
+        # waits for the body's pieces theirs in UpstreamResponse.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
         self.read_timeout_s = settings.read_timeout_s
         self.header_timeout_s = min(settings.first_byte_timeout_s, settings.read_timeout_s)
