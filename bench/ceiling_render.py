@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -71,7 +73,8 @@ def _figures(rounds: list[dict[str, Any]]) -> Figures:
     }
 
 
-def markdown(results: dict[str, Any]) -> str:
+def markdown(results: dict[str, Any], plots: Sequence[str] = ()) -> str:
+    """The report; `plots`: the PNGs beside it (bench/ceiling_plots.py), linked at its end."""
     settings, machine, pooled = results["settings"], results["machine"], results["figures"]
     lines = [f"# Ceiling: the proxies themselves as the bottleneck ({settings['date']})", "", settings["note"], ""]
     lines += _how(settings, machine)
@@ -89,7 +92,15 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {target.goal} | {shown} | {target.verdict} |")
     lines += _split(pooled)
     lines += _envoy(pooled)
+    lines += plot_links(plots)
     return "\n".join(lines) + "\n"
+
+
+def plot_links(plots: Sequence[str]) -> list[str]:
+    """The report's last section: its plots, each linked by file name (they sit beside it)."""
+    if not plots:
+        return []
+    return ["", "## Plots", *(line for name in plots for line in ("", f"![{Path(name).stem}]({name})"))]
 
 
 def _envoy(pooled: Pooled) -> list[str]:

@@ -1,4 +1,4 @@
-"""The guard's own errors, and the one place they become OpenAI-shaped HTTP responses.
+"""The guard's own errors: what went wrong, with the status, type, param and code a client is told.
 
     GuardError                      status, message, type, param, code
     ├── InvalidRequest              400  a body or field the guard cannot read
@@ -14,8 +14,11 @@
     ├── RequestTimeout              408  the client sent its body too slowly (server.read_timeout_s)
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
     ├── TooBusy                     429  admission's queue is full or the wait timed out; a key over its quota
+    ├── HeaderTooLarge              431  a request line and headers above 64 KiB (server/protocol.py)
     ├── NotReady                    503  still learning the upstream's models, or a window not known yet
     ├── FleetStateUnavailable       503  Redis (redis.url) does not answer in time
+    ├── UpstreamFailed              (the upstream's)  its own error told in the guard's words: a 5xx body with
+    │                                    internals in it, or a chunked request's chunk that failed mid-stream
     ├── UpstreamUnavailable         502  connection reset, broken answer, garbage
     │   ├── UpstreamRefused         502  no connection could be made: safe to retry on another replica
     │   └── UpstreamTooLarge        502  an answer read whole was larger than its limit (upstream/http.py)
@@ -24,12 +27,11 @@
 
 Library errors are translated into these at one boundary each: the HTTP client's in proxy/upstream/http.py, the
 template engine's in proxy/counting/render.py, Redis's in proxy/fleet/link.py. The server only ever handles
-`GuardError`, and turns it into an answer in one place (proxy/exchange/answers.py).
+`GuardError`; proxy/error_bodies.py writes every body that tells a client about one.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 
@@ -43,19 +45,9 @@ class GuardError(Exception):
         self.param = param
         self.code = code if code is not None else self.status
 
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
-
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt whole, whatever the subclass's __init__, when raised in a child process (counting/isolated.py).
         return (_rebuilt, (type(self), self.message, dict(self.__dict__)))
-
-    def json_bytes(self) -> bytes:
-        return json.dumps(self.body(), ensure_ascii=False, separators=(",", ":")).encode()
-
-    def sse_bytes(self) -> bytes:
-        """The error as vLLM writes it inside a stream that has already started, followed by [DONE]."""
-        return b"data: " + json.dumps(self.body()).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 class InvalidRequest(GuardError):
@@ -129,6 +121,11 @@ class PayloadTooLarge(GuardError):
         return cls(f"The request body is larger than the limit of {limit} bytes (server.max_body_bytes).")
 
 
+class HeaderTooLarge(GuardError):
+    status = 431
+    error_type = "RequestHeaderFieldsTooLargeError"
+
+
 class ModelNotFound(GuardError):
     status = 404
     error_type = "NotFoundError"
@@ -159,6 +156,22 @@ class FleetStateUnavailable(GuardError):
     error_type = "ServiceUnavailableError"
 
 
+class UpstreamFailed(GuardError):
+    """The upstream's own error, told in the guard's words: a 5xx whose body held internals (a traceback, file paths)
+    or was too large to read whole, or a chunked request's chunk that failed after the answer began. Its status is
+    the upstream's, and its type the name the guard's own errors give that status."""
+
+    TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
+             405: "MethodNotAllowedError", 408: "RequestTimeoutError", 413: "PayloadTooLargeError",
+             429: "RateLimitError", 501: "NotImplementedError", 502: "BadGatewayError",
+             503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}  # fmt: skip
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message, code=status)
+        self.status = status
+        self.error_type = self.TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+
+
 class UpstreamUnavailable(GuardError):
     status = 502
     error_type = "BadGatewayError"
@@ -179,6 +192,11 @@ class UpstreamTimeout(GuardError):
 
 class UpstreamConnectTimeout(UpstreamTimeout):
     pass
+
+
+def internal_error() -> GuardError:
+    """What a client is told of a failure the guard did not expect (its traceback goes to the log only)."""
+    return GuardError("token-guard hit an internal error; the details are in its log.")
 
 
 def first_error(error: BaseException) -> BaseException:

@@ -7,7 +7,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from proxy.assets import write_demo_tokenizer_dir
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
+from proxy.settings import CountingSettings
 from tests.support.trained import write_trained_tokenizer_dir
 
 
@@ -31,6 +33,13 @@ def tokenizer_dir(request: pytest.FixtureRequest) -> Path:
 def guard_tok(tokenizer_dir: Path) -> ModelTokenizer:
     """The guard's loading of `tokenizer_dir`."""
     return load_tokenizer(str(tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def guard_counter(guard_tok: ModelTokenizer) -> TokenCounter:
+    """A counter for `guard_tok` that caches nothing (what a caller without the model's counter gets), built once:
+    its load-time self-checks cost a few hundred milliseconds on DeepSeek's vocabulary."""
+    return TokenCounter(guard_tok.backend, CountingSettings(cache_mb=0), name=guard_tok.source)
 
 
 @pytest.fixture(scope="session")

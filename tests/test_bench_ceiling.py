@@ -1,6 +1,7 @@
 """A smoke test of `python -m bench ceiling --quick` against direct and the relay: the instant upstream, the relay and
-the load generator start as processes of their own on loopback, every scenario runs once, and the report is written.
-No timing is asserted: this only proves the harness works end to end."""
+the load generator start as processes of their own on loopback, every scenario runs once, and the report is written
+with its plots. No timing is asserted: this only proves the harness works end to end. And `python -m bench
+plot-ceiling` draws the plots of a result already written."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 from pathlib import Path
 
 from bench.__main__ import main
+from bench.ceiling import result_stem
+from bench.ceiling_plots import METRICS
 
 STREAM_EVENTS = {"c1": 0, "c32": 0, "stream-c1": 16, "stream-c32": 16, "long-c128": 64}  # --quick: 64-chunk streams
 
@@ -35,6 +38,9 @@ def test_quick_ceiling_against_direct_and_the_relay(tmp_path: Path) -> None:
     for title in ("## non-stream, one at a time", "## stream of 16 chunks, 32 concurrent", "## long streams of 64"):
         assert title in report
     assert report.count("What bounds direct here:") == len(STREAM_EVENTS)
+    for suffix, *_ in METRICS:
+        assert f"![ceiling-quick-{suffix}](ceiling-quick-{suffix}.png)" in report
+        assert is_png(tmp_path / f"ceiling-quick-{suffix}.png")
 
 
 def test_quick_ceiling_splits_token_guards_cost_into_relaying_and_guarding(tmp_path: Path) -> None:
@@ -70,3 +76,40 @@ def test_quick_ceiling_runs_token_guard_from_another_checkout(tmp_path: Path) ->
     assert figures["errors"] == 0 and figures["cpu_ms_per_request"] > 0
     (log,) = (tmp_path / "raw" / "ceiling-logs").glob("token-guard@*.log")
     assert "prompt_tokens=" in log.read_text()
+
+
+def is_png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
+
+
+def small_result() -> dict[str, object]:
+    """A ceiling result as `bench ceiling` writes it, cut to what the plots read: two scenarios, three systems."""
+
+    def figures(per_s: float, cpu: float | None) -> dict[str, float | None]:
+        return {"per_s": per_s, "cpu_ms_per_request": cpu}
+
+    return {
+        "settings": {"date": "2026-12-04"},
+        "scenarios": [{"key": "c32", "title": "non-stream, 32 concurrent"},
+                      {"key": "stream-c32", "title": "stream of 16 chunks, 32 concurrent"}],
+        "figures": {
+            "c32": {"direct": figures(9000, None), "relay": figures(4400, 0.2), "token-guard": figures(1700, 0.6)},
+            "stream-c32": {"direct": figures(5000, None), "relay": figures(2100, 0.36),
+                           "token-guard": figures(1300, 0.78)},
+        },
+    }  # fmt: skip
+
+
+def test_plot_ceiling_draws_one_png_per_metric(tmp_path: Path) -> None:
+    result = tmp_path / "ceiling-small.json"
+    result.write_text(json.dumps(small_result()))
+    assert main(["plot-ceiling", str(result), "--out", str(tmp_path / "plots")]) == 0
+
+    drawn = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert drawn == sorted(f"ceiling-small-{suffix}.png" for suffix, *_ in METRICS) and len(drawn) == 2
+    assert all(is_png(tmp_path / "plots" / name) for name in drawn)
+
+
+def test_a_ceiling_result_is_named_by_the_commit_it_measured() -> None:
+    assert result_stem("5fbfd3f") == "ceiling-5fbfd3f"
+    assert result_stem("b3a8362 + uncommitted changes") == "ceiling-b3a8362-dirty"

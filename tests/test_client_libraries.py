@@ -1,5 +1,6 @@
-"""What the README says about client libraries, checked with the real packages against the guard in front of the
-simulator (vLLM 0.31 profile) on loopback: the OpenAI SDK, LangChain (langchain-openai) and LiteLLM as a library.
+"""What docs/getting-started.md says about client libraries, checked with the real packages against the guard in front
+of the simulator (vLLM 0.31 profile) on loopback: the OpenAI SDK, LangChain (langchain-openai) and LiteLLM as a
+library.
 
 Each library gets a prompt that cannot fit, through the guard and straight to vLLM, and a request whose max_tokens
 would overflow, through the guard."""

@@ -1,6 +1,6 @@
 """The layout holds: imports point one way (server and extproc -> exchange -> check -> upstream -> fleet -> policy ->
-counting -> api -> settings and errors), and the pure packages (api, counting, policy) import nothing that speaks
-HTTP or Redis. Every import in every module counts, also those inside functions."""
+counting -> api -> settings, errors and error bodies), and the pure packages (api, counting, policy) import nothing
+that speaks HTTP or Redis. Every import in every module counts, also those inside functions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "proxy"
 
 LAYERS = [  # lowest first: a module may import its own layer and the layers below it
-    {"errors", "settings", "assets"},
+    {"errors", "error_bodies", "settings", "assets"},
     {"api"},
     {"counting"},
     {"policy"},

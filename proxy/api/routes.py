@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from proxy.error_bodies import Envelope
+
 
 class Kind(StrEnum):
     GENERATE = "generate"
@@ -49,7 +51,6 @@ ACCESS = {
 }  # fmt: skip
 GUARDED = frozenset({Kind.GENERATE, Kind.POOL, Kind.COUNT})  # the guard reads, counts and charges the body
 
-OPENAI, ANTHROPIC = "openai", "anthropic"
 GET = frozenset({"GET", "HEAD"})
 POST = frozenset({"POST"})
 
@@ -60,7 +61,7 @@ class Route:
     methods: frozenset[str]
     kind: Kind
     reads: str | None = None  # the wire model that reads a guarded route's body (policy/guard.py dispatches on it)
-    envelope: str = OPENAI  # the error envelope of its answers
+    envelope: Envelope = Envelope.OPENAI  # the envelope of its error answers (error_bodies.py)
     answered: bool = False  # a count route the guard answers itself instead of forwarding
     access: Access | None = None  # None: the kind's (ACCESS)
 
@@ -106,18 +107,18 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/chat/completions", POST, Kind.GENERATE, "chat"),
     Route("/v1/completions", POST, Kind.GENERATE, "completion"),
     Route("/v1/responses", POST, Kind.GENERATE, "responses"),
-    Route("/v1/messages", POST, Kind.GENERATE, "messages", ANTHROPIC),
+    Route("/v1/messages", POST, Kind.GENERATE, "messages", Envelope.ANTHROPIC),
     Route("/invocations", POST, Kind.GENERATE, "invocations"),
     Route("/v1/chat/completions/batch", POST, Kind.GENERATE, "chat_batch"),
     Route("/inference/v1/generate", POST, Kind.GENERATE, "tokens"),
     Route("/v1/audio/transcriptions", POST, Kind.GENERATE, "audio"),
     Route("/v1/audio/translations", POST, Kind.GENERATE, "audio"),
     *[Route(path, POST, Kind.POOL, reads) for path, reads in POOLING.items()],
-    Route("/v1/messages/count_tokens", POST, Kind.COUNT, "count_tokens", ANTHROPIC, answered=True),
+    Route("/v1/messages/count_tokens", POST, Kind.COUNT, "count_tokens", Envelope.ANTHROPIC, answered=True),
     Route("/v1/chat/completions/render", POST, Kind.COUNT, "chat"),
     Route("/v1/completions/render", POST, Kind.COUNT, "completion"),
     Route("/v1/responses/render", POST, Kind.COUNT, "responses"),
-    Route("/v1/messages/render", POST, Kind.COUNT, "count_tokens", ANTHROPIC),
+    Route("/v1/messages/render", POST, Kind.COUNT, "count_tokens", Envelope.ANTHROPIC),
     Route("/cohere/v2/chat/render", POST, Kind.UNGUARDED),
     Route("/v1/models", GET, Kind.RELAY),
     Route("/version", GET, Kind.RELAY),

@@ -29,6 +29,7 @@ from proxy.errors import GuardError
 from proxy.settings import Settings
 from proxy.upstream.client import Upstream
 from proxy.upstream.discovery import discover
+from proxy.upstream.http import HttpClient
 from proxy.upstream.remote_count import RemoteCounter
 
 
@@ -61,7 +62,7 @@ async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: 
 
 async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) -> Report:
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
-    upstream = Upstream(settings.upstream)
+    upstream = Upstream(settings.upstream, HttpClient(settings.upstream))
     try:
         cards = await _discover(upstream, wait_s, settings.upstream.connect_timeout_s)
         registry.apply_discovery(cards)

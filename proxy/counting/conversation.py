@@ -1,4 +1,5 @@
-"""Turn OpenAI chat messages into the "conversation" vLLM hands to the chat template (wire contract, section 12.1).
+"""Turn OpenAI chat messages into the "conversation" vLLM hands to the chat template (docs/vllm-wire-contract.md,
+section 12.1).
 
 vLLM joins the text parts of list content with "\\n" for templates that treat content as a string, keeps them as
 `{"type": "text", "text": ...}` parts for templates that loop over `message['content']`, moves a chat request's

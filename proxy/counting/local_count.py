@@ -1,5 +1,5 @@
-"""The guard's own count of a chat or completions prompt, exactly as vLLM counts it (wire contract, section 12), without
-blocking the event loop; the upstream's count is proxy/upstream/remote_count.py.
+"""The guard's own count of a chat or completions prompt, exactly as vLLM counts it (docs/vllm-wire-contract.md,
+section 12), without blocking the event loop; the upstream's count is proxy/upstream/remote_count.py.
 
 Chat: messages -> vLLM's conversation -> the chat template -> encode with add_special_tokens false by default.
 Completions: each string prompt encoded with special tokens (default true); token-id prompts counted as given.

@@ -22,7 +22,9 @@ from proxy.policy.guard import Guard
 from proxy.settings import RedisSettings, Settings
 from proxy.upstream.client import Upstream
 from proxy.upstream.discovery import discover
+from proxy.upstream.http import HttpClient
 from proxy.upstream.remote_count import RemoteCounter
+from proxy.upstream.transport import Transport
 
 if TYPE_CHECKING:
     from proxy.fleet.link import RedisLink
@@ -32,16 +34,18 @@ log = logging.getLogger("token_guard.app")
 
 class Core:
     def __init__(
-        self, settings: Settings, registry: ModelRegistry, upstream: Upstream | None = None,
+        self, settings: Settings, registry: ModelRegistry, transport: Transport | None = None,
         chunk_instead: str | None = None,
     ) -> None:  # fmt: skip
-        """`chunk_instead`: for a front end that cannot fan a request out ("reject" or "truncate"), what the chunk
+        """`transport`: the HTTP client toward the upstream; None: aiohttp's (upstream/http.py), as when serving.
+        `chunk_instead`: for a front end that cannot fan a request out ("reject" or "truncate"), what the chunk
         policy becomes (policy/guard.py); None: chunking is available."""
         self.settings, self.registry = settings, registry
         self.link = _redis_link(settings.redis)
-        self.upstream = upstream or Upstream(
-            settings.upstream, settings.admission, workers=settings.server.workers, link=self.link, redis=settings.redis
-        )
+        self.upstream = Upstream(
+            settings.upstream, transport or HttpClient(settings.upstream), settings.admission,
+            workers=settings.server.workers, link=self.link, redis=settings.redis,
+        )  # fmt: skip
         self.metrics = Metrics(
             lambda: {name: registry.resolve(name).counter.stats() for name in registry.names},
             lambda: (

@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from proxy.api.routes import OPENAI, Access, Found, Route, RouteTable
+from proxy.api.routes import Access, Found, Route, RouteTable
 from proxy.api.target import BadTarget, check_target
+from proxy.error_bodies import Envelope
 from proxy.errors import GuardError, MethodNotAllowed, RouteNotFound
 from proxy.exchange.headers import RawHeaders
 from proxy.exchange.keys import NOT_ADMIN, REFUSED, ApiKeys
@@ -34,7 +35,7 @@ class Refusal:
     """An answer from the route table itself, in `envelope`; `closing`: nothing else on the connection is trusted."""
 
     error: GuardError
-    envelope: str = OPENAI
+    envelope: Envelope = Envelope.OPENAI
     closing: bool = False
     route: Route | None = None  # a 405's: its Allow header
     key: KeySettings | None = None  # a 405's named key: its answer tells its quota
@@ -96,7 +97,7 @@ def target(
     try:
         check_target(raw_path, path, query, sent, host)
     except BadTarget as exc:
-        return Refusal(exc, OPENAI, closing=True)
+        return Refusal(exc, Envelope.OPENAI, closing=True)
     return None
 
 

@@ -23,7 +23,7 @@ from proxy.extproc.endpoints import Endpoints
 from proxy.extproc.stream import Stream
 from proxy.extproc.wire import ProcessingRequest
 from proxy.settings import Settings
-from proxy.upstream.client import Upstream
+from proxy.upstream.transport import Transport
 
 log = logging.getLogger("token_guard.extproc")
 
@@ -73,12 +73,12 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def running(
-    settings: Settings, registry: ModelRegistry, upstream: Upstream | None = None, port: int | None = None,
+    settings: Settings, registry: ModelRegistry, transport: Transport | None = None, port: int | None = None,
     grace_s: float | None = None,
 ) -> AsyncIterator[Served]:  # fmt: skip
     """The processor served on server.host and `port` (default extproc.port; 0: a free one), with the core's
     background work, until the block exits; yields its port and core. Streams still open get `grace_s` to end."""
-    core = Core(settings, registry, upstream, chunk_instead=settings.extproc.chunk_instead)
+    core = Core(settings, registry, transport, chunk_instead=settings.extproc.chunk_instead)
     server = grpc_server(core)
     host, port = settings.server.host, settings.extproc.port if port is None else port
     bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")

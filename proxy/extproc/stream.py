@@ -20,9 +20,10 @@ import logging
 import time
 from urllib.parse import unquote
 
+from proxy import error_bodies
 from proxy.api.routes import Found, Kind, Route
-from proxy.errors import GuardError, InvalidRequest, PayloadTooLarge
-from proxy.exchange.answers import error_answer, internal_error
+from proxy.error_bodies import Envelope
+from proxy.errors import GuardError, InvalidRequest, PayloadTooLarge, internal_error
 from proxy.exchange.core import Core
 from proxy.exchange.entry import Refusal, target
 from proxy.exchange.headers import Headers, encode_headers
@@ -158,7 +159,7 @@ class Stream:
             return self._immediate(200, [*self.extra, *JSON], outcome.body, "token_guard_answered")
         assert self.route is not None
         error = outcome.error if isinstance(outcome, Refuse) else internal_error()  # Chunked: never here
-        headers, body = error_answer(error, [*self.extra, *JSON], self.route.envelope)
+        headers, body = error_bodies.answer(error, [*self.extra, *JSON], self.route.envelope)
         return self._immediate(error.status, headers, body, "token_guard_refused")
 
     def _response_headers(self, message: HttpHeaders) -> Answers:
@@ -199,13 +200,13 @@ class Stream:
     async def _failed(self, error: GuardError) -> Answers:
         if self.record is not None:
             await self.core.meter.tell(self.key, self.record, self.tagged)
-        envelope = self.route.envelope if self.route is not None else "openai"
-        headers, body = error_answer(error, [*self.tagged, *JSON], envelope)
+        envelope = self.route.envelope if self.route is not None else Envelope.OPENAI
+        headers, body = error_bodies.answer(error, [*self.tagged, *JSON], envelope)
         return [self._immediate(error.status, headers, body, "token_guard_error")]
 
     async def _refused(self, refusal: Refusal) -> ProcessingResponse:
         told = encode_headers(await refusal.headers(self.core.quotas))
-        headers, body = error_answer(refusal.error, [*self.tagged, *told, *JSON], refusal.envelope)
+        headers, body = error_bodies.answer(refusal.error, [*self.tagged, *told, *JSON], refusal.envelope)
         return self._immediate(refusal.error.status, headers, body, "token_guard_route")
 
     async def _own(self, route: Route) -> ProcessingResponse:

@@ -19,14 +19,14 @@ from proxy.server.asgi import KEY, ROUTE, TARGET, Receive, Reply, Scope, Send
 from proxy.server.handlers import Handlers
 from proxy.server.responses import send_error
 from proxy.settings import Settings
-from proxy.upstream.client import Upstream
+from proxy.upstream.transport import Transport
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class GuardApp:
-    def __init__(self, settings: Settings, registry: ModelRegistry, upstream: Upstream | None = None) -> None:
-        self.core = core = Core(settings, registry, upstream)
+    def __init__(self, settings: Settings, registry: ModelRegistry, transport: Transport | None = None) -> None:
+        self.core = core = Core(settings, registry, transport)
         self.settings, self.registry, self.upstream, self.metrics = settings, registry, core.upstream, core.metrics
         self.link, self.quotas, self.routes, self._door = core.link, core.quotas, core.routes, core.door
         handlers = Handlers(core)
@@ -93,8 +93,9 @@ class GuardApp:
         await send({"type": "lifespan.shutdown.complete"})
 
 
-def create_app(settings: Settings, registry: ModelRegistry, upstream: Upstream | None = None) -> GuardApp:
-    return GuardApp(settings, registry, upstream)
+def create_app(settings: Settings, registry: ModelRegistry, transport: Transport | None = None) -> GuardApp:
+    """`transport`: the HTTP client toward the upstream; None: the guard's own (upstream/http.py)."""
+    return GuardApp(settings, registry, transport)
 
 
 def _host(scope: Scope) -> bytes | None:

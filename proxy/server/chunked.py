@@ -9,8 +9,7 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from proxy.errors import GuardError
-from proxy.exchange.answers import internal_error
+from proxy.errors import GuardError, internal_error
 from proxy.exchange.headers import Headers
 from proxy.policy.guard import Guard
 from proxy.policy.merge import StreamMerger, merge_answers, sum_usage, told_usage
@@ -18,9 +17,9 @@ from proxy.policy.outcome import Chunked
 from proxy.policy.usage import Charge
 from proxy.server.asgi import Reply
 from proxy.server.responses import send_error
-from proxy.server.sanitize import sanitize_upstream_error
 from proxy.server.streaming import send_stream
 from proxy.upstream.chunks import ChunkFailed, ChunkRunner
+from proxy.upstream.sanitize import sanitize_upstream_error
 
 log = logging.getLogger("token_guard.chunked")
 

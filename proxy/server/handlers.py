@@ -9,8 +9,7 @@ import logging
 import time
 
 from proxy.api.routes import Route
-from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable
-from proxy.exchange.answers import internal_error
+from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable, internal_error
 from proxy.exchange.core import Core
 from proxy.exchange.headers import Headers
 from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
@@ -86,7 +85,7 @@ class Handlers:
                 else:
                     if key is not None and key.limited:  # a look at its quota, charged nothing; none for the rest
                         await self.meter.tell(key, record, tagged)
-                    await self._forward(reply, incoming, body, headers, record, tagged, None, listed)
+                    await self._forward(reply, incoming, body, headers, record, tagged, route, None, listed)
         except ClientGone:  # its upstream request, chunks or place in the queue are given up by now
             record.client_gone = True
             left = incoming.client_gone()
@@ -118,7 +117,7 @@ class Handlers:
     ) -> None:  # fmt: skip
         outcome, extra = await self.flow.decide(route, body, headers, record, tagged, incoming.leave_if_gone)
         if isinstance(outcome, Forward):
-            await self._forward(reply, incoming, outcome.body, headers, record, extra, outcome.cost)
+            await self._forward(reply, incoming, outcome.body, headers, record, extra, route, outcome.cost)
         elif isinstance(outcome, Chunked):
             incoming.leave_if_gone()  # counting and cutting took a while: no chunks for a client that left meanwhile
             fanout = outcome.policy.max_fanout
@@ -131,7 +130,7 @@ class Handlers:
 
     async def _forward(
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
-        extra: Headers, cost: int | None, listed: tuple[str, ...] | None = None,
+        extra: Headers, route: Route, cost: int | None, listed: tuple[str, ...] | None = None,
     ) -> None:  # fmt: skip
         incoming.leave_if_gone()  # nor sent upstream, where vLLM would start on it only to be told to abort
         opened = await self.upstream.open(incoming.method, incoming.forward, headers, body, cost, incoming.query)
@@ -150,7 +149,7 @@ class Handlers:
             elif listed is not None and upstream.status == 200 and not upstream.is_sse:
                 await relay_listed(reply, upstream, extra, record, listed)
             else:
-                await relay(reply, upstream, extra, record)
+                await relay(reply, upstream, extra, record, route.envelope)
         finally:
             upstream.close()
             self.upstream.release(opened.ticket)  # streams hold their budget to their last byte

@@ -8,39 +8,47 @@ started one); a request line and headers larger than `max_header_bytes` (the par
 whether they arrive in one read or many, while still incomplete or once complete. A refusal for a request pipelined
 behind others waits for their answers, so that it is never written into the middle of one.
 What the parser (llhttp) refuses as not HTTP gets uvicorn's 400, here in the usual error envelope instead of plain
-text. The body's own deadline is the app's (asgi.read_body).
+text (error_bodies.raw_reply). The body's own deadline is the app's (asgi.read_body).
 
 uvicorn also waits for ever for a client that stops reading its answer: the request's task sleeps in send() holding
 its admission ticket and its key's reservation. The transport's flow control says when its buffer is full
 (pause_writing) and when it drained (resume_writing); a connection that stays paused for `write_timeout_s` is aborted,
 which reaches the request as any disconnect does (connection_lost, then the client-gone callbacks). A timer armed
 only while paused costs nothing per piece, where a deadline around every send would cost ~10 us each.
+
+The limits come with the protocol factory uvicorn is given (`protocol_factory`), one per server, so that nothing
+process-wide is set. uvicorn's protocol is internal to it: tests/server/test_uvicorn_contract.py checks what this
+subclass relies on, and pyproject.toml holds uvicorn to the versions it was checked on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from proxy.errors import GuardError, InvalidRequest, RequestTimeout
+from proxy import error_bodies
+from proxy.errors import GuardError, HeaderTooLarge, InvalidRequest, RequestTimeout
 from proxy.server.asgi import BODY_IN, CLIENT_GONE, ON_GONE, TARGET
 
 log = logging.getLogger("token_guard.server")
 LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 
-class HeaderTooLarge(GuardError):
-    status = 431
-    error_type = "RequestHeaderFieldsTooLargeError"
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    header_timeout_s: float = 30.0  # server.read_timeout_s
+    max_header_bytes: int = 64 * 1024
+    write_timeout_s: float = 30.0  # server.write_timeout_s
 
 
 class _StopParsing(Exception):
@@ -48,14 +56,10 @@ class _StopParsing(Exception):
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    # Set once per process from the settings, before the server accepts connections (uvicorn builds the protocol
-    # itself, by class, also in each worker process).
-    header_timeout_s = 30.0
-    max_header_bytes = 64 * 1024
-    write_timeout_s = 30.0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, limits: ConnectionLimits = ConnectionLimits(), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.header_timeout_s, self.write_timeout_s = limits.header_timeout_s, limits.write_timeout_s
+        self.max_header_bytes = limits.max_header_bytes
         self._deadline: asyncio.TimerHandle | None = None
         self._stalled: asyncio.TimerHandle | None = None  # armed while the client leaves the guard's writes unread
         self._header_bytes = 0  # received since the current request's headers began, while they are incomplete
@@ -192,11 +196,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.flow.pause_reading()
             return
         self._refusal = None
-        body = json.dumps(error.body()).encode()
-        head = f"HTTP/1.1 {error.status} {error.error_type}\r\ncontent-type: application/json\r\n"
-        head += f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-        self.transport.write(head.encode() + body)
+        self.transport.write(error_bodies.raw_reply(error))
         self.transport.close()
+
+
+def protocol_factory(limits: ConnectionLimits) -> Callable[..., GuardedHttpProtocol]:
+    """What uvicorn's `http` option is given: it calls it with its own arguments for each connection. A partial of a
+    module-level class, so that uvicorn's config still pickles into the worker processes of `serve --workers N`."""
+    return partial(GuardedHttpProtocol, limits=limits)
 
 
 def _address(client: tuple[str, int] | None) -> str:

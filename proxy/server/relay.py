@@ -5,14 +5,16 @@ from __future__ import annotations
 import logging
 import time
 
+from proxy import error_bodies
 from proxy.api.models import only_models
+from proxy.error_bodies import Envelope
 from proxy.errors import GuardError
 from proxy.exchange.headers import Headers
 from proxy.exchange.record import RequestRecord
 from proxy.server.asgi import Reply
-from proxy.server.sanitize import sanitize_upstream_error
 from proxy.upstream.headers import HOP_BY_HOP
-from proxy.upstream.http import ERROR_BYTES, GET_BYTES, UpstreamResponse
+from proxy.upstream.sanitize import sanitize_upstream_error
+from proxy.upstream.transport import ERROR_BYTES, GET_BYTES, Answer
 
 log = logging.getLogger("token_guard.forward")
 
@@ -23,7 +25,7 @@ NOT_RELAYED = frozenset(name.encode() for name in HOP_BY_HOP | {"date", "server"
 LOCATIONS = (b"location", b"content-location")
 
 
-def relayed_headers(upstream: UpstreamResponse, extra: Headers) -> Headers:
+def relayed_headers(upstream: Answer, extra: Headers) -> Headers:
     headers = [(k, v) for k, v in upstream.raw_headers if k.lower() not in NOT_RELAYED]
     if any(k.lower() in LOCATIONS for k, _ in headers):
         headers = [(k, _own_origin(v, upstream.url) if k.lower() in LOCATIONS else v) for k, v in headers]
@@ -37,9 +39,9 @@ def _own_origin(location: bytes, upstream: str) -> bytes:
     return location[len(origin) :] or b"/" if location.startswith(origin) else location
 
 
-async def relay(reply: Reply, upstream: UpstreamResponse, extra: Headers, record: RequestRecord) -> None:
-    """Status, headers and raw body bytes as they arrive. A failure mid-answer ends a stream with an error event, as
-    vLLM does; any other answer is cut short (its Content-Length tells the client)."""
+async def relay(reply: Reply, upstream: Answer, extra: Headers, record: RequestRecord, envelope: Envelope) -> None:
+    """Status, headers and raw body bytes as they arrive. A failure mid-answer ends a stream with an error event in
+    the route's `envelope`, as vLLM does; any other answer is cut short (its Content-Length tells the client)."""
     await reply.start(upstream.status, relayed_headers(upstream, extra))
     tail = record.charge.tail if record.charge is not None else None  # a keyed request's usage is read from it
     try:
@@ -52,14 +54,14 @@ async def relay(reply: Reply, upstream: UpstreamResponse, extra: Headers, record
         record.upstream_error = "broken_stream"
         if not upstream.is_sse:
             return  # left incomplete: the server closes the connection, and the length tells the client
-        await reply.write(exc.sse_bytes())  # the status is already sent: tell a streaming client in-band
+        await reply.write(error_bodies.stream_event(exc, envelope))  # the status is out: tell the client in-band
     finally:
         record.upstream_s = time.perf_counter() - record.started
     await reply.end()
 
 
 async def relay_listed(
-    reply: Reply, upstream: UpstreamResponse, extra: Headers, record: RequestRecord, allowed: tuple[str, ...]
+    reply: Reply, upstream: Answer, extra: Headers, record: RequestRecord, allowed: tuple[str, ...]
 ) -> None:
     """A model list read whole (at most GET_BYTES), and relayed with only the models an API key may use."""
     try:
@@ -74,7 +76,7 @@ async def relay_listed(
     await reply.whole(upstream.status, headers, raw if listed is None else listed, content_type)
 
 
-async def relay_error(reply: Reply, upstream: UpstreamResponse, extra: Headers, record: RequestRecord) -> None:
+async def relay_error(reply: Reply, upstream: Answer, extra: Headers, record: RequestRecord) -> None:
     """A non-streamed 5xx read whole, so that a traceback or a path in it never reaches the client; one larger than
     ERROR_BYTES is not read further (its connection is closed, not drained) and the client gets the guard's own
     error instead of a cut body."""

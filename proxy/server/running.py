@@ -18,7 +18,7 @@ from typing import Any
 
 import uvicorn
 
-from proxy.server.protocol import GuardedHttpProtocol
+from proxy.server.protocol import ConnectionLimits, protocol_factory
 from proxy.settings import ServerSettings
 
 
@@ -33,15 +33,15 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
     """How uvicorn serves the guard: uvloop and httptools, with the guard's limits on request headers and on clients
-    that stop reading (protocol.py, configured here for this process), no access log of its own (the guard logs one
-    line per request), no rewriting of the client address and scheme from X-Forwarded-* headers (nothing in the guard
-    reads either: it was one more ASGI layer and header scan on every request), and on SIGTERM it stops accepting and
-    lets requests in flight finish for up to server.drain_timeout_s."""
-    GuardedHttpProtocol.header_timeout_s = server.read_timeout_s
-    GuardedHttpProtocol.write_timeout_s = server.write_timeout_s
+    that stop reading (protocol.py: given with the protocol's factory, which uvicorn's config carries into worker
+    processes too), no access log of its own (the guard logs one line per request), no rewriting of the client
+    address and scheme from X-Forwarded-* headers (nothing in the guard reads either: it was one more ASGI layer and
+    header scan on every request), and on SIGTERM it stops accepting and lets requests in flight finish for up to
+    server.drain_timeout_s."""
+    limits = ConnectionLimits(header_timeout_s=server.read_timeout_s, write_timeout_s=server.write_timeout_s)
     return {
         "loop": "uvloop",
-        "http": GuardedHttpProtocol,
+        "http": protocol_factory(limits),
         "access_log": False,
         "proxy_headers": False,
         "backlog": 4096,

@@ -12,7 +12,7 @@ from typing import Any
 from proxy.counting.registry import ModelRegistry
 from proxy.exchange.logs import configure_logging
 from proxy.server.app import GuardApp, create_app
-from proxy.server.running import settle_heap, uvicorn_options
+from proxy.server.running import settle_heap
 from proxy.settings import load_settings
 from proxy.settings.loader import WORKER_SETUP
 
@@ -28,7 +28,6 @@ def app() -> GuardApp:
     config = Path(setup["config"]) if setup["config"] else None
     settings = load_settings(setup["flags"], config_file=config)
     configure_logging(settings.server.log_level, settings.server.log_format)
-    uvicorn_options(settings.server)  # this process's protocol limits (uvicorn builds the protocol by class)
     built = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
     settle_heap()
     return built

@@ -1,4 +1,4 @@
-"""Chat messages to prompt token ids, as vLLM's renderer does it (wire contract, section 12).
+"""Chat messages to prompt token ids, as vLLM's renderer does it (docs/vllm-wire-contract.md, section 12).
 
 Shared by /v1/chat/completions and the chat form of /tokenize: messages become the conversation, tools are
 normalised the way vLLM's request model re-serialises them, the template is rendered to text and the text is

@@ -1,5 +1,5 @@
-"""vLLM's error bodies (wire contract, section 1): one exception type carries status, type, message and param,
-and turns itself into the nested envelope `{"error": {"message", "type", "param", "code"}}`.
+"""vLLM's error bodies (docs/vllm-wire-contract.md, section 1): one exception type carries status, type, message and
+param, and turns itself into the nested envelope `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations

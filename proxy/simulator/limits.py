@@ -1,4 +1,4 @@
-"""vLLM's context-window rules as pure functions over counts (wire contract, sections 2.4, 2.5 and 3).
+"""vLLM's context-window rules as pure functions over counts (docs/vllm-wire-contract.md, sections 2.4, 2.5 and 3).
 
 Each check returns the exact error vLLM would send, or None. `resolve_max_tokens` runs them in vLLM's order
 and returns the error or the number of tokens the engine will generate. Nothing here tokenizes: callers pass

@@ -1,4 +1,4 @@
-"""What differs between the vLLM releases the simulator can pretend to be (wire contract, section 14).
+"""What differs between the vLLM releases the simulator can pretend to be (docs/vllm-wire-contract.md, section 14).
 
 0.31 and 0.32 share every response shape; they differ in how the context window is enforced and in the text
 of the unknown-model error. Each difference is one field here, so the rules read `profile.reserves_output`

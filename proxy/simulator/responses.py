@@ -1,4 +1,5 @@
-"""Response bodies and stream events, key for key as vLLM 0.31/0.32 serialise them (wire contract, 6 and 7).
+"""Response bodies and stream events, key for key as vLLM 0.31/0.32 serialise them (docs/vllm-wire-contract.md,
+sections 6 and 7).
 
 Non-stream bodies are pydantic `model_dump()` (every key, nulls included). Events are `model_dump_json(
 exclude_unset=True)`, so each one carries exactly the keys vLLM's code sets; usage events also drop nulls.

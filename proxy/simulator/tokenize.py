@@ -1,5 +1,5 @@
-"""POST /tokenize and /detokenize (wire contract, section 5): the same rendering as generation, with no length
-limit and no truncation. The body's shape picks the form: `messages` means chat, otherwise `prompt`."""
+"""POST /tokenize and /detokenize (docs/vllm-wire-contract.md, section 5): the same rendering as generation, with no
+length limit and no truncation. The body's shape picks the form: `messages` means chat, otherwise `prompt`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Read request bodies the way vLLM's pydantic models do: lax coercion of scalars, unknown fields ignored, and
-every type error collected into one 400 "Bad Request" (wire contract, section 1.2)."""
+every type error collected into one 400 "Bad Request" (docs/vllm-wire-contract.md, section 1.2)."""
 
 from __future__ import annotations
 

@@ -15,10 +15,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.errors import GuardError, UpstreamTooLarge, UpstreamUnavailable, first_error
-from proxy.policy.merge import DONE, StreamMerger, sse
+from proxy import error_bodies
+from proxy.errors import GuardError, UpstreamFailed, UpstreamTooLarge, UpstreamUnavailable, first_error
+from proxy.policy.merge import StreamMerger
 from proxy.upstream.client import Opened, Upstream
-from proxy.upstream.http import ANSWER_BYTES, ERROR_BYTES, EVENT_BYTES, UpstreamResponse
+from proxy.upstream.sanitize import withheld
+from proxy.upstream.transport import ANSWER_BYTES, ERROR_BYTES, EVENT_BYTES, Answer
 
 
 @dataclass
@@ -30,8 +32,25 @@ class ChunkFailed(Exception):
     content_type: str
     cut: bool = False  # the body is only the first ERROR_BYTES of the upstream's
 
+    def relayed(self) -> dict[str, Any] | None:
+        """The upstream's own error envelope, to relay as it said it; None when its body is not one, or would show
+        the upstream's internals."""
+        if withheld(self.status, self.content_type, self.body, self.cut) is not None:
+            return None
+        try:
+            body = json.loads(self.body)
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) and isinstance(body.get("error"), dict) else None
 
-async def failure(response: UpstreamResponse) -> ChunkFailed:
+    def error(self) -> UpstreamFailed:
+        """The guard's own error for a failure whose body it does not relay: the upstream's text, unless that would
+        show its internals."""
+        text = self.body.decode(errors="replace")
+        return withheld(self.status, self.content_type, self.body, self.cut) or UpstreamFailed(text, self.status)
+
+
+async def failure(response: Answer) -> ChunkFailed:
     body, cut = await response.head(ERROR_BYTES)
     return ChunkFailed(response.status, body, response.content_type or "application/json", cut)
 
@@ -155,7 +174,7 @@ async def _merged(queues: list[asyncio.Queue[Any]], merger: StreamMerger) -> Asy
                 yield _error_event(event)
                 return
             if "error" in event:  # the upstream's own in-stream error: relay it and stop
-                yield sse(event) + DONE
+                yield error_bodies.relayed_event(event)
                 return
             for out in merger.feed(index, event):
                 yield out
@@ -164,19 +183,18 @@ async def _merged(queues: list[asyncio.Queue[Any]], merger: StreamMerger) -> Asy
 
 
 def _error_event(exc: BaseException) -> bytes:
-    if isinstance(exc, GuardError):
-        return exc.sse_bytes()
+    """The event that ends a chunked stream (chat or completions: OpenAI's envelope) when a chunk failed."""
     if isinstance(exc, ChunkFailed):
-        try:
-            body = json.loads(exc.body)
-        except ValueError:
-            body = {"error": {"message": exc.body.decode(errors="replace"), "type": "UpstreamError", "param": None,
-                              "code": exc.status}}  # fmt: skip
-        return sse(body) + DONE
-    return UpstreamUnavailable(f"a chunk of the chunked request failed: {type(exc).__name__}").sse_bytes()
+        relayed = exc.relayed()
+        if relayed is not None:
+            return error_bodies.relayed_event(relayed)
+        exc = exc.error()
+    if not isinstance(exc, GuardError):
+        exc = UpstreamUnavailable(f"a chunk of the chunked request failed: {type(exc).__name__}")
+    return error_bodies.stream_event(exc)
 
 
-async def sse_events(response: UpstreamResponse) -> AsyncIterator[dict[str, Any]]:
+async def sse_events(response: Answer) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an SSE stream's `data:` events, up to [DONE]."""
     buffer = b""
     async for piece in response.pieces():

@@ -1,4 +1,4 @@
-"""The upstream side: one or more vLLM replicas of the same model behind one connection pool.
+"""The upstream side: one or more vLLM replicas of the same model behind one transport (one connection pool).
 
 A request goes to the replica with the fewest in-flight tokens (through the admission gate when a budget is set).
 A replica that refuses connections or times out connecting is taken out for a growing back-off and comes back when
@@ -20,7 +20,7 @@ from proxy.errors import GuardError, TooBusy, UpstreamConnectTimeout, UpstreamRe
 from proxy.settings import AdmissionSettings, RedisSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
 from proxy.upstream.headers import forwardable, outgoing, upstream_auth
-from proxy.upstream.http import GET_BYTES, METRICS_BYTES, HttpClient, UpstreamResponse
+from proxy.upstream.transport import GET_BYTES, METRICS_BYTES, Answer, Transport
 
 if TYPE_CHECKING:
     from proxy.fleet.link import RedisLink
@@ -61,7 +61,7 @@ class Replica:
 
 @dataclass
 class Opened:
-    response: UpstreamResponse
+    response: Answer
     ticket: Ticket | None
     replica: str
 
@@ -70,13 +70,14 @@ class Upstream:
     def __init__(
         self,
         settings: UpstreamSettings,
+        transport: Transport,
         admission: AdmissionSettings | None = None,
-        client: HttpClient | None = None,
         workers: int = 1,
         link: RedisLink | None = None,
         redis: RedisSettings | None = None,
     ) -> None:
-        """`workers`: processes serving the same port, each with its own gate: each takes 1/workers of a budget.
+        """`transport`: the HTTP client toward the replicas (http.HttpClient when serving), closed by aclose().
+        `workers`: processes serving the same port, each with its own gate: each takes 1/workers of a budget.
         `link`: the Redis that guards share budgets through (`redis`, its settings): each reserves from the whole."""
         admission = admission or AdmissionSettings()
         self.workers = workers
@@ -95,7 +96,7 @@ class Upstream:
 
             wholes = [r.whole for r in self.replicas]
             self.admission = FleetAdmission(local, self.urls, wholes, link, admission, redis or RedisSettings())
-        self._client = client or HttpClient(settings)
+        self._transport = transport
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
 
     @property
@@ -116,7 +117,7 @@ class Upstream:
             replica = self.replicas[index]
             sent = outgoing(forwardable(headers), self.settings.api_key)
             try:
-                response = await self._client.open(method, replica.url, path, query, sent, body)
+                response = await self._transport.open(method, replica.url, path, query, sent, body)
             except (UpstreamRefused, UpstreamConnectTimeout) as exc:
                 self._release(ticket)
                 replica.take_out()
@@ -139,7 +140,7 @@ class Upstream:
             return Opened(response, ticket, replica.url)
         raise UpstreamUnavailable("No upstream replica could take the request.")
 
-    async def _keeps(self, response: UpstreamResponse, ticket: Ticket | None, last: bool, cost: int | None) -> bool:
+    async def _keeps(self, response: Answer, ticket: Ticket | None, last: bool, cost: int | None) -> bool:
         """Whether to answer with this response; False: closed, try another replica (a 503, or vLLM's full queue).
         When every replica tried is at its own queue limit, the client gets 429 with Retry-After, as for ours."""
         try:
@@ -187,7 +188,7 @@ class Upstream:
         errors: list[GuardError] = []
         for replica in self._by_health():
             try:
-                status, raw = await self._client.get(replica.url, path, self._own, timeout_s)
+                status, raw = await self._transport.get(replica.url, path, self._own, timeout_s, GET_BYTES)
             except GuardError as exc:
                 errors.append(exc)
                 continue
@@ -202,7 +203,7 @@ class Upstream:
 
     async def get_text(self, replica: str, path: str, timeout_s: float = 5.0, limit: int = GET_BYTES) -> str | None:
         try:
-            status, raw = await self._client.get(replica, path, self._own, timeout_s, limit)
+            status, raw = await self._transport.get(replica, path, self._own, timeout_s, limit)
         except GuardError as exc:
             log.warning("replica %s: GET %s failed: %s", replica, path, exc.message)
             return None
@@ -215,7 +216,7 @@ class Upstream:
 
     async def _health(self, replica: Replica, timeout_s: float) -> bool:
         try:
-            status, _ = await self._client.get(replica.url, "/health", self._own, timeout_s)
+            status, _ = await self._transport.get(replica.url, "/health", self._own, timeout_s, GET_BYTES)
         except GuardError:
             return False
         return status == 200
@@ -258,10 +259,10 @@ class Upstream:
     async def aclose(self) -> None:
         if not isinstance(self.admission, Admission):
             await self.admission.aclose()
-        await self._client.aclose()
+        await self._transport.aclose()
 
 
-async def queue_full(response: UpstreamResponse) -> str | None:
+async def queue_full(response: Answer) -> str | None:
     """vLLM's message when its own queue is full (--max-num-queued-reqs / --max-num-queued-tokens, 0.31+): a 503, or,
     for a stream, a 200 whose first event is that error (measured on 0.32). None for any other answer; the first
     piece read to tell stays in the answer."""

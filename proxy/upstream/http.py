@@ -2,24 +2,22 @@
 guard's own (`UpstreamRefused`, `UpstreamConnectTimeout`, `UpstreamUnavailable`, `UpstreamTimeout`).
 
 aiohttp rather than httpx: on the guard's hot path httpx's connection pool and request/response models cost more CPU
-than everything else the guard does (bench/results/2026-12-03/ceiling.md). One session serves every replica; it
-sends the client's headers and body as they are (no added User-Agent, Accept, Accept-Encoding or Content-Type, no
-cookie jar, no decompression, no redirects followed), and relays the answer's raw bytes.
+than everything else the guard does (bench/results/2026-12-03/ceiling-fe63219.md, the guard on httpx, against
+ceiling-9478fed.md, on aiohttp). One session serves every replica; it sends the client's headers and body as they are
+(no added User-Agent, Accept, Accept-Encoding or Content-Type, no cookie jar, no decompression, no redirects
+followed), and relays the answer's raw bytes.
 
 An answer is opened when its status and headers have arrived, within the shorter of first_byte_timeout_s and
 read_timeout_s; its body is then read whole or relayed piece by piece as it comes, each wait for the next piece at
 most read_timeout_s (silence.py). Closing an answer that was not read to its end closes its connection, which is what
-makes vLLM abort the generation.
+makes vLLM abort the generation. What is read whole has a limit (transport.py).
 
-What is read whole has a limit: an upstream that answers with hundreds of megabytes (broken, or not the server it
-should be) would otherwise take the guard's memory and hold its event loop while the body is joined. The limits are
-below; what is relayed piece by piece needs none, as flow control keeps only a buffer of it.
+`HttpClient` is the guard's transport.Transport: what the guard serves with, passed in where the upstream is built.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, Mapping
 
 import aiohttp
@@ -30,29 +28,16 @@ from proxy.errors import (
     UpstreamConnectTimeout,
     UpstreamRefused,
     UpstreamTimeout,
-    UpstreamTooLarge,
     UpstreamUnavailable,
 )
 from proxy.settings import UpstreamSettings
 from proxy.upstream.silence import SilenceWatch
+from proxy.upstream.transport import GET_BYTES, Answer
 
 NOT_ADDED = ("user-agent", "accept", "accept-encoding", "content-type")  # aiohttp adds them when a request lacks them
 # An idle pooled connection is dropped before the upstream drops it (vLLM's and uvicorn's keep-alive is 5 s): reusing
 # one the upstream is closing at that moment fails a request that never reached it ("server disconnected", a 502).
 KEEPALIVE_S = 3.0
-
-# The most the guard reads of an answer it reads whole (UpstreamResponse.read, HttpClient.get).
-ERROR_BYTES = 64 * 2**10  # an error's body: a 5xx is relayed cut to this, the rest dropped with the connection
-GET_BYTES = 2**20  # the guard's own GETs (/health, /v1/models, /version) and the model lists it filters for a key
-METRICS_BYTES = 16 * 2**20  # vLLM's Prometheus /metrics, read for the KV budget (~100 KB for one model)
-ANSWER_BYTES = 64 * 2**20  # a whole generation's answer (a chunked request's chunks)
-EVENT_BYTES = 4 * 2**20  # one event of a stream the guard parses (a chunked request's chunks)
-
-
-def count_bytes(sent: int) -> int:
-    """The limit for a counting answer (/tokenize, the render endpoints): it lists a token id per prompt token, so it
-    grows with the request; 16 bytes per byte sent holds a token per byte, and 1 MiB the images a URL names."""
-    return 2**20 + 16 * sent
 
 
 def translate(exc: BaseException) -> GuardError:
@@ -78,8 +63,8 @@ def not_added(headers: Mapping[str, str]) -> list[str] | None:
     return [name for name in NOT_ADDED if name not in present] or None
 
 
-class UpstreamResponse:
-    """An upstream answer whose status and headers have arrived; the body is still to be read."""
+class UpstreamResponse(Answer):
+    """An upstream answer whose status and headers have arrived, from aiohttp; the body is still to be read."""
 
     def __init__(self, response: aiohttp.ClientResponse, base: str, silence_s: float) -> None:
         self._response = response
@@ -93,7 +78,6 @@ class UpstreamResponse:
         self._held: bytes | None = None  # the first piece, when read ahead by first()
 
     async def first(self) -> bytes:
-        """The body's first piece, read ahead (b"" for an empty body); pieces() still yields it first."""
         if self._held is None:
             try:
                 self._held = await self._response.content.readany()
@@ -120,33 +104,11 @@ class UpstreamResponse:
         finally:
             watch.stop()
 
-    async def read(self, limit: int) -> bytes:
-        """The whole body, or UpstreamTooLarge once it passes `limit` bytes (then nothing more is read, and close()
-        closes the connection instead of draining it)."""
-        body, cut = await self.head(limit)
-        if cut:
-            raise UpstreamTooLarge(f"The upstream's answer is larger than {limit} bytes; the guard reads no more.")
-        return body
-
-    async def head(self, limit: int) -> tuple[bytes, bool]:
-        """The body's first `limit` bytes, and whether there was more (left unread)."""
-        pieces: list[bytes] = []
-        size = 0
-        async with contextlib.aclosing(self.pieces()) as reading:
-            async for piece in reading:
-                pieces.append(piece)
-                size += len(piece)
-                if size > limit:
-                    return b"".join(pieces)[:limit], True
-        return b"".join(pieces), False
-
     def _silent(self) -> None:
         # What aiohttp's own read timeout does: the waiting reader wakes up with it.
         self._response.content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
 
     def close(self) -> None:
-        """Release the connection: back to the pool if the answer was read to its end, else closed. Synchronous, so
-        it happens even while the task is being cancelled (the client went away)."""
         self._watch.stop()
         if self._response.content.is_eof():
             self._response.release()
@@ -155,7 +117,7 @@ class UpstreamResponse:
 
 
 class HttpClient:
-    """One connection pool for every replica, with the upstream timeouts."""
+    """One aiohttp connection pool for every replica, with the upstream timeouts."""
 
     def __init__(self, settings: UpstreamSettings) -> None:
         # No sock_read: it re-arms a timer on every piece. The wait for the headers has its deadline in open(), the

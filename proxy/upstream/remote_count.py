@@ -20,7 +20,7 @@ from typing import Any
 
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.upstream.client import Upstream
-from proxy.upstream.http import count_bytes
+from proxy.upstream.transport import count_bytes
 
 log = logging.getLogger("token_guard.upstream_count")
 

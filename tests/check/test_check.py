@@ -40,6 +40,7 @@ from proxy.settings import load_settings
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
 from proxy.upstream.client import Upstream
+from proxy.upstream.http import HttpClient
 from proxy.upstream.remote_count import Reply
 from tests.support.servers import MODEL, guard, simulator
 from tests.support.trained import CHATML_TEMPLATE
@@ -341,7 +342,7 @@ def drift(upstream_url: str, tokenizer: Path, source: str = "auto") -> tuple[lis
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
 
     async def go() -> list[str]:
-        upstream = Upstream(settings.upstream)
+        upstream = Upstream(settings.upstream, HttpClient(settings.upstream))
         try:
             return await drift_warnings(settings, registry, upstream)
         finally:

@@ -22,6 +22,7 @@ from proxy.counting.tokenizer import load_tokenizer
 from proxy.server.running import ServerThread
 from proxy.settings import UpstreamSettings, load_settings
 from proxy.upstream.client import Upstream
+from proxy.upstream.http import HttpClient
 from tests.support import zoo
 from tests.support.servers import MODEL
 
@@ -43,7 +44,8 @@ def learned(url: str, family: str) -> dict[str, Any]:
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
 
     async def go() -> None:
-        upstream = Upstream(UpstreamSettings(urls=(url,)))
+        settings = UpstreamSettings(urls=(url,))
+        upstream = Upstream(settings, HttpClient(settings))
         try:
             await learn(registry, upstream)
         finally:

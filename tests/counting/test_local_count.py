@@ -16,14 +16,15 @@ from transformers import AutoTokenizer
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
 from proxy.counting.local_count import count_chat, count_completion
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
 from proxy.errors import CountedUpstreamOnly, InvalidRequest
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
 from tests.support.reference import reference_chat_count
 
 
-def guard_chat_count(tok: ModelTokenizer, case: dict[str, Any]) -> int:
-    return asyncio.run(count_chat(tok, parse_chat(json.dumps({"model": "m", **case}).encode())))
+def guard_chat_count(tok: ModelTokenizer, case: dict[str, Any], counter: TokenCounter | None = None) -> int:
+    return asyncio.run(count_chat(tok, parse_chat(json.dumps({"model": "m", **case}).encode()), counter))
 
 
 @pytest.mark.parametrize("name,case", CHAT_CASES, ids=[c[0] for c in CHAT_CASES])
@@ -134,7 +135,7 @@ MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "ass
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(messages=st.lists(MESSAGE, min_size=1, max_size=6), gen=st.booleans())
 def test_random_conversations_count_exactly(
-    guard_tok: ModelTokenizer, reference: Any, messages: Any, gen: bool
+    guard_tok: ModelTokenizer, guard_counter: TokenCounter, reference: Any, messages: Any, gen: bool
 ) -> None:
     case = {"messages": messages, "add_generation_prompt": gen}
-    assert guard_chat_count(guard_tok, case) == reference_chat_count(reference, case)
+    assert guard_chat_count(guard_tok, case, guard_counter) == reference_chat_count(reference, case)

@@ -61,6 +61,27 @@ def eager_counter(tok: ModelTokenizer, cache_mb: float = 64.0) -> TokenCounter:
     return TokenCounter(tok.backend, CountingSettings(cache_mb=cache_mb, split_min_chars=64), cores=4)
 
 
+@pytest.fixture(scope="session")
+def eager(guard_tok: ModelTokenizer) -> TokenCounter:
+    """Built once: each example takes `eager.fresh()`, empty caches with the same load-time checks."""
+    return eager_counter(guard_tok)
+
+
+@pytest.fixture(scope="session")
+def eager_tiny(guard_tok: ModelTokenizer) -> TokenCounter:
+    return eager_counter(guard_tok, cache_mb=0.002)  # about 2 KB: a handful of short pieces
+
+
+@pytest.fixture(scope="session")
+def small_words(guard_tok: ModelTokenizer) -> TokenCounter:
+    return TokenCounter(guard_tok.backend, CountingSettings(word_cache_mb=0.01), cores=4)
+
+
+@pytest.fixture(scope="session")
+def four_cores(guard_tok: ModelTokenizer) -> TokenCounter:
+    return TokenCounter(guard_tok.backend, CountingSettings(), cores=4)
+
+
 def guard_count(tok: ModelTokenizer, counter: TokenCounter, case: dict[str, Any]) -> int:
     request = parse_chat(json.dumps({"model": "m", **case}).encode())
     return asyncio.run(count_chat(tok, request, counter))
@@ -79,9 +100,11 @@ def test_corpus_counts_exactly(guard_tok: ModelTokenizer, reference: Any, name: 
 
 @PROPERTY
 @given(case=CONVERSATION)
-def test_cold_and_warm_counts_equal_the_reference(guard_tok: ModelTokenizer, reference: Any, case: Any) -> None:
+def test_cold_and_warm_counts_equal_the_reference(
+    guard_tok: ModelTokenizer, eager: TokenCounter, reference: Any, case: Any
+) -> None:
     expected = reference_chat_count(reference, case)
-    counter = eager_counter(guard_tok)
+    counter = eager.fresh()
     assert guard_count(guard_tok, counter, case) == expected
     misses = counter.stats().misses
     assert guard_count(guard_tok, counter, case) == expected
@@ -91,9 +114,9 @@ def test_cold_and_warm_counts_equal_the_reference(guard_tok: ModelTokenizer, ref
 @PROPERTY
 @given(system=st.none() | SYSTEM, turns=TURNS)
 def test_a_growing_conversation_counts_exactly_turn_by_turn(
-    guard_tok: ModelTokenizer, reference: Any, system: Any, turns: list[list[dict[str, Any]]]
+    guard_tok: ModelTokenizer, eager: TokenCounter, reference: Any, system: Any, turns: list[list[dict[str, Any]]]
 ) -> None:
-    counter = eager_counter(guard_tok)
+    counter = eager.fresh()
     messages = [system] if system else []
     for turn in turns:
         messages += turn
@@ -103,8 +126,10 @@ def test_a_growing_conversation_counts_exactly_turn_by_turn(
 
 @PROPERTY
 @given(cases=st.lists(CONVERSATION, min_size=1, max_size=5))
-def test_a_tiny_cache_stays_within_its_bound(guard_tok: ModelTokenizer, reference: Any, cases: Any) -> None:
-    counter = eager_counter(guard_tok, cache_mb=0.002)  # about 2 KB: a handful of short pieces
+def test_a_tiny_cache_stays_within_its_bound(
+    guard_tok: ModelTokenizer, eager_tiny: TokenCounter, reference: Any, cases: Any
+) -> None:
+    counter = eager_tiny.fresh()
     for case in cases + cases:
         assert guard_count(guard_tok, counter, case) == reference_chat_count(reference, case)
         stats = counter.stats()
@@ -206,8 +231,8 @@ def test_fresh_text_of_familiar_words_is_counted_from_the_word_cache(guard_tok: 
 
 @PROPERTY
 @given(texts=st.lists(TEXT, min_size=1, max_size=8))
-def test_word_by_word_counts_stay_exact(guard_tok: ModelTokenizer, texts: list[str]) -> None:
-    counter = TokenCounter(guard_tok.backend, CountingSettings(word_cache_mb=0.01), cores=4)
+def test_word_by_word_counts_stay_exact(guard_tok: ModelTokenizer, small_words: TokenCounter, texts: list[str]) -> None:
+    counter = small_words.fresh()
     for _ in range(2):  # cold, then warm (and a word cache small enough to evict)
         counts = asyncio.run(counter.count(texts, add_special_tokens=False))
         assert counts == [len(guard_tok.backend.encode(t, add_special_tokens=False)) for t in texts]
@@ -215,9 +240,9 @@ def test_word_by_word_counts_stay_exact(guard_tok: ModelTokenizer, texts: list[s
 
 @PROPERTY
 @given(text=TEXT, lead=LEAD)
-def test_the_size_floor_never_exceeds_the_real_count(guard_tok: ModelTokenizer, reference: Any, text: str,
+def test_the_size_floor_never_exceeds_the_real_count(four_cores: TokenCounter, reference: Any, text: str,
                                                        lead: str) -> None:  # fmt: skip
-    counter = TokenCounter(guard_tok.backend, CountingSettings(), cores=4)
+    counter = four_cores.fresh()
     case = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": lead + text}]}
     floor = counter.floor(list(verbatim_texts(case["messages"])), ceiling=0)
     assert floor is None or floor <= reference_chat_count(reference, case)
@@ -225,11 +250,11 @@ def test_the_size_floor_never_exceeds_the_real_count(guard_tok: ModelTokenizer, 
 
 @PROPERTY
 @given(text=TEXT, lead=LEAD, tail=TAIL, copies=st.integers(2, 40))
-def test_counting_until_proven_never_exceeds_the_real_count(guard_tok: ModelTokenizer, reference: Any, text: str,
-                                                            lead: str, tail: str, copies: int) -> None:  # fmt: skip
+def test_counting_until_proven_never_exceeds_the_real_count(eager: TokenCounter, reference: Any, text: str, lead: str,
+                                                            tail: str, copies: int) -> None:  # fmt: skip
     # Split four ways from 64 characters on, so that texts this short have interior parts; a ceiling of 0 makes any
     # interior count the answer: it must stay below the count of a prompt that holds the texts.
-    counter = eager_counter(guard_tok)
+    counter = eager.fresh()
     system = "Be brief." + tail
     case = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": lead + text * copies}]}
     proven = asyncio.run(counter.at_least(list(verbatim_texts(case["messages"])), ceiling=0))
@@ -269,3 +294,14 @@ def test_a_long_text_is_encoded_in_bounded_batches_and_kept_only_as_a_digest(gua
     recorder.calls.clear()
     assert asyncio.run(counter.count([long_text], add_special_tokens=False)) == [count]
     assert recorder.calls == []  # found again by its digest
+
+
+def test_a_fresh_counter_starts_empty_and_counts_as_its_origin(guard_tok: ModelTokenizer) -> None:
+    origin = eager_counter(guard_tok)
+    case = {"messages": [{"role": "user", "content": LONG_TEXT}]}
+    expected = guard_count(guard_tok, origin, case)
+    fresh = origin.fresh()
+    assert fresh.stats().entries == fresh.stats().hits == fresh.stats().misses == 0  # nothing carried over
+    assert guard_count(guard_tok, fresh, case) == expected
+    assert fresh.stats().hits == 0 and fresh.stats().misses > 0  # counted afresh, not from the origin's cache
+    assert origin.stats().max_bytes == fresh.stats().max_bytes

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +12,8 @@ from hypothesis import strategies as st
 
 from proxy.api.chat import parse_chat
 from proxy.counting.local_count import count_chat
-from proxy.counting.tokenizer import load_tokenizer
+from proxy.counting.text_count import TokenCounter
+from proxy.counting.tokenizer import ModelTokenizer
 from proxy.policy.chunk import CannotChunk, output_shares, split_chat
 
 SENTENCES = ["The river bends east past the mill.", "東京の夜は静かです。", "Numbers: 12345, 678.", "🎉 done!",
@@ -29,14 +29,14 @@ TEXT = st.lists(st.sampled_from(SENTENCES + [" ", "\n\n", "  indented", "😀�
     text=TEXT, size=st.integers(40, 300), overlap=st.integers(0, 19), prefix=st.sampled_from([None, "Part {i}/{n}:"])
 )
 def test_chat_windows_cover_the_text_exactly_once_in_order_and_each_part_fits(
-    tokenizer_dir: Path, text: str, size: int, overlap: int, prefix: str | None
+    guard_tok: ModelTokenizer, guard_counter: TokenCounter, text: str, size: int, overlap: int, prefix: str | None
 ) -> None:
-    tok = load_tokenizer(str(tokenizer_dir))
+    tok = guard_tok
     req = parse_chat(json.dumps({"messages": [{"role": "system", "content": "S"},
                                               {"role": "user", "content": text}]}).encode())  # fmt: skip
 
     async def count(messages: list[Any]) -> int:
-        return await count_chat(tok, parse_chat(json.dumps({"messages": messages}).encode()))
+        return await count_chat(tok, parse_chat(json.dumps({"messages": messages}).encode()), guard_counter)
 
     budget = 400
     split = asyncio.run(split_chat(tok, req, budget, size, overlap, prefix, count))

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from proxy import error_bodies
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
 from proxy.policy.decide import Limits, decide_chat, decide_completion
@@ -71,7 +72,7 @@ def test_reject_when_room_is_below_min_output_tokens(prompt_tokens: int, min_out
 def test_reject_error_is_what_sdk_fallbacks_look_for() -> None:
     plan = decide_chat(chat(max_tokens=10), 3000, Limits(M))
     assert plan.error is not None
-    body = plan.error.body()["error"]
+    body = error_bodies.body(plan.error)["error"]
     assert "maximum context length is 2048 tokens" in body["message"]
     assert "3000 input tokens" in body["message"]
     assert (body["type"], body["param"], body["code"]) == ("BadRequestError", "messages", "context_length_exceeded")

@@ -14,8 +14,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.server.running import ServerThread
-from tests.support.servers import MODEL, Tap, guard, simulator
+from tests.support.servers import MODEL, InMemorySim, guard, simulator, simulator_in_memory
 
 WINDOW = 2048
 TOOL = {"name": "Bash", "description": "Run a command", "input_schema": {"type": "object", "properties": {
@@ -23,8 +22,10 @@ TOOL = {"name": "Bash", "description": "Run a command", "input_schema": {"type":
 
 
 @pytest.fixture(scope="module")
-def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
-    with simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW, reasoning_parser="deepseek_r1") as running:
+def sim(deepseek_dir: Path) -> Iterator[InMemorySim]:
+    with simulator_in_memory(
+        deepseek_dir, profile="0.31", max_model_len=WINDOW, reasoning_parser="deepseek_r1"
+    ) as running:
         yield running
 
 
@@ -47,33 +48,37 @@ def claude_code(claude: anthropic.Anthropic, text: str, budget: int = 16000) -> 
     )  # fmt: skip
 
 
-def test_claude_codes_thinking_budget_is_lowered_with_its_max_tokens(claude: anthropic.Anthropic, sim: Any) -> None:
+def test_claude_codes_thinking_budget_is_lowered_with_its_max_tokens(
+    claude: anthropic.Anthropic, sim: InMemorySim
+) -> None:
     raw = claude_code(claude, "List the files.")
     reply = raw.parse()
     limit = int(raw.headers["x-token-guard-max-tokens"])
     assert raw.headers["x-token-guard-action"] == "clamp" and limit == WINDOW - reply.usage.input_tokens
     assert raw.headers["x-token-guard-thinking"] == "budget_tokens=1024"  # half of the limit is below vLLM's 1024
-    sent = sim[1].requests[-1]
+    sent = sim.stats.requests[-1]
     assert sent["max_tokens"] == limit and sent["thinking"] == {"type": "enabled", "budget_tokens": 1024}
 
 
-def test_thinking_is_turned_off_when_no_budget_fits_under_the_limit(claude: anthropic.Anthropic, sim: Any) -> None:
+def test_thinking_is_turned_off_when_no_budget_fits_under_the_limit(
+    claude: anthropic.Anthropic, sim: InMemorySim
+) -> None:
     raw = claude_code(claude, essay(700))
     reply = raw.parse()
     assert int(raw.headers["x-token-guard-max-tokens"]) <= 1024
     assert raw.headers["x-token-guard-thinking"] == "disabled"
-    assert sim[1].requests[-1]["thinking"] == {"type": "disabled"}
+    assert sim.stats.requests[-1]["thinking"] == {"type": "disabled"}
     assert int(raw.headers["x-token-guard-prompt-tokens"]) == reply.usage.input_tokens  # counted again, exactly
     assert reply.usage.input_tokens + reply.usage.output_tokens == WINDOW
 
 
-def test_a_budget_that_fits_is_forwarded_as_sent(claude: anthropic.Anthropic, sim: Any) -> None:
+def test_a_budget_that_fits_is_forwarded_as_sent(claude: anthropic.Anthropic, sim: InMemorySim) -> None:
     raw = claude.messages.with_raw_response.create(
         model=MODEL, max_tokens=1500, thinking={"type": "enabled", "budget_tokens": 1024},
         messages=[{"role": "user", "content": "Hi"}],
     )  # fmt: skip
     assert raw.headers["x-token-guard-action"] == "pass" and "x-token-guard-thinking" not in raw.headers
-    assert sim[1].requests[-1]["thinking"]["budget_tokens"] == 1024
+    assert sim.stats.requests[-1]["thinking"]["budget_tokens"] == 1024
 
 
 def test_a_budget_vllm_refuses_is_a_400_in_anthropics_envelope(claude: anthropic.Anthropic) -> None:
@@ -86,13 +91,13 @@ def test_health_says_when_the_start_up_check_has_run(proxy: str) -> None:
     assert httpx.get(f"{proxy}/health").json() == {"status": "ok", "models": [MODEL], "checked": True}
 
 
-def test_a_second_responses_turn_is_clamped_to_the_room_its_own_part_leaves(proxy: str, sim: Any) -> None:
+def test_a_second_responses_turn_is_clamped_to_the_room_its_own_part_leaves(proxy: str, sim: InMemorySim) -> None:
     body = {"model": MODEL, "input": "next", "previous_response_id": "resp_x", "max_output_tokens": 100000}
     response = httpx.post(f"{proxy}/v1/responses", json=body)
     prompt = int(response.headers["x-token-guard-prompt-tokens"])
     assert response.headers["x-token-guard-action"] == "partial"
     assert int(response.headers["x-token-guard-max-tokens"]) == WINDOW - prompt
-    assert sim[1].requests[-1]["max_output_tokens"] == WINDOW - prompt
+    assert sim.stats.requests[-1]["max_output_tokens"] == WINDOW - prompt
 
 
 def test_truncation_auto_is_cut_by_vllm_with_room_kept_for_the_answer(proxy: str) -> None:

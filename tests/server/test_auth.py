@@ -11,10 +11,9 @@ import openai
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.server.running import ServerThread
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
-from tests.support.servers import MODEL, guard
+from tests.support.servers import MODEL, InMemorySim, guard, in_memory
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
@@ -38,14 +37,15 @@ class HeaderTap:
 
 
 @pytest.fixture(scope="module")
-def upstream(deepseek_dir: Path) -> Iterator[tuple[str, HeaderTap]]:
-    tap = HeaderTap(create_simulator(SimulatorSettings(tokenizer=deepseek_dir, model=MODEL)))
-    with ServerThread(tap) as server:
-        yield server.url, tap
+def upstream(deepseek_dir: Path) -> Iterator[tuple[InMemorySim, HeaderTap]]:
+    app = create_simulator(SimulatorSettings(tokenizer=deepseek_dir, model=MODEL))
+    tap = HeaderTap(app)
+    with in_memory(app, tap) as sim:
+        yield sim, tap
 
 
 @pytest.fixture(scope="module")
-def keyed(upstream: tuple[str, HeaderTap], deepseek_dir: Path) -> Iterator[str]:
+def keyed(upstream: tuple[InMemorySim, HeaderTap], deepseek_dir: Path) -> Iterator[str]:
     with guard(upstream[0], deepseek_dir, **{"server.api_keys": "k1,second-key"}) as server:
         yield server.url
 
@@ -111,7 +111,7 @@ def test_which_paths_need_a_key(keyed: str, method: str, path: str, without: int
 
 
 def test_a_cors_preflight_needs_no_key_and_carries_nothing_upstream(
-    keyed: str, upstream: tuple[str, HeaderTap]
+    keyed: str, upstream: tuple[InMemorySim, HeaderTap]
 ) -> None:
     answer = httpx.request("OPTIONS", keyed + "/v1/chat/completions", content=b"x" * 100_000)
     assert answer.status_code not in (401, 403, 404)
@@ -120,7 +120,7 @@ def test_a_cors_preflight_needs_no_key_and_carries_nothing_upstream(
     assert call(keyed, "OPTIONS", "/sleep", None).status_code == 403  # not on an administrative route
 
 
-def test_a_refused_request_never_reaches_the_upstream(keyed: str, upstream: tuple[str, HeaderTap]) -> None:
+def test_a_refused_request_never_reaches_the_upstream(keyed: str, upstream: tuple[InMemorySim, HeaderTap]) -> None:
     before = len(upstream[1].seen)
     for _ in range(3):
         assert call(keyed, "POST", "/v1/chat/completions", "Bearer nope").status_code == 401
@@ -136,14 +136,14 @@ def test_openai_sdk_with_and_without_the_key(keyed: str) -> None:
     assert info.value.code == "invalid_api_key"
 
 
-def test_without_keys_everything_is_open(upstream: tuple[str, HeaderTap], deepseek_dir: Path) -> None:
+def test_without_keys_everything_is_open(upstream: tuple[InMemorySim, HeaderTap], deepseek_dir: Path) -> None:
     with guard(upstream[0], deepseek_dir) as server:
         assert call(server.url, "POST", "/v1/chat/completions", None).status_code == 200
         assert call(server.url, "POST", "/v1/chat/completions", "Bearer anything").status_code == 200
         assert upstream[1].authorization("/v1/chat/completions") == ["Bearer anything"]  # passed through as sent
 
 
-def test_the_upstream_key_replaces_the_clients(upstream: tuple[str, HeaderTap], deepseek_dir: Path) -> None:
+def test_the_upstream_key_replaces_the_clients(upstream: tuple[InMemorySim, HeaderTap], deepseek_dir: Path) -> None:
     flags = {"server.api_keys": "k1", "upstream.api_key": "up-secret"}
     with guard(upstream[0], deepseek_dir, **flags) as server:
         assert call(server.url, "POST", "/v1/chat/completions", "Bearer k1").status_code == 200
@@ -184,7 +184,9 @@ def test_the_pooling_routes_vllm_leaves_open_need_a_key(keyed: str, path: str) -
     assert answer.status_code == 200 and "x-token-guard-action" in answer.headers
 
 
-def test_the_upstream_key_replaces_an_x_api_key_too(upstream: tuple[str, HeaderTap], deepseek_dir: Path) -> None:
+def test_the_upstream_key_replaces_an_x_api_key_too(
+    upstream: tuple[InMemorySim, HeaderTap], deepseek_dir: Path
+) -> None:
     flags = {"server.api_keys": "k1", "upstream.api_key": "up-secret"}
     with guard(upstream[0], deepseek_dir, **flags) as server:
         answer = httpx.post(server.url + "/v1/chat/completions", headers={"x-api-key": "k1"}, json=CHAT)

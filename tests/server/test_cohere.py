@@ -1,4 +1,4 @@
-"""Cohere's /v2/embed end to end over loopback: httpx -> token-guard -> the vLLM simulator (0.31 profile): texts
+"""Cohere's /v2/embed end to end: httpx -> token-guard on loopback -> the vLLM simulator in memory (0.31): texts
 counted as vLLM bills them, its own cuts (END by default) counted as what it keeps, NONE over the window refused
 before it reaches vLLM, the truncate policy answered by asking vLLM for its own cut."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.servers import MODEL
+from tests.support.servers import MODEL, InMemorySim
 
 WINDOW = 2048
 LONG = "word " * 3000
@@ -26,13 +26,13 @@ def billed(response: httpx.Response) -> int:
     return tokens
 
 
-def test_texts_are_counted_as_vllm_bills_them_and_go_as_sent(proxy: str, sim: Any) -> None:
+def test_texts_are_counted_as_vllm_bills_them_and_go_as_sent(proxy: str, sim: InMemorySim) -> None:
     body = {"model": MODEL, "texts": ["Hello world", "東京の天気は？"], "embedding_types": ["float", "base64"]}
     raw = json.dumps(body, indent=1).encode()
     response = httpx.post(f"{proxy}/v2/embed", content=raw, headers={"content-type": "application/json"})
     assert response.headers["x-token-guard-action"] == "pass" and "x-token-guard-max-tokens" not in response.headers
     assert int(response.headers["x-token-guard-prompt-tokens"]) == billed(response) > 0
-    assert sim[1].requests[-1] == body
+    assert sim.stats.requests[-1] == body
 
 
 def test_text_inputs_are_counted_as_the_conversations_vllm_renders(proxy: str) -> None:
@@ -53,8 +53,8 @@ def test_vllms_own_cut_is_counted_as_what_it_keeps(proxy: str, body: dict[str, A
     assert int(response.headers["x-token-guard-prompt-tokens"]) == billed(response) == kept
 
 
-def test_none_over_the_window_or_max_tokens_is_refused_without_reaching_vllm(proxy: str, sim: Any) -> None:
-    before = sim[1].received
+def test_none_over_the_window_or_max_tokens_is_refused_without_reaching_vllm(proxy: str, sim: InMemorySim) -> None:
+    before = sim.stats.received
     over = embed(proxy, {"texts": ["short", LONG], "truncate": "NONE"})
     error = over.json()["error"]
     assert over.status_code == 400 and error["code"] == "context_length_exceeded" and error["param"] == "texts"
@@ -63,17 +63,17 @@ def test_none_over_the_window_or_max_tokens_is_refused_without_reaching_vllm(pro
     assert capped.status_code == 400 and capped.json()["error"]["message"].startswith(
         "Input of 21 tokens exceeds max_tokens=10 with truncate=NONE"
     )
-    assert sim[1].received == before
+    assert sim.stats.received == before
 
 
-def test_the_truncate_policy_asks_vllm_for_its_own_cut(proxy: str, sim: Any) -> None:
+def test_the_truncate_policy_asks_vllm_for_its_own_cut(proxy: str, sim: InMemorySim) -> None:
     response = embed(proxy, {"texts": [LONG, "short"], "truncate": "NONE"}, **{"x-token-guard-overflow": "truncate"})
-    assert response.headers["x-token-guard-action"] == "truncate" and sim[1].requests[-1]["truncate"] == "END"
+    assert response.headers["x-token-guard-action"] == "truncate" and sim.stats.requests[-1]["truncate"] == "END"
     assert int(response.headers["x-token-guard-prompt-tokens"]) == billed(response)
     assert int(response.headers["x-token-guard-truncated-tokens"]) == 3001 - WINDOW
 
 
 @pytest.mark.parametrize("body", [{"texts": []}, {"texts": ["a"], "images": ["x"]}, {"texts": ["a"], "truncate": "no"}])
-def test_malformed_requests_are_400s_before_vllm(proxy: str, sim: Any, body: dict[str, Any]) -> None:
-    before = sim[1].received
-    assert embed(proxy, body).status_code == 400 and sim[1].received == before
+def test_malformed_requests_are_400s_before_vllm(proxy: str, sim: InMemorySim, body: dict[str, Any]) -> None:
+    before = sim.stats.received
+    assert embed(proxy, body).status_code == 400 and sim.stats.received == before

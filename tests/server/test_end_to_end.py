@@ -1,9 +1,11 @@
-"""End to end over real loopback sockets: the OpenAI SDK -> token-guard -> the vLLM simulator (0.31 profile)."""
+"""End to end over real loopback sockets: the OpenAI SDK -> token-guard -> the vLLM simulator (0.31 profile), the
+simulator on a socket of its own too (here the network between the guard and vLLM is part of what is tested)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +15,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.server.running import ServerThread
 from tests.corpus import CHAT_CASES
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, guard, simulator
+from tests.support.servers import MODEL, Tap, guard, simulator
 
 WINDOW = 2048
 WORDS = ["alpha", "beta", "gamma", "東京", "🎉", "def f(x):", "\n", "  indented", "end."]
+
+
+@pytest.fixture(scope="module")
+def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
+    with simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def proxy(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path) -> Iterator[str]:
+    with guard(sim[0].url, deepseek_dir) as server:  # max_model_len is discovered from the upstream
+        yield server.url
 
 
 @pytest.fixture

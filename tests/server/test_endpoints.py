@@ -1,5 +1,5 @@
-"""Responses, Anthropic Messages, count_tokens and /invocations end to end over loopback: the real `openai` and
-`anthropic` SDKs -> token-guard -> the vLLM simulator (0.31 profile, which refuses what does not fit)."""
+"""Responses, Anthropic Messages, count_tokens and /invocations end to end: the real `openai` and `anthropic` SDKs ->
+token-guard on loopback -> the vLLM simulator in memory (0.31 profile, which refuses what does not fit)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.support.polling import eventually
-from tests.support.servers import MODEL
+from tests.support.servers import MODEL, InMemorySim
 
 WINDOW = 2048
 TOOL = {"name": "get_weather", "description": "Weather for a city",
@@ -29,8 +29,8 @@ def essay(words: int) -> str:
     return " ".join(f"word{i % 50}" for i in range(words))
 
 
-def test_responses_clamp_succeeds_where_vllm_alone_refuses(oai: openai.OpenAI, sim: Any) -> None:
-    direct = openai.OpenAI(base_url=f"{sim[0].url}/v1", api_key="x", max_retries=0)
+def test_responses_clamp_succeeds_where_vllm_alone_refuses(oai: openai.OpenAI, sim: InMemorySim) -> None:
+    direct = openai.OpenAI(base_url=f"{sim.url}/v1", api_key="x", max_retries=0, http_client=sim.client)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         direct.responses.create(model=MODEL, input=essay(100), max_output_tokens=2000)
     raw = oai.responses.with_raw_response.create(model=MODEL, input=essay(100), max_output_tokens=2000)
@@ -38,7 +38,7 @@ def test_responses_clamp_succeeds_where_vllm_alone_refuses(oai: openai.OpenAI, s
     assert reply.usage is not None and reply.usage.input_tokens + reply.usage.output_tokens == WINDOW
     assert raw.headers["x-token-guard-action"] == "clamp"
     assert int(raw.headers["x-token-guard-prompt-tokens"]) == reply.usage.input_tokens
-    assert sim[1].requests[-1]["max_output_tokens"] == WINDOW - reply.usage.input_tokens
+    assert sim.stats.requests[-1]["max_output_tokens"] == WINDOW - reply.usage.input_tokens
 
 
 def test_responses_stream_is_clamped(oai: openai.OpenAI) -> None:
@@ -52,33 +52,35 @@ def test_responses_stream_is_clamped(oai: openai.OpenAI) -> None:
     assert completed.response.usage.input_tokens + completed.response.usage.output_tokens == WINDOW
 
 
-def test_responses_stream_passes_through_byte_for_byte(proxy: str, sim: Any) -> None:
+def test_responses_stream_passes_through_byte_for_byte(proxy: str, sim: InMemorySim) -> None:
     body = {"model": MODEL, "input": "Hi", "max_output_tokens": 20, "stream": True}
     with httpx.stream("POST", f"{proxy}/v1/responses", json=body) as response:
         received = b"".join(response.iter_bytes())
         assert response.headers["x-token-guard-action"] == "pass"
     assert received.startswith(b"event: response.created\n")
     # the simulator's tap records a body when its app returns, which may come after the client read the last byte
-    assert eventually(lambda: sim[2].bodies[-1] == received)
+    assert eventually(lambda: sim.tap.bodies[-1] == received)
 
 
-def test_responses_too_long_is_refused_without_reaching_vllm(oai: openai.OpenAI, sim: Any) -> None:
-    before = sim[1].received
+def test_responses_too_long_is_refused_without_reaching_vllm(oai: openai.OpenAI, sim: InMemorySim) -> None:
+    before = sim.stats.received
     with pytest.raises(openai.BadRequestError) as caught:
         oai.responses.create(model=MODEL, input=essay(3000), max_output_tokens=10)
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input"
     assert caught.value.body["code"] == "context_length_exceeded"
-    assert sim[1].received == before
+    assert sim.stats.received == before
 
 
-def test_previous_response_id_is_partial_and_a_limit_within_its_room_is_forwarded_as_sent(proxy: str, sim: Any) -> None:
+def test_previous_response_id_is_partial_and_a_limit_within_its_room_is_forwarded_as_sent(
+    proxy: str, sim: InMemorySim
+) -> None:
     body = {"model": MODEL, "input": "next", "previous_response_id": "resp_x", "max_output_tokens": 999}
     response = httpx.post(f"{proxy}/v1/responses", json=body)
     assert response.headers["x-token-guard-action"] == "partial"
-    assert sim[1].requests[-1]["max_output_tokens"] == 999  # vLLM holds the history, which may or may not fit
+    assert sim.stats.requests[-1]["max_output_tokens"] == 999  # vLLM holds the history, which may or may not fit
 
 
-def test_responses_truncate_drops_the_oldest_turns(proxy: str, sim: Any) -> None:
+def test_responses_truncate_drops_the_oldest_turns(proxy: str, sim: InMemorySim) -> None:
     items = [{"role": "user", "content": essay(900)}, {"role": "assistant", "content": "ok"},
              {"role": "user", "content": essay(900)}, {"role": "assistant", "content": "ok"},
              {"role": "user", "content": "Summarise."}]  # fmt: skip
@@ -87,11 +89,11 @@ def test_responses_truncate_drops_the_oldest_turns(proxy: str, sim: Any) -> None
     assert response.status_code == 200, response.text
     assert response.headers["x-token-guard-action"] == "truncate"
     assert response.headers["x-token-guard-dropped-messages"] == "2"
-    assert sim[1].requests[-1]["input"] == items[2:]
+    assert sim.stats.requests[-1]["input"] == items[2:]
     assert response.json()["usage"]["input_tokens"] == int(response.headers["x-token-guard-prompt-tokens"])
 
 
-def test_claude_code_style_request_is_clamped(claude: anthropic.Anthropic, sim: Any) -> None:
+def test_claude_code_style_request_is_clamped(claude: anthropic.Anthropic, sim: InMemorySim) -> None:
     system: Any = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
                    {"type": "text", "text": "You are Claude Code. " + essay(300)}]  # fmt: skip
     tools: Any = [TOOL]
@@ -111,24 +113,24 @@ def test_messages_stream_is_clamped(claude: anthropic.Anthropic) -> None:
     assert final.usage.input_tokens + final.usage.output_tokens == WINDOW
 
 
-def test_messages_overflow_answers_in_anthropics_shape(claude: anthropic.Anthropic, sim: Any) -> None:
-    before = sim[1].received
+def test_messages_overflow_answers_in_anthropics_shape(claude: anthropic.Anthropic, sim: InMemorySim) -> None:
+    before = sim.stats.received
     with pytest.raises(anthropic.BadRequestError) as caught:
         claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": essay(3000)}])
     body = caught.value.body
     assert isinstance(body, dict) and body["type"] == "error"
     assert body["error"]["type"] == "BadRequestError" and "maximum context length is 2048" in body["error"]["message"]
     assert caught.value.response.headers["x-token-guard-action"] == "reject"
-    assert sim[1].received == before
+    assert sim.stats.received == before
 
 
-def test_count_tokens_is_answered_by_the_guard_as_vllm_would(claude: anthropic.Anthropic, sim: Any) -> None:
+def test_count_tokens_is_answered_by_the_guard_as_vllm_would(claude: anthropic.Anthropic, sim: InMemorySim) -> None:
     request: Any = {"model": MODEL, "system": "Be brief.", "tools": [TOOL],
                                "messages": [{"role": "user", "content": "東京の天気は？"}]}  # fmt: skip
-    before = sim[1].received
+    before = sim.stats.received
     counted = claude.messages.count_tokens(**request)
-    assert sim[1].received == before  # never forwarded
-    direct = httpx.post(f"{sim[0].url}/v1/messages/count_tokens", json=request).json()
+    assert sim.stats.received == before  # never forwarded
+    direct = sim.client.post("/v1/messages/count_tokens", json=request).json()
     assert counted.input_tokens == direct["input_tokens"]
     with pytest.raises(anthropic.BadRequestError):
         claude.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": essay(3000)}])

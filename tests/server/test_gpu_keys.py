@@ -1,5 +1,6 @@
-"""The four GPU routes with [[keys]], end to end over loopback: the key's model list, its output cap and its token
-quota apply to batch chat, token-in generate, audio and Cohere embed as they do to chat; each is charged its cost."""
+"""The four GPU routes with [[keys]], end to end (the simulator in memory): the key's model list, its output cap and its
+token quota apply to batch chat, token-in generate, audio and Cohere embed as they do to chat; each is charged its
+cost."""
 
 from __future__ import annotations
 
@@ -8,14 +9,12 @@ import time
 import wave
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from proxy.server.running import ServerThread
 from tests.server.test_quotas import keyed_guard
-from tests.support.servers import MODEL, Tap, simulator, wait_healthy
+from tests.support.servers import MODEL, InMemorySim, simulator_in_memory, wait_healthy
 
 KEYS = f"""
 [[keys]]
@@ -74,18 +73,16 @@ def auth(key: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
-    with simulator(deepseek_dir, max_model_len=2048) as running:
+def sim(deepseek_dir: Path) -> Iterator[InMemorySim]:
+    with simulator_in_memory(deepseek_dir, max_model_len=2048) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def proxy(
-    sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def proxy(sim: InMemorySim, deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = tmp_path_factory.mktemp("keys") / "guard.toml"
     config.write_text(KEYS)
-    with keyed_guard(sim[0].url, deepseek_dir, config) as server:
+    with keyed_guard(sim, deepseek_dir, config) as server:
         wait_healthy(server.url)
         yield server.url
 
@@ -97,18 +94,18 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_a_model_the_key_may_not_use_is_a_404_that_never_reaches_vllm(proxy: str, sim: Any, route: str) -> None:
-    before = sim[1].received
+def test_a_model_the_key_may_not_use_is_a_404_that_never_reaches_vllm(proxy: str, sim: InMemorySim, route: str) -> None:
+    before = sim.stats.received
     response = ROUTES[route](proxy, "sk-elsewhere", 5)
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
-    assert sim[1].received == before
+    assert sim.stats.received == before
 
 
 @pytest.mark.parametrize("route", ["batch", "generate", "audio"])
-def test_the_keys_output_cap_clamps_each_route(proxy: str, sim: Any, route: str) -> None:
+def test_the_keys_output_cap_clamps_each_route(proxy: str, sim: InMemorySim, route: str) -> None:
     response = ROUTES[route](proxy, "sk-capped", 100)
     assert response.status_code == 200 and response.headers["x-token-guard-max-tokens"] == "5"
-    forwarded = sim[1].requests[-1]
+    forwarded = sim.stats.requests[-1]
     if route == "batch":
         assert forwarded["max_tokens"] == 5
     elif route == "generate":

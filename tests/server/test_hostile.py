@@ -1,6 +1,7 @@
-"""Hostile and careless input, over real sockets: every field with wrong types, broken and pathological JSON,
-encodings, paths and methods, header tricks, huge and slow requests. Each answer is checked for its status, the
-OpenAI error envelope, no traceback, path or upstream address in it, and a guard that still serves afterwards."""
+"""Hostile and careless input, over real sockets to the guard (the simulator behind it in memory): every field with
+wrong types, broken and pathological JSON, encodings, paths and methods, header tricks, huge and slow requests. Each
+answer is checked for its status, the OpenAI error envelope, no traceback, path or upstream address in it, and a guard
+that still serves afterwards."""
 
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from proxy.server.running import ServerThread
 from tests.server.test_observability import metric
 from tests.server.test_quotas import keyed_guard
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, Tap, guard, simulator, wait_healthy
+from tests.support.servers import MODEL, InMemorySim, guard, simulator, wait_healthy
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -28,9 +28,9 @@ LEAKS = ("Traceback", 'File "', "site-packages", "/usr/", "/home/", "/root/", "p
 
 
 @pytest.fixture(scope="module")
-def proxy(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path) -> Iterator[str]:
+def proxy(sim: InMemorySim, deepseek_dir: Path) -> Iterator[str]:
     flags = {"model.max_model_len": 2048, "server.read_timeout_s": 1.0}
-    with guard(sim[0].url, deepseek_dir, **flags) as server:
+    with guard(sim, deepseek_dir, **flags) as server:
         yield server.url
 
 
@@ -80,10 +80,10 @@ FIELD_CASES = (
 
 
 @pytest.mark.parametrize(("body", "param"), [c[1:] for c in FIELD_CASES], ids=[c[0] for c in FIELD_CASES])
-def test_every_wrong_chat_field_is_a_clear_400(proxy: str, sim: Any, body: dict[str, Any], param: str) -> None:
-    before = sim[1].received
-    error = assert_clean_error(httpx.post(proxy + CHAT, json=body, timeout=30), 400, sim[0].url)
-    assert error["param"] == param and sim[1].received == before  # refused at the door
+def test_every_wrong_chat_field_is_a_clear_400(proxy: str, sim: InMemorySim, body: dict[str, Any], param: str) -> None:
+    before = sim.stats.received
+    error = assert_clean_error(httpx.post(proxy + CHAT, json=body, timeout=30), 400, sim.url)
+    assert error["param"] == param and sim.stats.received == before  # refused at the door
     assert_still_serving(proxy)
 
 
@@ -94,9 +94,9 @@ PROMPTS = {
 
 
 @pytest.mark.parametrize("prompt", PROMPTS.values(), ids=PROMPTS.keys())
-def test_every_wrong_prompt_is_a_clear_400(proxy: str, sim: Any, prompt: Any) -> None:
+def test_every_wrong_prompt_is_a_clear_400(proxy: str, sim: InMemorySim, prompt: Any) -> None:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 3}
-    error = assert_clean_error(httpx.post(proxy + COMPLETIONS, json=body, timeout=30), 400, sim[0].url)
+    error = assert_clean_error(httpx.post(proxy + COMPLETIONS, json=body, timeout=30), 400, sim.url)
     assert error["param"] == "prompt"
     assert_still_serving(proxy)
 
@@ -126,9 +126,9 @@ RAW_BODIES = {
 
 @pytest.mark.parametrize("raw", RAW_BODIES.values(), ids=RAW_BODIES.keys())
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
-def test_broken_and_pathological_bodies_are_400(proxy: str, sim: Any, path: str, raw: bytes) -> None:
+def test_broken_and_pathological_bodies_are_400(proxy: str, sim: InMemorySim, path: str, raw: bytes) -> None:
     response = httpx.post(proxy + path, content=raw, headers=JSON_HEADERS, timeout=30)
-    assert_clean_error(response, 400, sim[0].url)
+    assert_clean_error(response, 400, sim.url)
     assert_still_serving(proxy)
 
 
@@ -150,12 +150,12 @@ BOMBS = {  # each refused before its values are built, by the setting its messag
 
 
 @pytest.mark.parametrize(("raw", "message"), BOMBS.values(), ids=BOMBS.keys())
-def test_parsing_bombs_are_a_400_that_says_why(proxy: str, sim: Any, raw: bytes, message: str) -> None:
-    before = sim[1].received
+def test_parsing_bombs_are_a_400_that_says_why(proxy: str, sim: InMemorySim, raw: bytes, message: str) -> None:
+    before = sim.stats.received
     response = httpx.post(proxy + CHAT, content=raw, headers=JSON_HEADERS, timeout=30)
-    error = assert_clean_error(response, 400, sim[0].url)
+    error = assert_clean_error(response, 400, sim.url)
     assert message in error["message"] and error["param"] is None
-    assert sim[1].received == before  # refused at the door
+    assert sim.stats.received == before  # refused at the door
     assert_still_serving(proxy)
 
 
@@ -174,26 +174,28 @@ def test_integral_floats_are_counts_as_vllm_reads_them(proxy: str) -> None:
 
 @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS, CHAT + "/"])
-def test_other_methods_on_guarded_paths_are_405_in_the_envelope(proxy: str, sim: Any, method: str, path: str) -> None:
+def test_other_methods_on_guarded_paths_are_405_in_the_envelope(
+    proxy: str, sim: InMemorySim, method: str, path: str
+) -> None:
     response = httpx.request(method, proxy + path, timeout=30)
-    assert_clean_error(response, 405, sim[0].url)
+    assert_clean_error(response, 405, sim.url)
     assert response.headers["allow"] == "POST"
 
 
-def test_a_trailing_slash_is_guarded_too(proxy: str, sim: Any) -> None:
+def test_a_trailing_slash_is_guarded_too(proxy: str, sim: InMemorySim) -> None:
     response = httpx.post(proxy + CHAT + "/", json=chat(max_tokens=100_000), timeout=30)
     assert response.status_code == 200 and response.headers["x-token-guard-action"] == "clamp"
-    assert sim[1].requests[-1]["max_tokens"] < 2048
+    assert sim.stats.requests[-1]["max_tokens"] < 2048
 
 
-def test_a_trailing_slash_is_the_route_itself(proxy: str, sim: Any) -> None:
+def test_a_trailing_slash_is_the_route_itself(proxy: str, sim: InMemorySim) -> None:
     response = httpx.get(proxy + "/v1/models/", timeout=30)  # the route's own path goes upstream: no redirect
     assert response.status_code == 200 and response.json()["data"][0]["id"] == MODEL
 
 
-def test_the_query_string_goes_upstream_exactly_as_sent(proxy: str, sim: Any) -> None:
+def test_the_query_string_goes_upstream_exactly_as_sent(proxy: str, sim: InMemorySim) -> None:
     httpx.get(proxy + "/v1/models?y=%20z&g", timeout=30)
-    assert sim[2].queries[-1] == b"y=%20z&g"
+    assert sim.tap.queries[-1] == b"y=%20z&g"
 
 
 def address(url: str) -> tuple[str, int]:
@@ -229,14 +231,14 @@ def test_a_connection_that_says_nothing_is_closed(proxy: str) -> None:
         assert read_all(conn) == b""  # closed by the guard (the 10 s socket timeout would fail the test)
 
 
-def test_a_body_sent_too_slowly_gets_408(proxy: str, sim: Any) -> None:
-    before = sim[1].received
+def test_a_body_sent_too_slowly_gets_408(proxy: str, sim: InMemorySim) -> None:
+    before = sim.stats.received
     with raw_socket(proxy) as conn:
         conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                      b"content-length: 100\r\n\r\n{\"model\":")  # fmt: skip
         answer = read_all(conn)
     assert answer.startswith(b"HTTP/1.1 408") and b"server.read_timeout_s" in answer
-    assert sim[1].received == before
+    assert sim.stats.received == before
     assert_still_serving(proxy)
 
 
@@ -309,7 +311,7 @@ def test_a_request_with_headers_over_64_kib_pipelined_behind_others_gets_431_aft
 
 
 def test_a_client_that_leaves_mid_upload_is_a_499_record_not_an_error(
-    proxy: str, sim: Any, caplog: pytest.LogCaptureFixture
+    proxy: str, sim: InMemorySim, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level("INFO", logger="token_guard")
     with raw_socket(proxy) as conn:

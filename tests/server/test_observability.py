@@ -14,14 +14,14 @@ import pytest
 
 from proxy.exchange.logs import JsonFormatter
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, guard, simulator
+from tests.support.servers import MODEL, guard, simulator, simulator_in_memory
 
 
 @pytest.fixture(scope="module")
 def stack(deepseek_dir: Path) -> Iterator[tuple[str, Any]]:
-    with simulator(deepseek_dir, profile="0.31", max_model_len=2048) as (sim, stats, _):
-        with guard(sim.url, deepseek_dir, **{"model.max_model_len": 2048}) as proxy:
-            yield proxy.url, stats
+    with simulator_in_memory(deepseek_dir, profile="0.31", max_model_len=2048) as sim:
+        with guard(sim, deepseek_dir, **{"model.max_model_len": 2048}) as proxy:
+            yield proxy.url, sim.stats
 
 
 def chat(url: str, content: str, max_tokens: int, **headers: str) -> httpx.Response:
@@ -97,8 +97,8 @@ FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^ "]*)')
 
 
 def text_fields(line: str) -> list[tuple[str, str]]:
-    """The `name=value` pairs of a text request line, read as the README describes them: a value is either plain (no
-    space, no quote) or a JSON string in quotes. Nothing of the line is left outside a pair."""
+    """The `name=value` pairs of a text request line, read as docs/operating.md describes them: a value is either plain
+    (no space, no quote) or a JSON string in quotes. Nothing of the line is left outside a pair."""
     pairs = FIELD.findall(line)
     assert " ".join(f"{name}={value}" for name, value in pairs) == line, line
     return [(name, json.loads(value) if value.startswith('"') else value) for name, value in pairs]

@@ -18,7 +18,7 @@ from proxy.server.running import ServerThread
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, guard, simulator
+from tests.support.servers import MODEL, InMemorySim, guard, simulator, simulator_in_memory
 
 WINDOW = 2048
 
@@ -33,14 +33,14 @@ def document(tokens_wanted: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def sim(deepseek_dir: Path) -> Iterator[Any]:
-    with simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW) as running:
+def sim(deepseek_dir: Path) -> Iterator[InMemorySim]:
+    with simulator_in_memory(deepseek_dir, profile="0.31", max_model_len=WINDOW) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def proxy(sim: Any, deepseek_dir: Path) -> Iterator[str]:
-    with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": WINDOW}) as server:
+def proxy(sim: InMemorySim, deepseek_dir: Path) -> Iterator[str]:
+    with guard(sim, deepseek_dir, **{"model.max_model_len": WINDOW}) as server:
         yield server.url
 
 
@@ -61,7 +61,7 @@ def test_unknown_policy_is_a_400_listing_the_valid_ones(proxy: str) -> None:
         sdk(proxy, "summarise").chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
 
 
-def test_truncate_chat_keeps_system_and_last_user_message_verbatim(proxy: str, sim: Any) -> None:
+def test_truncate_chat_keeps_system_and_last_user_message_verbatim(proxy: str, sim: InMemorySim) -> None:
     system: Any = {"role": "system", "content": "You answer tersely."}
     history: list[Any] = []
     for i in range(12):
@@ -74,7 +74,7 @@ def test_truncate_chat_keeps_system_and_last_user_message_verbatim(proxy: str, s
     usage = raw.parse().usage
     assert usage is not None and usage.completion_tokens == 200 and usage.prompt_tokens <= WINDOW - 200
     assert raw.headers["x-token-guard-action"] == "truncate"
-    forwarded = sim[1].requests[-1]["messages"]
+    forwarded = sim.stats.requests[-1]["messages"]
     assert forwarded[0] == system and forwarded[-1] == last
     dropped = int(raw.headers["x-token-guard-dropped-messages"])
     assert dropped > 0 and len(forwarded) == 2 + len(history) - dropped
@@ -82,13 +82,13 @@ def test_truncate_chat_keeps_system_and_last_user_message_verbatim(proxy: str, s
     assert int(raw.headers["x-token-guard-truncated-tokens"]) > 0
 
 
-def test_truncate_shortens_a_single_long_message_in_the_middle(proxy: str, sim: Any) -> None:
+def test_truncate_shortens_a_single_long_message_in_the_middle(proxy: str, sim: InMemorySim) -> None:
     text = "HEAD-OF-DOC " + document(6000) + " TAIL-OF-DOC"
     reply = sdk(proxy, "truncate").chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=64
     )
     assert reply.usage is not None and reply.usage.completion_tokens == 64
-    sent = sim[1].requests[-1]["messages"][0]["content"]
+    sent = sim.stats.requests[-1]["messages"][0]["content"]
     assert sent.startswith("HEAD-OF-DOC ") and sent.endswith(" TAIL-OF-DOC")
     assert "tokens cut by token-guard" in sent and len(sent) < len(text)
 
@@ -102,29 +102,29 @@ def test_truncate_gives_the_400_when_the_kept_messages_cannot_fit(proxy: str) ->
 
 
 @pytest.mark.parametrize("side", ["left", "right", "middle"])
-def test_truncate_completion_sends_the_kept_token_ids(deepseek_dir: Path, sim: Any, side: str) -> None:
+def test_truncate_completion_sends_the_kept_token_ids(deepseek_dir: Path, sim: InMemorySim, side: str) -> None:
     flags = {"model.max_model_len": WINDOW, "policy.truncate_side": side, "policy.on_overflow": "truncate"}
-    with guard(sim[0].url, deepseek_dir, **flags) as proxy_server:
+    with guard(sim, deepseek_dir, **flags) as proxy_server:
         prompt = document(4000)
-        ids = httpx.post(f"{sim[0].url}/tokenize", json={"prompt": prompt}).json()["tokens"]
+        ids = sim.client.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
         reply = openai.OpenAI(base_url=f"{proxy_server.url}/v1", api_key="x", max_retries=0).completions.create(
             model=MODEL, prompt=prompt, max_tokens=48
         )
         kept = WINDOW - 48
         expected = {"left": ids[-kept:], "right": ids[:kept], "middle": ids[: kept // 2] + ids[-(kept // 2) :]}[side]
-        assert sim[1].requests[-1]["prompt"] == expected
+        assert sim.stats.requests[-1]["prompt"] == expected
         assert reply.usage is not None and reply.usage.prompt_tokens == kept and reply.usage.completion_tokens == 48
 
 
-def test_chunk_chat_answers_a_10000_token_document(proxy: str, sim: Any) -> None:
-    before = sim[1].received
+def test_chunk_chat_answers_a_10000_token_document(proxy: str, sim: InMemorySim) -> None:
+    before = sim.stats.received
     messages: Any = [{"role": "system", "content": "Summarise."}, {"role": "user", "content": document(10000)}]
     raw = sdk(proxy, "chunk").chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=32)
     reply = raw.parse()
     parts = int(raw.headers["x-token-guard-chunks"])
     assert raw.headers["x-token-guard-action"] == "chunk" and parts >= 5
-    assert sim[1].received - before == parts
-    bodies = list(sim[1].requests)[-parts:]
+    assert sim.stats.received - before == parts
+    bodies = list(sim.stats.requests)[-parts:]
     assert all(b["messages"][0]["content"] == "Summarise." for b in bodies)
     usage = reply.usage  # the parts share the client's max_tokens: the merged answer stays within it
     assert usage is not None and usage.completion_tokens == 32
@@ -164,15 +164,15 @@ def test_chunked_completions_stream_and_not(proxy: str) -> None:
     assert whole.usage.completion_tokens == 16  # vLLM's default max_tokens, shared by the chunks
 
 
-def test_reduce_merge_returns_the_combining_answer(deepseek_dir: Path, sim: Any) -> None:
-    with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.chunk_merge": "reduce"}) as server:
+def test_reduce_merge_returns_the_combining_answer(deepseek_dir: Path, sim: InMemorySim) -> None:
+    with guard(sim, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.chunk_merge": "reduce"}) as server:
         raw = sdk(server.url, "chunk").chat.completions.with_raw_response.create(
             model=MODEL, messages=[{"role": "user", "content": document(5000)}], max_tokens=24
         )
         reply = raw.parse()
         parts = int(raw.headers["x-token-guard-chunks"])
         assert raw.headers["x-token-guard-merge"] == "reduce"
-        last = sim[1].requests[-1]["messages"][-1]["content"]
+        last = sim.stats.requests[-1]["messages"][-1]["content"]
         assert last.startswith("Below are answers to consecutive parts")
         # the parts keep the client's limit each (notes for the combining request, whose answer it bounds)
         assert reply.usage is not None and reply.usage.completion_tokens == 24 * (parts + 1)
@@ -206,15 +206,15 @@ def test_chunking_without_sound_meaning_falls_back_to_reject_saying_why(proxy: s
     assert isinstance(info.value.body, dict) and info.value.body["code"] == "context_length_exceeded"
 
 
-def test_a_prompt_needing_more_than_64_parts_is_not_chunked(deepseek_dir: Path, sim: Any) -> None:
-    with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.chunk_tokens": 16}) as server:
-        before = sim[1].received
+def test_a_prompt_needing_more_than_64_parts_is_not_chunked(deepseek_dir: Path, sim: InMemorySim) -> None:
+    with guard(sim, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.chunk_tokens": 16}) as server:
+        before = sim.stats.received
         with pytest.raises(openai.BadRequestError, match="chunk policy was not applied: the prompt would take more "
                                                           "than 64 chunks of 16 tokens"):  # fmt: skip
             sdk(server.url, "chunk").chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": document(3000)}], max_tokens=8
             )
-    assert sim[1].received == before
+    assert sim.stats.received == before
 
 
 def test_client_disconnect_during_a_chunked_stream_aborts_every_part(deepseek_dir: Path) -> None:

@@ -1,5 +1,5 @@
-"""Embeddings, /pooling, /classify, score and rerank end to end over loopback: the real `openai` SDK (and httpx where
-it has no method) -> token-guard -> the vLLM simulator (0.31 profile)."""
+"""Embeddings, /pooling, /classify, score and rerank end to end: the real `openai` SDK (and httpx where
+it has no method) -> token-guard on loopback -> the vLLM simulator in memory (0.31 profile)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.support.polling import eventually
-from tests.support.servers import MODEL
+from tests.support.servers import MODEL, InMemorySim
 
 WINDOW = 2048
 SYSTEM = {"role": "system", "content": "Be brief."}
@@ -23,13 +23,13 @@ def essay(words: int) -> str:
     return " ".join(f"word{i % 50}" for i in range(words))
 
 
-def test_embeddings_that_fit_pass_byte_for_byte(oai: openai.OpenAI, sim: Any) -> None:
+def test_embeddings_that_fit_pass_byte_for_byte(oai: openai.OpenAI, sim: InMemorySim) -> None:
     raw = oai.embeddings.with_raw_response.create(model=MODEL, input=["Hello there.", "東京の天気は？"])
     reply = raw.parse()
     assert raw.headers["x-token-guard-action"] == "pass"
     assert int(raw.headers["x-token-guard-prompt-tokens"]) == reply.usage.prompt_tokens > 0
-    assert eventually(lambda: sim[2].bodies[-1] == raw.http_response.content)  # the tap records after the answer
-    assert sim[1].requests[-1]["encoding_format"] == "base64"  # the SDK's default, forwarded as sent
+    assert eventually(lambda: sim.tap.bodies[-1] == raw.http_response.content)  # the tap records after the answer
+    assert sim.stats.requests[-1]["encoding_format"] == "base64"  # the SDK's default, forwarded as sent
     assert len(reply.data) == 2 and len(reply.data[0].embedding) > 0
 
 
@@ -40,28 +40,28 @@ def test_float_vectors_and_token_id_inputs(proxy: str) -> None:
     assert all(isinstance(x, float) for x in response.json()["data"][0]["embedding"])
 
 
-def test_an_input_over_the_window_is_refused_without_reaching_vllm(oai: openai.OpenAI, sim: Any) -> None:
-    before = sim[1].received
+def test_an_input_over_the_window_is_refused_without_reaching_vllm(oai: openai.OpenAI, sim: InMemorySim) -> None:
+    before = sim.stats.received
     with pytest.raises(openai.BadRequestError) as caught:
         oai.embeddings.create(model=MODEL, input=["short", essay(3000)])
     body = caught.value.body
     assert isinstance(body, dict) and body["code"] == "context_length_exceeded" and body["param"] == "input"
     assert "maximum context length is 2048 tokens" in body["message"] and "input 2 of 2" in body["message"]
     assert caught.value.response.headers["x-token-guard-action"] == "reject"
-    assert sim[1].received == before
+    assert sim.stats.received == before
 
 
-def test_vllm_alone_refuses_what_truncate_answers(oai: openai.OpenAI, sim: Any) -> None:
-    direct = openai.OpenAI(base_url=f"{sim[0].url}/v1", api_key="x", max_retries=0)
+def test_vllm_alone_refuses_what_truncate_answers(oai: openai.OpenAI, sim: InMemorySim) -> None:
+    direct = openai.OpenAI(base_url=f"{sim.url}/v1", api_key="x", max_retries=0, http_client=sim.client)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         direct.embeddings.create(model=MODEL, input=essay(3000))
     raw = oai.embeddings.with_raw_response.create(model=MODEL, input=[essay(3000), "short"], extra_headers=TRUNCATE)
     reply = raw.parse()
-    assert sim[1].requests[-1]["truncate_prompt_tokens"] == -1
+    assert sim.stats.requests[-1]["truncate_prompt_tokens"] == -1
     assert raw.headers["x-token-guard-action"] == "truncate"
     assert int(raw.headers["x-token-guard-prompt-tokens"]) == reply.usage.prompt_tokens
     assert int(raw.headers["x-token-guard-truncated-tokens"]) > 0
-    short = httpx.post(f"{sim[0].url}/v1/embeddings", json={"model": MODEL, "input": "short"}).json()
+    short = sim.client.post("/v1/embeddings", json={"model": MODEL, "input": "short"}).json()
     assert reply.usage.prompt_tokens == WINDOW + short["usage"]["prompt_tokens"]  # each input cut on its own
 
 
@@ -75,7 +75,7 @@ def test_chunk_is_refused_with_the_reason(oai: openai.OpenAI) -> None:
         oai.embeddings.create(model=MODEL, input=essay(3000), extra_headers={"x-token-guard-overflow": "chunk"})
 
 
-def test_the_clients_own_truncation_is_counted(proxy: str, sim: Any) -> None:
+def test_the_clients_own_truncation_is_counted(proxy: str, sim: InMemorySim) -> None:
     body = {"model": MODEL, "input": essay(3000), "truncate_prompt_tokens": 100}
     response = httpx.post(f"{proxy}/v1/embeddings", json=body)
     assert response.headers["x-token-guard-action"] == "pass"
@@ -101,11 +101,11 @@ def test_each_form_and_route_is_counted_as_vllm_counts_it(proxy: str, path: str,
     assert int(response.headers["x-token-guard-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
 
 
-def test_chat_form_over_the_window_truncates(proxy: str, sim: Any) -> None:
+def test_chat_form_over_the_window_truncates(proxy: str, sim: InMemorySim) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": essay(3000)}]}
     response = httpx.post(f"{proxy}/v1/embeddings", json=body, headers=TRUNCATE)
     assert response.status_code == 200 and response.json()["usage"]["prompt_tokens"] == WINDOW
-    assert sim[1].requests[-1]["truncate_prompt_tokens"] == -1
+    assert sim.stats.requests[-1]["truncate_prompt_tokens"] == -1
 
 
 @pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank", "/score", "/v1/score"])
@@ -119,14 +119,14 @@ def test_score_and_rerank_count_a_lower_bound(proxy: str, path: str) -> None:
     assert int(response.headers["x-token-guard-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
 
 
-def test_a_document_over_the_window_is_refused_or_truncated(proxy: str, sim: Any) -> None:
+def test_a_document_over_the_window_is_refused_or_truncated(proxy: str, sim: InMemorySim) -> None:
     body = {"model": MODEL, "query": "hello", "documents": ["short", essay(3000)]}
-    before = sim[1].received
+    before = sim.stats.received
     refused = httpx.post(f"{proxy}/rerank", json=body)
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
-    assert sim[1].received == before
+    assert sim.stats.received == before
     cut = httpx.post(f"{proxy}/rerank", json=body, headers=TRUNCATE)
-    assert cut.status_code == 200 and sim[1].requests[-1]["truncate_prompt_tokens"] == -1
+    assert cut.status_code == 200 and sim.stats.requests[-1]["truncate_prompt_tokens"] == -1
 
 
 def test_metrics_label_the_pooling_endpoints(proxy: str, oai: openai.OpenAI) -> None:
@@ -135,15 +135,17 @@ def test_metrics_label_the_pooling_endpoints(proxy: str, oai: openai.OpenAI) -> 
     assert 'endpoint="/v1/embeddings"' in text
 
 
-def test_the_simulator_answers_base64_as_float32(sim: Any) -> None:
-    url = f"{sim[0].url}/v1/embeddings"
-    floats = httpx.post(url, json={"model": MODEL, "input": "x", "encoding_format": "float"}).json()
-    packed = httpx.post(url, json={"model": MODEL, "input": "x", "encoding_format": "base64"}).json()
+def test_the_simulator_answers_base64_as_float32(sim: InMemorySim) -> None:
+    url = "/v1/embeddings"
+    floats = sim.client.post(url, json={"model": MODEL, "input": "x", "encoding_format": "float"}).json()
+    packed = sim.client.post(url, json={"model": MODEL, "input": "x", "encoding_format": "base64"}).json()
     raw = base64.b64decode(packed["data"][0]["embedding"])
     decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
     assert decoded == pytest.approx(floats["data"][0]["embedding"], rel=1e-6)
 
 
-def test_a_plugins_pooling_request_is_forwarded_uncounted(proxy: str, sim: Any) -> None:
+def test_a_plugins_pooling_request_is_forwarded_uncounted(proxy: str, sim: InMemorySim) -> None:
     response = httpx.post(f"{proxy}/pooling", json={"model": MODEL, "data": {"image_url": "x"}})
-    assert response.headers["x-token-guard-action"] == "partial" and sim[1].requests[-1]["data"] == {"image_url": "x"}
+    assert response.headers["x-token-guard-action"] == "partial" and sim.stats.requests[-1]["data"] == {
+        "image_url": "x"
+    }

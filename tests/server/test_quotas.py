@@ -1,4 +1,4 @@
-"""Per-key quotas end to end over loopback: the real `openai` SDK -> token-guard with [[keys]] -> the simulator.
+"""Per-key quotas end to end: the real `openai` SDK -> token-guard with [[keys]] -> the simulator (in memory).
 OpenAI's x-ratelimit-* headers on every answer to a keyed request, 429 with Retry-After when a key is over, unused
 tokens given back from the answer's usage, a key's model list and output cap, a key given by its SHA-256."""
 
@@ -17,14 +17,21 @@ import httpx
 import openai
 import pytest
 
-from proxy.counting.registry import ModelRegistry
 from proxy.policy.quota import duration
-from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
 from tests.server.test_policies import document
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, Tap, simulator, wait_healthy
+from tests.support.servers import (
+    MODEL,
+    InMemorySim,
+    Upstream,
+    guard_app,
+    simulator,
+    simulator_in_memory,
+    url_of,
+    wait_healthy,
+)
 
 KEYS = f"""
 [[keys]]
@@ -104,18 +111,17 @@ RATE_HEADERS = [f"x-ratelimit-{kind}-{what}" for what in ("tokens", "requests") 
                                                                                              "reset")]  # fmt: skip
 
 
-def keyed_guard(upstream: str, tokenizer: Path, config: Path, **flags: Any) -> ServerThread:
+def keyed_guard(upstream: Upstream, tokenizer: Path, config: Path, **flags: Any) -> ServerThread:
     settings = load_settings(
-        {"upstream.url": upstream, "model.name": MODEL, "model.tokenizer": str(tokenizer), **flags},
+        {"upstream.url": url_of(upstream), "model.name": MODEL, "model.tokenizer": str(tokenizer), **flags},
         environ={}, config_file=config,
     )  # fmt: skip
-    app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
-    return ServerThread(app, **uvicorn_options(settings.server))
+    return ServerThread(guard_app(upstream, settings), **uvicorn_options(settings.server))
 
 
 @pytest.fixture(scope="module")
-def sim(deepseek_dir: Path) -> Iterator[tuple[ServerThread, Any, Tap]]:
-    with simulator(deepseek_dir, max_model_len=2048) as running:
+def sim(deepseek_dir: Path) -> Iterator[InMemorySim]:
+    with simulator_in_memory(deepseek_dir, max_model_len=2048) as running:
         yield running
 
 
@@ -127,8 +133,8 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, config: Path) -> Iterator[ServerThread]:
-    with keyed_guard(sim[0].url, deepseek_dir, config) as server:
+def served(sim: InMemorySim, deepseek_dir: Path, config: Path) -> Iterator[ServerThread]:
+    with keyed_guard(sim, deepseek_dir, config) as server:
         wait_healthy(server.url)
         yield server
 
@@ -209,24 +215,22 @@ def test_streams_give_back_by_their_usage_event_or_events(proxy: str) -> None:
         assert spent < 100 + events  # far below the 1000 reserved
 
 
-def test_the_keys_output_cap_clamps(proxy: str, sim: tuple[ServerThread, Any, Tap]) -> None:
+def test_the_keys_output_cap_clamps(proxy: str, sim: InMemorySim) -> None:
     reply = chat(client(proxy, "sk-capped"), 300)
     assert reply.headers["x-token-guard-action"] == "clamp" and reply.headers["x-token-guard-max-tokens"] == "5"
-    assert sim[1].requests[-1]["max_tokens"] == 5 and reply.parse().usage.completion_tokens == 5
+    assert sim.stats.requests[-1]["max_tokens"] == 5 and reply.parse().usage.completion_tokens == 5
     unsaid = client(proxy, "sk-capped").chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": "Hi"}]
     )
-    assert unsaid.headers["x-token-guard-max-tokens"] == "5" and sim[1].requests[-1]["max_tokens"] == 5
+    assert unsaid.headers["x-token-guard-max-tokens"] == "5" and sim.stats.requests[-1]["max_tokens"] == 5
 
 
-def test_anthropic_messages_are_capped_and_limited_in_anthropics_shape(
-    proxy: str, sim: tuple[ServerThread, Any, Tap]
-) -> None:
+def test_anthropic_messages_are_capped_and_limited_in_anthropics_shape(proxy: str, sim: InMemorySim) -> None:
     claude = anthropic.Anthropic(base_url=proxy, api_key="sk-claude", max_retries=0, timeout=30)
     reply = claude.messages.with_raw_response.create(
         model=MODEL, max_tokens=500, messages=[{"role": "user", "content": "Hi"}]
     )
-    assert reply.headers["x-token-guard-max-tokens"] == "7" and sim[1].requests[-1]["max_tokens"] == 7
+    assert reply.headers["x-token-guard-max-tokens"] == "7" and sim.stats.requests[-1]["max_tokens"] == 7
     assert reply.headers["x-ratelimit-remaining-requests"] == "0"
     with pytest.raises(anthropic.RateLimitError) as refused:
         claude.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hi"}])
@@ -446,11 +450,11 @@ def test_a_chunked_request_pays_what_its_parts_used(proxy: str, frozen: None) ->
 
 
 def test_a_reduced_chunked_request_pays_its_parts_and_the_combining_request(
-    sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, config: Path, frozen: None
+    sim: InMemorySim, deepseek_dir: Path, config: Path, frozen: None
 ) -> None:
     """chunk_merge = "reduce": the usage summed over the parts and the request that combines their answers, which
     was not reserved up front (the key pays it afterwards), streamed or not."""
-    with keyed_guard(sim[0].url, deepseek_dir, config, **{"policy.chunk_merge": "reduce"}) as server:
+    with keyed_guard(sim, deepseek_dir, config, **{"policy.chunk_merge": "reduce"}) as server:
         wait_healthy(server.url)
         oai = chunky(server.url)
         before = remaining(server.url, "sk-chunky")

@@ -13,8 +13,7 @@ import httpx
 import pytest
 
 from proxy.counting.isolated import TIME_LIMIT_S
-from proxy.server.running import ServerThread
-from tests.support.servers import MODEL, Tap, guard, simulator
+from tests.support.servers import MODEL, InMemorySim, guard, simulator_in_memory
 
 CHAT = "/v1/chat/completions"
 ECHO = "{{ messages[0]['content'] }}"
@@ -23,8 +22,8 @@ HUGE = "{{ 'x' * 4000000000 }}"  # 4 GB of text
 
 
 @pytest.fixture(scope="module")
-def strict(sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path) -> Iterator[str]:
-    with guard(sim[0].url, deepseek_dir, **{"model.max_model_len": 2048}) as server:
+def strict(sim: InMemorySim, deepseek_dir: Path) -> Iterator[str]:
+    with guard(sim, deepseek_dir, **{"model.max_model_len": 2048}) as server:
         yield server.url
 
 
@@ -33,8 +32,8 @@ def trusting(deepseek_dir: Path) -> Iterator[str]:
     """Guard and simulator both trusting request templates (vLLM --trust-request-chat-template)."""
     flags = {"model.max_model_len": 2048, "policy.trust_request_chat_template": True}
     with (
-        simulator(deepseek_dir, profile="0.31", max_model_len=2048, trust_request_chat_template=True) as (sim, _, _),
-        guard(sim.url, deepseek_dir, **flags) as server,
+        simulator_in_memory(deepseek_dir, profile="0.31", max_model_len=2048, trust_request_chat_template=True) as sim,
+        guard(sim, deepseek_dir, **flags) as server,
     ):
         yield server.url
 
@@ -47,16 +46,16 @@ def chat(**fields: Any) -> dict[str, Any]:
     "fields", [{"chat_template": ECHO}, {"chat_template_kwargs": {"chat_template": ECHO}}], ids=["field", "kwargs"]
 )
 def test_a_request_template_is_refused_as_vllm_refuses_it(
-    strict: str, sim: tuple[ServerThread, Any, Tap], fields: dict[str, Any]
+    strict: str, sim: InMemorySim, fields: dict[str, Any]
 ) -> None:
-    before = sim[1].received
+    before = sim.stats.received
     response = httpx.post(strict + CHAT, json=chat(**fields), timeout=30)
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["message"].startswith("Chat template is passed with request, but --trust-request-chat-template")
     assert "policy.trust_request_chat_template" in error["message"]
     assert error["param"] == "chat_template"
-    assert sim[1].received == before  # refused at the door
+    assert sim.stats.received == before  # refused at the door
 
 
 def test_a_trusted_request_template_is_what_gets_counted_and_clamped(trusting: str) -> None:

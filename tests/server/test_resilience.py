@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -208,6 +209,55 @@ def test_reset_mid_stream_is_an_error_event_then_done(deepseek_dir: Path) -> Non
             assert events[0] == chunk.decode().strip()
             assert json.loads(events[-2][6:])["error"]["type"] == "BadGatewayError"
             assert events[-1] == "data: [DONE]"
+    finally:
+        raw.close()
+
+
+def messages_stream_that_breaks() -> RawServer:
+    """A /v1/messages stream (as vLLM's Anthropic endpoint writes it) whose connection closes after its first event."""
+    usage = {"input_tokens": 5, "output_tokens": 0}
+    message: dict[str, Any] = {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": MODEL,
+               "stop_reason": None, "stop_sequence": None, "usage": usage}  # fmt: skip
+    event = b"event: message_start\ndata: " + json.dumps({"type": "message_start", "message": message}).encode()
+    event += b"\n\n"
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+    return RawServer(head + b"%x\r\n" % len(event) + event + b"\r\n", pause_s=0.1)
+
+
+MESSAGES_BODY = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "Tell me a story."}]}
+
+
+def test_reset_mid_stream_on_the_messages_api_is_anthropics_error_event(deepseek_dir: Path) -> None:
+    raw = messages_stream_that_breaks()
+    try:
+        with guard_in_front_of(raw, deepseek_dir) as proxy:
+            body = {**MESSAGES_BODY, "stream": True}
+            response = httpx.post(f"{proxy.url}/v1/messages", json=body, timeout=30)
+            events = [e for e in response.text.split("\n\n") if e]
+            assert response.status_code == 200 and events[0].startswith("event: message_start\n")
+            name, data = events[-1].split("\n")
+            assert name == "event: error" and "[DONE]" not in response.text
+            error = json.loads(data.removeprefix("data: "))
+            assert error["type"] == "error" and error["error"]["type"] == "BadGatewayError"
+            assert set(error["error"]) == {"type", "message"}
+    finally:
+        raw.close()
+
+
+def test_the_anthropic_sdk_raises_a_messages_stream_broken_mid_way(deepseek_dir: Path) -> None:
+    """An error event without Anthropic's `event: error` is skipped by the SDK: the stream would just end, as if the
+    answer were whole."""
+    raw = messages_stream_that_breaks()
+    try:
+        with guard_in_front_of(raw, deepseek_dir) as proxy:
+            claude = anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0, timeout=30)
+            seen = []
+            with pytest.raises(anthropic.APIStatusError) as failed:
+                for event in claude.messages.create(**MESSAGES_BODY, stream=True):  # type: ignore[call-overload]
+                    seen.append(event.type)
+            assert seen == ["message_start"]
+            assert isinstance(failed.value.body, dict) and failed.value.body["type"] == "error"
+            assert failed.value.body["error"]["type"] == "BadGatewayError"
     finally:
         raw.close()
 

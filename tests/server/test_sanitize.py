@@ -13,9 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from proxy.server.running import ServerThread
-from proxy.server.sanitize import sanitize_upstream_error
-from tests.support.servers import MODEL, guard
+from proxy.upstream.sanitize import sanitize_upstream_error
+from tests.support.servers import MODEL, guard, in_memory
 
 TRACEBACK = """Traceback (most recent call last):
   File "/usr/lib/python3.12/site-packages/vllm/entrypoints/openai/api_server.py", line 512, in create_chat_completion
@@ -90,7 +89,7 @@ def broken_upstream() -> Starlette:
 
 @pytest.fixture(scope="module")
 def proxy(deepseek_dir: Path) -> Iterator[str]:
-    with ServerThread(broken_upstream()) as upstream, guard(upstream.url, deepseek_dir) as server:
+    with in_memory(broken_upstream()) as upstream, guard(upstream, deepseek_dir) as server:
         yield server.url
 
 

@@ -17,12 +17,12 @@ from proxy.server.running import ServerThread, bind_socket
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, guard, guard_unchecked, simulator
+from tests.support.servers import MODEL, guard, guard_unchecked, simulator, simulator_in_memory
 
 
 def test_zero_config_sidecar_learns_model_window_and_tokenizer_from_the_upstream(deepseek_dir: Path) -> None:
-    with simulator(deepseek_dir, profile="0.31", max_model_len=1000, root=str(deepseek_dir)) as (sim, _, _):
-        with guard(sim.url) as proxy:  # no model configured at all
+    with simulator_in_memory(deepseek_dir, profile="0.31", max_model_len=1000, root=str(deepseek_dir)) as sim:
+        with guard(sim) as proxy:  # no model configured at all
             client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
             raw = client.chat.completions.with_raw_response.create(
                 model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=5000
@@ -33,8 +33,8 @@ def test_zero_config_sidecar_learns_model_window_and_tokenizer_from_the_upstream
 
 
 def test_model_whose_root_is_not_readable_is_not_guarded_but_named(deepseek_dir: Path, tmp_path: Path) -> None:
-    with simulator(deepseek_dir, profile="0.31", root=str(tmp_path / "elsewhere")) as (sim, _, _):
-        with guard(sim.url) as proxy:
+    with simulator_in_memory(deepseek_dir, profile="0.31", root=str(tmp_path / "elsewhere")) as sim:
+        with guard(sim) as proxy:
             response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "messages": [
                 {"role": "user", "content": "x"}]})  # fmt: skip
             assert response.status_code == 404 and "does not exist" in response.json()["error"]["message"]
@@ -62,8 +62,8 @@ def test_configured_window_wins_over_the_discovered_one_with_a_warning(
     deepseek_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="token_guard")
-    with simulator(deepseek_dir, profile="0.32", max_model_len=2048) as (sim, _, _):
-        with guard(sim.url, deepseek_dir, **{"model.max_model_len": 1024}) as proxy:
+    with simulator_in_memory(deepseek_dir, profile="0.32", max_model_len=2048) as sim:
+        with guard(sim, deepseek_dir, **{"model.max_model_len": 1024}) as proxy:
             assert eventually(lambda: "differs from the upstream's 2048" in caplog.text)
             response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "max_tokens": 4000,
                                   "messages": [{"role": "user", "content": "x"}]})  # fmt: skip

@@ -26,6 +26,7 @@ from proxy.errors import CountedUpstreamOnly, InvalidRequest, UpstreamTooLarge, 
 from proxy.server.running import ServerThread
 from proxy.settings import UpstreamSettings
 from proxy.upstream.client import Upstream
+from proxy.upstream.http import HttpClient
 from proxy.upstream.remote_count import RemoteCounter, Reply, chat_tokenize_body, completion_tokenize_body
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, simulator
@@ -86,7 +87,8 @@ def upstream(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[str], b
 
 def counted(url: str, body: dict[str, Any]) -> tuple[int, bool | None]:
     async def go() -> tuple[int, bool | None]:
-        client = Upstream(UpstreamSettings(urls=(url,)))
+        settings = UpstreamSettings(urls=(url,))
+        client = Upstream(settings, HttpClient(settings))
         try:
             counter = RemoteCounter(client)
             return await counter.chat(MODEL, body), counter.renders
