@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,27 +31,19 @@ from proxy.settings.sections import (
     Settings,
     UpstreamSettings,
 )
+from proxy.settings.spellings import (
+    ENV_PREFIX,
+    URL_KEYS,
+    forget,
+    one_url_key,
+    rename,
+    replica_urls,
+    without_retired,
+)
 
 CONFIG_ENV = "TOKEN_GUARD_CONFIG"
-ENV_PREFIX = "TOKEN_GUARD_"
 TOOLING_PREFIXES = ("TOKEN_GUARD_E2E_", "TOKEN_GUARD_BENCH_")  # the test and bench harnesses' own variables
 WORKER_SETUP = "TOKEN_GUARD_WORKER_SETUP"  # how `serve --workers N` hands its settings to its worker processes
-# Keys that once existed and do nothing now: accepted with a warning, so that an older config still loads.
-RETIRED = {
-    "upstream.write_timeout_s": "it was never used (sending a request counts toward upstream.first_byte_timeout_s); "
-    "the deadline for a client that stops reading the guard's answer is server.write_timeout_s",
-}
-# Keys that moved: the old name still works from a file, the environment or a flag, with a warning naming the new one.
-RENAMED = {
-    "admission.redis_url": "redis.url",
-    "admission.redis_failure": "redis.failure",
-    "admission.redis_timeout_ms": "redis.timeout_ms",
-    "admission.redis_lease_s": "redis.lease_s",
-    "admission.redis_block_share": "redis.block_share",
-}
-# upstream.url and upstream.urls are one setting, the replicas' URLs, under two keys: a source that gives either
-# replaces what a lower source gave under the other; one source giving both means urls (an empty one says nothing).
-URL_KEYS = ("upstream.url", "upstream.urls")
 
 log = logging.getLogger("token_guard.settings")
 
@@ -80,7 +72,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "workers": v.integer(1, 64),
     },
     "upstream": {
-        "url": v.urls,  # the short spelling of urls (SPELLINGS)
+        "url": v.urls,  # the short spelling of urls (URL_KEYS)
         "urls": v.urls,
         "api_key": v.optional_text,
         "connect_timeout_s": v.positive_float,
@@ -178,9 +170,13 @@ def load_settings(
     path = config_file or (Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None)
     layers = [_file_layer(path) if path else _Layer(), _env_layer(environ), _flag_layer(flags)]
     merged = _Layer()
-    for layer in map(_renamed, layers):
-        if _one_url_key(layer):
-            _forget(merged, URL_KEYS)
+    for layer in layers:
+        try:
+            rename(layer.values, layer.origins, _parsed)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        if one_url_key(layer.values, layer.origins):
+            forget(merged.values, merged.origins, URL_KEYS)
         for section, values in layer.values.items():
             for key, value in values.items():
                 merged.put(section, key, value, layer.origins[f"{section}.{key}"])
@@ -252,7 +248,7 @@ def _flag_layer(flags: Mapping[str, Any]) -> _Layer:
 def _validate(merged: _Layer) -> Settings:
     sections: dict[str, Any] = {}
     for section, checks in SCHEMA.items():
-        given = _without_retired(section, merged.values.get(section, {}), merged.origins)
+        given = without_retired(section, merged.values.get(section, {}), merged.origins)
         unknown = set(given) - set(checks)
         if unknown:
             key = sorted(unknown)[0]
@@ -262,7 +258,7 @@ def _validate(merged: _Layer) -> Settings:
             )
         parsed = {key: _check(f"{section}.{key}", checks[key], value, merged.origins) for key, value in given.items()}
         if section == "upstream":
-            parsed = _replica_urls(parsed)
+            parsed = replica_urls(parsed)
         sections[section] = SECTIONS[section](**parsed)
     _check_policy(sections["policy"], "policy")
     models = tuple(_model(i, m, sections["policy"]) for i, m in enumerate(merged.models or []))
@@ -276,27 +272,6 @@ def _validate(merged: _Layer) -> Settings:
     return Settings(models=models, keys=keys, **sections)
 
 
-def _renamed(layer: _Layer) -> _Layer:
-    """`layer` with each old key of RENAMED under its new name; the same source giving both differently is an error."""
-    for old, new in RENAMED.items():
-        section, _, key = old.partition(".")
-        if key not in layer.values.get(section, {}):
-            continue
-        value, origin = layer.values[section].pop(key), layer.origins.pop(old)
-        new_section, _, new_key = new.partition(".")
-        if new in layer.origins:
-            if _parsed(new, value) != _parsed(new, layer.values[new_section][new_key]):
-                raise SettingsError(  # the values unsaid: a Redis URL may hold a password
-                    f"{new}: given twice with different values, as {_spelled(new, layer.origins[new])} and by its old "
-                    f"name {old} (from {origin}); keep only {new}"
-                )
-        else:
-            layer.put(new_section, new_key, value, origin)
-        log.warning("%s (from %s) is now %s: the old name still works, but will not forever", old, origin,
-                    _spelled(new, origin))  # fmt: skip
-    return layer
-
-
 def _parsed(dotted: str, value: Any) -> Any:
     """`value` as the key's check reads it, so that two spellings of one value agree (the raw value if invalid)."""
     section, _, key = dotted.partition(".")
@@ -304,51 +279,6 @@ def _parsed(dotted: str, value: Any) -> Any:
         return SCHEMA[section][key](value)
     except ValueError:
         return value
-
-
-def _spelled(dotted: str, origin: str) -> str:
-    """A key as the source it came from writes it: `[redis] url`, TOKEN_GUARD_REDIS_URL or --redis-url."""
-    section, _, key = dotted.partition(".")
-    if origin.startswith(ENV_PREFIX):
-        return f"{dotted} ({ENV_PREFIX}{section.upper()}_{key.upper()})"
-    if origin.startswith("--"):
-        return f"{dotted} (--{section}-{key.replace('_', '-')})"
-    return f"{dotted} ([{section}] {key})"
-
-
-def _one_url_key(layer: _Layer) -> bool:
-    """Leave at most one of upstream.url and upstream.urls in `layer` (urls when both), dropping an empty one; whether
-    one is left."""
-    values = layer.values.get("upstream", {})
-    _forget(layer, [key for key in URL_KEYS if values.get(key.partition(".")[2], 0) in ("", [], ())])
-    if all(key.partition(".")[2] in values for key in URL_KEYS):
-        _forget(layer, ["upstream.url"])
-    return any(key.partition(".")[2] in values for key in URL_KEYS)
-
-
-def _replica_urls(parsed: dict[str, Any]) -> dict[str, Any]:
-    """The upstream section with its URLs under `urls` whichever key gave them (at most one is left); none: the
-    default."""
-    urls = parsed.pop("url", ()) + parsed.pop("urls", ())
-    return {**parsed, "urls": urls} if urls else parsed
-
-
-def _forget(layer: _Layer, keys: Sequence[str]) -> None:
-    for dotted in keys:
-        section, _, key = dotted.partition(".")
-        if layer.values.get(section, {}).pop(key, None) is not None:
-            layer.origins.pop(dotted)
-
-
-def _without_retired(section: str, given: dict[str, Any], origins: Mapping[str, str]) -> dict[str, Any]:
-    kept = {}
-    for key, value in given.items():
-        dotted = f"{section}.{key}"
-        if dotted in RETIRED:
-            log.warning("%s (from %s) is ignored: %s", dotted, origins[dotted], RETIRED[dotted])
-        else:
-            kept[key] = value
-    return kept
 
 
 def _check(key: str, check: Callable[[Any], Any], value: Any, origins: Mapping[str, str]) -> Any:

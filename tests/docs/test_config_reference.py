@@ -14,8 +14,9 @@ import pytest
 
 from proxy.cli import FLAGS
 from proxy.settings.keys import KEY_SCHEMA
-from proxy.settings.loader import ENV_PREFIX, MODEL_SCHEMA, RENAMED, RETIRED, SCHEMA, SECTIONS, SINGLE_MODEL_ENV
+from proxy.settings.loader import MODEL_SCHEMA, SCHEMA, SECTIONS, SINGLE_MODEL_ENV
 from proxy.settings.sections import KeySettings, ModelSettings
+from proxy.settings.spellings import ENV_PREFIX, RENAMED, RETIRED
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 HEADING = re.compile(r"^## `\[{1,2}([a-z_.]+)\]{1,2}`$")  # "## `[server]`", "## `[[models]]`"

@@ -10,7 +10,7 @@ import pytest
 
 from proxy.cli import build_parser, flags_from
 from proxy.settings import RedisSettings, SettingsError, load_settings
-from proxy.settings.loader import RENAMED
+from proxy.settings.spellings import RENAMED
 
 URL = "redis://r:6379/0"
 FLEET = RedisSettings(url=URL, failure="closed", timeout_ms=100, lease_s=5.0, block_share=0.25)
