@@ -22,7 +22,7 @@ demo: venv  ## the proxy in front of the built-in vLLM simulator, with a short t
 test: venv redis-server  ## unit and end-to-end tests against the simulator (real sockets, real tokenizer, OpenAI SDK)
 	$(BIN)/python -m pytest -m "not e2e" -q -n auto --dist loadfile
 
-redis-server:  ## Debian's redis-server, which the shared-budget tests start on a free port (installed when missing)
+redis-server:  ## Debian's redis-server, which the fleet tests start on a free port (installed when missing)
 	@command -v redis-server >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 
 check: venv  ## lint, type-check, and build the manual strictly (a broken link fails)

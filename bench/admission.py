@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--instances", type=int, default=1,
                         help="guards in front of the simulator: above 1, per-process budgets against one shared "
-                             "through Redis (bench/admission_shared.py)")  # fmt: skip
+                             "through Redis (bench/admission_fleet.py)")  # fmt: skip
     parser.add_argument("--redis-url", help="with --instances: this Redis (default: a redis-server started here)")
     parser.add_argument("--round-trips", type=int, default=300, help="with --instances: requests timed per side")
 
@@ -44,10 +44,10 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = write_demo_tokenizer_dir(Path(tmp) / "tok")
         if args.instances > 1:
-            from bench import admission_shared
+            from bench import admission_fleet
 
-            results = admission_shared.run_instances(args, tokenizer, Path(tmp))
-            print(admission_shared.table(results))
+            results = admission_fleet.run_instances(args, tokenizer, Path(tmp))
+            print(admission_fleet.table(results))
         else:
             results = [run(args, tokenizer, admission) for admission in (False, True)]
             print(table(results))

@@ -19,9 +19,9 @@ from typing import Any
 
 from proxy.api.chat import ChatRequest, parse_chat
 from proxy.assets import write_demo_tokenizer_dir
-from proxy.counting.count import count_chat
-from proxy.counting.counter import TokenCounter, available_cores
+from proxy.counting.local_count import count_chat
 from proxy.counting.render import render_chat
+from proxy.counting.text_count import TokenCounter, available_cores
 from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
 from proxy.settings import CountingSettings
 

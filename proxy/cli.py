@@ -34,7 +34,7 @@ FLAGS = {  # flag destination -> settings key
     "tokenizer_mode": "model.tokenizer_mode",
     "default_chat_template_kwargs": "model.default_chat_template_kwargs",
     "count_source": "counting.source",
-    "redis_url": "admission.redis_url",
+    "redis_url": "redis.url",
 }
 
 
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_settings_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The flags `serve` and `check` share: where the config, the upstream and the model are."""
     parser.add_argument("--config", type=Path, help="TOML settings file (also TOKEN_GUARD_CONFIG)")
-    parser.add_argument("--upstream", help="base URL of vLLM or any OpenAI-compatible server")
+    parser.add_argument("--upstream", help="base URL of vLLM or any OpenAI-compatible server (replicas: a,b)")
     parser.add_argument("--model", help="served model name clients send as `model`")
     parser.add_argument("--tokenizer", help="tokenizer directory, tokenizer.json, or cached Hugging Face id")
     parser.add_argument("--chat-template", help="chat template file overriding the tokenizer's")
@@ -132,7 +132,7 @@ def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -
     options = {"host": server.host, "port": server.port, "log_level": "warning", **uvicorn_options(server)}
     logging.getLogger("token_guard").info(
         "token-guard listening on http://%s:%d with %d worker(s), upstream %s", server.host, server.port,
-        server.workers, settings.upstream.url,
+        server.workers, ", ".join(settings.upstream.urls),
     )  # fmt: skip
     if server.workers == 1:
         from proxy.counting.registry import ModelRegistry

@@ -16,9 +16,9 @@
     ├── TooBusy                     429  admission's queue is full or the wait timed out; a key over its quota
     ├── HeaderTooLarge              431  a request line and headers above 64 KiB (server/protocol.py)
     ├── NotReady                    503  still learning the upstream's models, or a window not known yet
-    ├── SharedStateUnavailable      503  Redis (admission.redis_url) does not answer in time
+    ├── FleetStateUnavailable       503  Redis (redis.url) does not answer in time
     ├── UpstreamFailed              (the upstream's)  its own error told in the guard's words: a 5xx body with
-    │                                    internals in it, or a chunked request's part that failed mid-stream
+    │                                    internals in it, or a chunked request's chunk that failed mid-stream
     ├── UpstreamUnavailable         502  connection reset, broken answer, garbage
     │   ├── UpstreamRefused         502  no connection could be made: safe to retry on another replica
     │   └── UpstreamTooLarge        502  an answer read whole was larger than its limit (upstream/http.py)
@@ -26,7 +26,7 @@
         └── UpstreamConnectTimeout  504  no connection in time: safe to retry on another replica
 
 Library errors are translated into these at one boundary each: the HTTP client's in proxy/upstream/http.py, the
-template engine's in proxy/counting/render.py, Redis's in proxy/shared/link.py. The server only ever handles
+template engine's in proxy/counting/render.py, Redis's in proxy/fleet/link.py. The server only ever handles
 `GuardError`; proxy/error_bodies.py writes every body that tells a client about one.
 """
 
@@ -148,8 +148,8 @@ class NotReady(GuardError):
     error_type = "ServiceUnavailableError"
 
 
-class SharedStateUnavailable(GuardError):
-    """Redis, where guards share their budgets, did not answer: with admission.redis_failure "closed" the client
+class FleetStateUnavailable(GuardError):
+    """Redis, where guards share their budgets, did not answer: with redis.failure "closed" the client
     sees it; with "open" the guard admits on its own share instead."""
 
     status = 503
@@ -158,7 +158,7 @@ class SharedStateUnavailable(GuardError):
 
 class UpstreamFailed(GuardError):
     """The upstream's own error, told in the guard's words: a 5xx whose body held internals (a traceback, file paths)
-    or was too large to read whole, or a chunked request's part that failed after the answer began. Its status is
+    or was too large to read whole, or a chunked request's chunk that failed after the answer began. Its status is
     the upstream's, and its type the name the guard's own errors give that status."""
 
     TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
@@ -201,7 +201,7 @@ def internal_error() -> GuardError:
 
 def first_error(error: BaseException) -> BaseException:
     """The first leaf of an exception group (a TaskGroup's failure), or the error itself: the one a client is told
-    about when several concurrent parts of its request failed."""
+    about when several concurrent chunks of its request failed."""
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]
     return error

@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from proxy.assets import write_demo_tokenizer_dir
-from proxy.counting.counter import TokenCounter
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
 from proxy.settings import CountingSettings
 from tests.support.trained import write_trained_tokenizer_dir

@@ -73,7 +73,7 @@ def test_the_inference_pool_is_the_routes_backend_and_the_guard_knows_its_pods()
     (container,) = found["Deployment", "token-guard-pool"]["spec"]["template"]["spec"]["containers"]
     settings = load_settings(environ=env_of(container))
     (target_port,) = pool["spec"]["targetPorts"]
-    assert len(settings.upstream.replicas) > 1
-    assert all(url.endswith(f":{target_port['number']}") for url in settings.upstream.replicas)
+    assert len(settings.upstream.urls) > 1
+    assert all(url.endswith(f":{target_port['number']}") for url in settings.upstream.urls)
     policy = found["EnvoyExtensionPolicy", "token-guard"]["spec"]["extProc"][0]["processingMode"]
     assert policy["request"]["body"] == "FullDuplexStreamed"  # as the picker sees it: nothing held whole

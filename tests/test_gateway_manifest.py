@@ -55,15 +55,14 @@ def named_port(c: dict[str, Any], port: int | str) -> int:
 
 def test_the_guards_settings_load_and_share_a_budget_through_redis() -> None:
     settings = load_settings(environ=env_of(guard()))
-    admission = settings.admission
-    assert admission.redis_url and admission.max_inflight_tokens not in (0, "0")
+    assert settings.redis.url and settings.admission.max_inflight_tokens not in (0, "0")
     assert settings.server.host == "0.0.0.0" and settings.server.workers > 1
-    assert urlparse(settings.upstream.url).hostname == "vllm"  # the vLLM Service, not a pod
+    assert [urlparse(url).hostname for url in settings.upstream.urls] == ["vllm"]  # the vLLM Service, not a pod
     assert objects()["Deployment", "llm-gateway"]["spec"]["replicas"] > 1
 
 
 def test_the_redis_url_names_the_redis_service_and_its_port() -> None:
-    url = urlparse(load_settings(environ=env_of(guard())).admission.redis_url or "")
+    url = urlparse(load_settings(environ=env_of(guard())).redis.url or "")
     host = str(url.hostname)
     service = objects()["Service", host]
     (port,) = service["spec"]["ports"]

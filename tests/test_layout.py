@@ -1,4 +1,4 @@
-"""The layout holds: imports point one way (server and extproc -> exchange -> check -> upstream -> shared -> policy ->
+"""The layout holds: imports point one way (server and extproc -> exchange -> check -> upstream -> fleet -> policy ->
 counting -> api -> settings, errors and error bodies), and the pure packages (api, counting, policy) import nothing
 that speaks HTTP or Redis. Every import in every module counts, also those inside functions."""
 
@@ -14,7 +14,7 @@ LAYERS = [  # lowest first: a module may import its own layer and the layers bel
     {"api"},
     {"counting"},
     {"policy"},
-    {"shared"},
+    {"fleet"},
     {"upstream"},
     {"check"},
     {"exchange"},

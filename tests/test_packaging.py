@@ -280,7 +280,7 @@ def test_vllm_port_probes_and_flags() -> None:
 
 def test_token_guard_env_is_valid_settings_pointing_at_vllm() -> None:
     settings = load_settings(environ=env_of(containers()["token-guard"]))
-    assert settings.upstream.url == f"http://127.0.0.1:{vllm_flag('port')}"
+    assert settings.upstream.urls == (f"http://127.0.0.1:{vllm_flag('port')}",)
     assert settings.server.host == "0.0.0.0"
     assert settings.models == ()  # zero-config: the models come from vLLM's /v1/models
 

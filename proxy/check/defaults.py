@@ -9,8 +9,8 @@ import logging
 from typing import Any
 
 from proxy.check.compare import Refusal
-from proxy.check.counts import guard_count, upstream_count
 from proxy.check.samples import Sample
+from proxy.check.sides import guard_count, upstream_count
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.upstream.client import Upstream
 

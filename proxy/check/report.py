@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from proxy.check.compare import MISMATCH, Count, Refusal, Row, Window, cell
-from proxy.check.shared import SharedInfo
+from proxy.check.fleet import FleetInfo
 from proxy.counting.registry import GuardedModel
 
 
@@ -42,12 +42,12 @@ class Report:
     rows: list[Row]
     windows: list[Window]
     models: list[ModelInfo] = field(default_factory=list)
-    shared: SharedInfo | None = None  # admission.redis_url's Redis, when set
+    fleet: FleetInfo | None = None  # redis.url's Redis, when set
 
     @property
     def failed(self) -> bool:
         drift = any(r.verdict == MISMATCH for r in self.rows) or any(w.verdict == MISMATCH for w in self.windows)
-        return drift or (self.shared is not None and not self.shared.reachable)
+        return drift or (self.fleet is not None and not self.fleet.reachable)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -63,13 +63,13 @@ class Report:
                 {"model": w.model, "guard": w.guard, "source": w.source, "upstream": w.upstream, "verdict": w.verdict}
                 for w in self.windows
             ],
-            "redis": asdict(self.shared) if self.shared else None,
+            "redis": asdict(self.fleet) if self.fleet else None,
             "ok": not self.failed,
         }
 
     def table(self) -> str:
         out = [f"upstream {self.upstream_url}, vLLM version {self.version or f'unknown ({self.version_error})'}"]
-        out += [self.shared.line(), ""] if self.shared else [""]
+        out += [self.fleet.line(), ""] if self.fleet else [""]
         if self.models:
             out += ["how each model is counted:", *[line for m in self.models for line in m.lines()], ""]
         samples = [[r.model, r.sample, cell(r.guard), cell(r.upstream), cell(r.charged), r.verdict] for r in self.rows]
@@ -92,7 +92,7 @@ class Report:
         parts = [f"{bad} of {len(self.rows)} sample counts differ" if bad else f"all {len(self.rows)} samples agree"]
         if wider:
             parts.append(f"{wider} model(s) with a larger max_model_len than the upstream's")
-        if self.shared is not None and not self.shared.reachable:
+        if self.fleet is not None and not self.fleet.reachable:
             parts.append("Redis unreachable")
         return f"{'FAIL' if self.failed else 'OK'}: {'; '.join(parts)} ({models} model(s) checked)"
 

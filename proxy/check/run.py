@@ -18,19 +18,19 @@ from pathlib import Path
 
 from proxy.api.models import ModelCard
 from proxy.check.compare import Window, drift_lines
-from proxy.check.counts import count_both
 from proxy.check.defaults import learn
+from proxy.check.fleet import fleet_info
 from proxy.check.report import ModelInfo, Report
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
-from proxy.check.shared import shared_info
+from proxy.check.sides import count_both
 from proxy.check.source import apply
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.errors import GuardError
 from proxy.settings import Settings
 from proxy.upstream.client import Upstream
-from proxy.upstream.counting import UpstreamCounter
 from proxy.upstream.discovery import discover
 from proxy.upstream.http import HttpClient
+from proxy.upstream.remote_count import RemoteCounter
 
 
 class CheckError(Exception):
@@ -50,11 +50,11 @@ async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: 
         for name in registry.names:
             model = registry.resolve(name)
             rows += await count_both(model, BUILTIN_SAMPLES, upstream)
-        await apply(registry, rows, UpstreamCounter(upstream))
+        await apply(registry, rows, RemoteCounter(upstream))
     except GuardError as exc:
-        return [f"drift check against {upstream.url} could not run: {exc.message}"]
+        return [f"drift check against {upstream.where} could not run: {exc.message}"]
     except Exception as exc:  # a warning must never stop the proxy from serving
-        return [f"drift check against {upstream.url} failed unexpectedly: {exc!r}"]
+        return [f"drift check against {upstream.where} failed unexpectedly: {exc!r}"]
     finally:
         registry.checked = True
     return drift_lines(rows)
@@ -77,14 +77,14 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
         await learn(registry, upstream)
         models = [registry.resolve(name) for name in registry.names]
         rows = [row for model in models for row in await count_both(model, samples, upstream)]
-        await apply(registry, rows, UpstreamCounter(upstream))
+        await apply(registry, rows, RemoteCounter(upstream))
         windows = [_window(model, cards) for model in models]
         infos = [ModelInfo.of(registry.resolve(name)) for name in registry.names]
     except GuardError as exc:
         raise CheckError(exc.message) from None
     finally:
         await upstream.aclose()
-    return Report(upstream.url, version, version_error, rows, windows, infos, await shared_info(settings.admission))
+    return Report(upstream.where, version, version_error, rows, windows, infos, await fleet_info(settings.redis))
 
 
 async def _discover(upstream: Upstream, wait_s: float, connect_timeout_s: float) -> list[ModelCard]:
@@ -94,7 +94,7 @@ async def _discover(upstream: Upstream, wait_s: float, connect_timeout_s: float)
     except (GuardError, TimeoutError) as exc:
         last = exc.__cause__ if isinstance(exc.__cause__, GuardError | ValueError) else exc
         reason = last.message if isinstance(last, GuardError) else str(last) or "no answer to GET /v1/models"
-        raise CheckError(f"cannot reach the upstream at {upstream.url} within {wait_s:g} s: {reason}") from None
+        raise CheckError(f"cannot reach the upstream at {upstream.where} within {wait_s:g} s: {reason}") from None
 
 
 def _window(model: GuardedModel, cards: list[ModelCard]) -> Window:

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from proxy.check.compare import MISMATCH, Row
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.errors import GuardError
-from proxy.upstream.counting import UpstreamCounter
+from proxy.upstream.remote_count import RemoteCounter
 
 
-async def probe(counter: UpstreamCounter, model: str) -> None:
+async def probe(counter: RemoteCounter, model: str) -> None:
     """Learn whether the upstream offers the render endpoints (one small chat rendered)."""
     if counter.renders is None:
         try:
@@ -21,7 +21,7 @@ async def probe(counter: UpstreamCounter, model: str) -> None:
             pass  # a model that refuses even this says nothing about the endpoints
 
 
-def decide(model: GuardedModel, rows: Sequence[Row], counter: UpstreamCounter) -> tuple[str, str]:
+def decide(model: GuardedModel, rows: Sequence[Row], counter: RemoteCounter) -> tuple[str, str]:
     """The model's count source and why, for a model whose configured source is "auto"."""
     bad = [r.sample for r in rows if r.verdict == MISMATCH]
     if not bad:
@@ -39,7 +39,7 @@ def decide(model: GuardedModel, rows: Sequence[Row], counter: UpstreamCounter) -
     )
 
 
-async def apply(registry: ModelRegistry, rows: Sequence[Row], counter: UpstreamCounter) -> None:
+async def apply(registry: ModelRegistry, rows: Sequence[Row], counter: RemoteCounter) -> None:
     for name in registry.names:
         model = registry.resolve(name)
         if model.count_source != "auto":

@@ -29,8 +29,9 @@ def cut_middle(ids: list[int], keep: int) -> tuple[list[int], list[int]]:
     return ids[:head], ids[len(ids) - (keep - head) :] if keep - head else []
 
 
-def windows(length: int, size: int, overlap: int) -> list[tuple[int, int]]:
-    """Consecutive [start, end) windows of `size` covering `length`, each starting `overlap` before the last end."""
+def chunk_spans(length: int, size: int, overlap: int) -> list[tuple[int, int]]:
+    """The chunk policy's split: consecutive [start, end) spans of `size` covering `length`, each starting `overlap`
+    before the last end."""
     if length <= 0:
         return []
     spans, start = [], 0

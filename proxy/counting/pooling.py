@@ -13,7 +13,7 @@ from proxy.api.chat import chat_request
 from proxy.api.cohere import CohereEmbedRequest
 from proxy.api.completions import CompletionRequest
 from proxy.api.pooling import PoolingRequest, ScoringRequest
-from proxy.counting.count import count_completion
+from proxy.counting.local_count import count_completion
 from proxy.counting.registry import GuardedModel
 from proxy.counting.source import LOCAL, UPSTREAM, RemoteCount, chat_tokens, completion_tokens
 

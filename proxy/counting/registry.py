@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.api.models import ModelCard
-from proxy.counting.counter import TokenCounter
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer, TokenizerLoadError, load_tokenizer
 from proxy.errors import ModelNotFound, NotReady
 from proxy.settings import CountingSettings, ModelSettings

@@ -1,5 +1,5 @@
 """Who counts a request's prompt (counting.source): the guard itself, which is the fast normal case, or the upstream,
-which renders and counts it with the model's own processor (proxy/upstream/counting.py).
+which renders and counts it with the model's own processor (proxy/upstream/remote_count.py).
 
 Per model: "local" always counts here; "upstream" always asks vLLM; "auto" counts here unless the start-up check
 found the guard disagreeing with what vLLM charges for this model (the registry then says "upstream"). Per request:
@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 from proxy.api.batch import BatchChatRequest
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
-from proxy.counting.count import count_chat, count_completion
+from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
 from proxy.errors import CountedUpstreamOnly, GuardError, InvalidRequest, TemplateRefused, UpstreamUnavailable
 

@@ -19,15 +19,15 @@ from proxy.exchange.metering import Meter
 from proxy.exchange.metrics import Metrics
 from proxy.exchange.quotas import Quotas
 from proxy.policy.guard import Guard
-from proxy.settings import AdmissionSettings, Settings
+from proxy.settings import RedisSettings, Settings
 from proxy.upstream.client import Upstream
-from proxy.upstream.counting import UpstreamCounter
 from proxy.upstream.discovery import discover
 from proxy.upstream.http import HttpClient
+from proxy.upstream.remote_count import RemoteCounter
 from proxy.upstream.transport import Transport
 
 if TYPE_CHECKING:
-    from proxy.shared.link import RedisLink
+    from proxy.fleet.link import RedisLink
 
 log = logging.getLogger("token_guard.app")
 
@@ -41,10 +41,10 @@ class Core:
         `chunk_instead`: for a front end that cannot fan a request out ("reject" or "truncate"), what the chunk
         policy becomes (policy/guard.py); None: chunking is available."""
         self.settings, self.registry = settings, registry
-        self.link = _redis_link(settings.admission)
+        self.link = _redis_link(settings.redis)
         self.upstream = Upstream(
             settings.upstream, transport or HttpClient(settings.upstream), settings.admission,
-            workers=settings.server.workers, link=self.link,
+            workers=settings.server.workers, link=self.link, redis=settings.redis,
         )  # fmt: skip
         self.metrics = Metrics(
             lambda: {name: registry.resolve(name).counter.stats() for name in registry.names},
@@ -54,12 +54,12 @@ class Core:
             ),  # fmt: skip
         )
         if self.link is not None:
-            from proxy.exchange.shared_metrics import SharedState
-            from proxy.upstream.shared_gate import SharedAdmission
+            from proxy.exchange.fleet_metrics import FleetState
+            from proxy.upstream.fleet_gate import FleetAdmission
 
             gate = self.upstream.admission
-            self.metrics.register(SharedState(self.link, gate if isinstance(gate, SharedAdmission) else None))
-        self.guard = Guard(settings, registry, UpstreamCounter(self.upstream), self.upstream.ceiling, chunk_instead)
+            self.metrics.register(FleetState(self.link, gate if isinstance(gate, FleetAdmission) else None))
+        self.guard = Guard(settings, registry, RemoteCounter(self.upstream), self.upstream.ceiling, chunk_instead)
         self.quotas = Quotas(settings, self.link)
         self.meter = Meter(self.quotas)
         self.flow = Flow(self.guard, self.meter, self.metrics)
@@ -88,7 +88,7 @@ class Core:
         if self.upstream.auto_budget:
             jobs.append(self.upstream.learn_budgets())
         if self.link is not None:
-            jobs += [self.link.watch(), *(self.upstream.shared_jobs() or [_heartbeat(self.link, self.settings)])]
+            jobs += [self.link.watch(), *(self.upstream.fleet_jobs() or [_heartbeat(self.link, self.settings)])]
         return [_logged(job) for job in jobs]
 
     async def aclose(self) -> None:
@@ -97,20 +97,20 @@ class Core:
             await self.link.aclose()
 
 
-def _redis_link(admission: AdmissionSettings) -> RedisLink | None:
+def _redis_link(redis: RedisSettings) -> RedisLink | None:
     """The one link to Redis, when guards share state through it (imported only then)."""
-    if admission.redis_url is None:
+    if redis.url is None:
         return None
-    from proxy.shared.link import RedisLink
+    from proxy.fleet.link import RedisLink
 
-    return RedisLink(admission.redis_url, admission.redis_timeout_ms)
+    return RedisLink(redis.url, redis.timeout_ms)
 
 
 async def _heartbeat(link: RedisLink, settings: Settings) -> None:
-    """This instance's heartbeat in Redis when no shared budget keeps one (`token-guard check` counts them)."""
-    from proxy.shared.presence import Presence
+    """This instance's heartbeat in Redis when no fleet budget keeps one (`token-guard check` counts them)."""
+    from proxy.fleet.presence import Presence
 
-    await Presence(link, settings.admission.redis_lease_s).run()
+    await Presence(link, settings.redis.lease_s).run()
 
 
 async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: Upstream) -> None:

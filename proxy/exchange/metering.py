@@ -29,8 +29,8 @@ class Meter:
             await self.charge(key, outcome.decision.prompt_tokens, TAKE, record, tagged)
             return
         verdict = await self.charge(key, tokens, CHARGE, record, tagged)
-        forwarded = isinstance(outcome, Chunked)  # its parts' summed usage settles it once the merged answer ends
-        record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded, verdict.shared)
+        forwarded = isinstance(outcome, Chunked)  # its chunks' summed usage settles it once the merged answer ends
+        record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded, verdict.fleet)
 
     async def charge(self, key: KeySettings, tokens: int, mode: int, record: RequestRecord, tagged: Headers) -> Verdict:
         """One charge of a key's quotas (policy/quota.py: CHARGE, TAKE or CHECK); 429 when refused. The answer
@@ -57,4 +57,4 @@ class Meter:
         unused = charge.unused(status)
         record.charged_tokens = charge.tokens - unused
         if unused:
-            await self.quotas.give_back(charge.key, unused, charge.shared)
+            await self.quotas.give_back(charge.key, unused, charge.fleet)

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.counting.counter import CounterStats
+from proxy.counting.text_count import CounterStats
 from proxy.exchange.record import RequestRecord
 from proxy.policy.outcome import Decision
 
@@ -66,7 +66,7 @@ DEFINITIONS = {
     "cancel": Definition(
         "token_guard_cancel_seconds",
         "From a client's connection closing to the guard having given up its work: upstream request closed (which "
-        "makes vLLM abort), chunk parts cancelled, or place in the admission queue left",
+        "makes vLLM abort), chunks cancelled, or place in the admission queue left",
         ("endpoint",),
         CANCEL_BUCKETS,
     ),
@@ -103,7 +103,7 @@ class _Histogram:
 
 
 class InFlight:
-    """A gauge of chunked-request parts running now."""
+    """A gauge of chunked requests' chunks running now."""
 
     def __init__(self) -> None:
         self.value = 0
@@ -205,9 +205,10 @@ class Metrics:
                     if name == metric:
                         family.add_metric(list(labels), histogram.cumulative(), histogram.total)
                 yield family
-        parts = GaugeMetricFamily("token_guard_fanout_parts_in_flight", "Parts of chunked requests running now")
-        parts.add_metric([], self.fanout.value)
-        yield parts
+        # The name says parts, the chunks' old name: kept, so that dashboards still find it.
+        chunks = GaugeMetricFamily("token_guard_fanout_parts_in_flight", "Chunks of chunked requests running now")
+        chunks.add_metric([], self.fanout.value)
+        yield chunks
         blocks = GaugeMetricFamily(
             "token_guard_python_allocated_blocks",
             "Memory blocks Python's allocator holds now: a leak grows it, the allocator keeping freed pages does not",

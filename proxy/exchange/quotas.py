@@ -1,8 +1,8 @@
 """Per-key quotas on the request path: charge a keyed request before it is forwarded (429 with Retry-After when its
 key is over), settle the charge against what the answer says it used, and the x-ratelimit-* headers of every answer.
 
-On Redis (admission.redis_url) when configured, so that a key's quota holds across guards and workers; per process
-otherwise. When Redis does not answer: admission.redis_failure "open" uses this process's buckets (each worker with
+On Redis (redis.url) when configured, so that a key's quota holds across guards and workers; per process
+otherwise. When Redis does not answer: redis.failure "open" uses this process's buckets (each worker with
 its share), "closed" answers 503."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from proxy.errors import SharedStateUnavailable, TooBusy
+from proxy.errors import FleetStateUnavailable, TooBusy
 from proxy.policy.quota import CHARGE, Limits, LocalQuotas, Verdict, Window, duration
 from proxy.settings import Settings
 from proxy.settings.sections import KeySettings
 
 if TYPE_CHECKING:
-    from proxy.shared.link import RedisLink
-    from proxy.shared.quotas import RedisQuotas
+    from proxy.fleet.link import RedisLink
+    from proxy.fleet.quotas import RedisQuotas
 
 log = logging.getLogger("token_guard.quotas")
 
@@ -27,55 +27,55 @@ log = logging.getLogger("token_guard.quotas")
 class Quotas:
     def __init__(self, settings: Settings, link: RedisLink | None = None) -> None:
         self.local = LocalQuotas(settings.server.workers)
-        self.shared: RedisQuotas | None = None
+        self.fleet: RedisQuotas | None = None
         if link is not None:  # imported only here: without a Redis, redis is never imported
-            from proxy.shared.quotas import RedisQuotas
+            from proxy.fleet.quotas import RedisQuotas
 
-            self.shared = RedisQuotas(link)
-        self.closed = settings.admission.redis_failure == "closed"
+            self.fleet = RedisQuotas(link)
+        self.closed = settings.redis.failure == "closed"
 
     async def charge(self, key: KeySettings, tokens: int, mode: int = CHARGE) -> Verdict:
         """Take `tokens` and one request from `key`'s quotas as `mode` says (policy/quota.py: a reservation, work
         already done, or a check that takes nothing), or nothing when refused (`allowed` false)."""
         limits = _limits(key)
-        return await self._shared_or_local(
-            lambda shared: shared.charge(key.name, limits, tokens, mode),
+        return await self._fleet_or_local(
+            lambda fleet: fleet.charge(key.name, limits, tokens, mode),
             lambda now: self.local.charge(key.name, limits, tokens, now, mode),
         )
 
     async def peek(self, key: KeySettings) -> Verdict:
         limits = _limits(key)
-        return await self._shared_or_local(
-            lambda shared: shared.peek(key.name, limits), lambda now: self.local.peek(key.name, limits, now)
+        return await self._fleet_or_local(
+            lambda fleet: fleet.peek(key.name, limits), lambda now: self.local.peek(key.name, limits, now)
         )
 
     async def told(self, key: KeySettings) -> dict[str, str]:
         """The x-ratelimit-* headers of a look at `key`'s buckets, which charges nothing; none when Redis does not
-        answer and redis_failure is "closed" (the answer goes out without them)."""
+        answer and redis.failure is "closed" (the answer goes out without them)."""
         try:
             return (await self.peek(key)).headers()
-        except SharedStateUnavailable:
+        except FleetStateUnavailable:
             return {}
 
-    async def give_back(self, key: KeySettings, amount: int, shared: bool) -> None:
-        """Return what a request did not use to the buckets that charged it (`shared`: Redis); lost when Redis does
+    async def give_back(self, key: KeySettings, amount: int, fleet: bool) -> None:
+        """Return what a request did not use to the buckets that charged it (`fleet`: Redis); lost when Redis does
         not answer (the key stays charged: the safe side)."""
         limits = _limits(key)
-        if self.shared is None or not shared:
+        if self.fleet is None or not fleet:
             self.local.give_back(key.name, limits, amount, _now_ms())
             return
         try:
-            await self.shared.give_back(key.name, limits, amount)
-        except SharedStateUnavailable:
+            await self.fleet.give_back(key.name, limits, amount)
+        except FleetStateUnavailable:
             log.debug("%d tokens not given back to key %s: Redis does not answer", amount, key.name)
 
-    async def _shared_or_local(
-        self, shared: Callable[[RedisQuotas], Awaitable[Verdict]], local: Callable[[float], Verdict]
+    async def _fleet_or_local(
+        self, fleet: Callable[[RedisQuotas], Awaitable[Verdict]], local: Callable[[float], Verdict]
     ) -> Verdict:
-        if self.shared is not None:
+        if self.fleet is not None:
             try:
-                return await shared(self.shared)
-            except SharedStateUnavailable:
+                return await fleet(self.fleet)
+            except FleetStateUnavailable:
                 if self.closed:
                     raise
         return local(_now_ms())

@@ -35,7 +35,7 @@ SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # grpc.health.v1.HealthCheckRes
 class Processor(ext_proc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.endpoints = Endpoints(core.settings.upstream.replicas)
+        self.endpoints = Endpoints(core.settings.upstream.urls)
         self.max_body_bytes = core.settings.server.max_body_bytes
 
     async def Process(self, requests: AsyncIterator[ProcessingRequest], context: grpc.aio.ServicerContext) -> None:  # noqa: N802 (gRPC's name)
@@ -98,7 +98,7 @@ async def serve(settings: Settings, registry: ModelRegistry) -> None:
     """Run until SIGTERM or SIGINT, then let open streams end for up to server.drain_timeout_s."""
     async with running(settings, registry, grace_s=settings.server.drain_timeout_s) as served:
         log.info("token-guard extproc: Envoy's external processor on %s:%d (gRPC), upstream %s",
-                 settings.server.host, served.port, settings.upstream.url)  # fmt: skip
+                 settings.server.host, served.port, ", ".join(settings.upstream.urls))  # fmt: skip
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

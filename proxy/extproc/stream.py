@@ -2,7 +2,7 @@
 
 request headers   the route table's verdict (exchange/entry.py): a refusal, the guard's own probes and metrics
                   are answered here; other routes go on (a guarded one once its body is decided)
-request body      BUFFERED: the whole body in one message; FULL_DUPLEX_STREAMED: chunks gathered (at most
+request body      BUFFERED: the whole body in one message; FULL_DUPLEX_STREAMED: pieces gathered (at most
                   server.max_body_bytes), the headers held until the body is decided, then the body sent back in
                   pieces. The guard decides (exchange/flow.py): pass goes on untouched, a rewrite (clamp,
                   truncate) replaces the body with its content-length, a refusal or count_tokens is answered here;
@@ -53,7 +53,7 @@ class Stream:
         self.sent: Headers = []  # the request's headers as received
         self.tagged: Headers = []  # what every answer carries: the request id, the key's x-ratelimit-*
         self.extra: Headers = []  # and the decision's x-token-guard-*, once decided
-        self.chunks: list[bytes] = []
+        self.pieces: list[bytes] = []
         self.size = 0
         self.ticket: Ticket | None = None
         self.status: int | None = None
@@ -73,7 +73,7 @@ class Stream:
                 return self._response_headers(message.response_headers)
             if phase == "response_body":
                 return self._response_body(message.response_body.body, message.response_body.end_of_stream)
-            if phase == "request_trailers" and self.chunks:  # FULL_DUPLEX: a body whose end came with trailers
+            if phase == "request_trailers" and self.pieces:  # FULL_DUPLEX: a body whose end came with trailers
                 return [*await self._request_body(b"", True), wire.request_trailers()]
         except GuardError as exc:
             return await self._failed(exc)
@@ -116,16 +116,16 @@ class Stream:
             return await self._decide(b"")
         return [] if self.request_mode == FULL_DUPLEX else [wire.request_headers()]  # FULL_DUPLEX: held
 
-    async def _request_body(self, chunk: bytes, end: bool) -> Answers:
+    async def _request_body(self, piece: bytes, end: bool) -> Answers:
         if self.record is None or not self.record.guarded:  # a body a relay route carries on unread
-            return list(wire.streamed(chunk, end)) if self.request_mode == FULL_DUPLEX else [wire.request_body()]
-        self.size += len(chunk)
+            return list(wire.streamed(piece, end)) if self.request_mode == FULL_DUPLEX else [wire.request_body()]
+        self.size += len(piece)
         if self.size > self.max_body_bytes:
             raise PayloadTooLarge.over(self.max_body_bytes)
-        self.chunks.append(chunk)
+        self.pieces.append(piece)
         if not end:
             return []
-        body, self.chunks = b"".join(self.chunks), []
+        body, self.pieces = b"".join(self.pieces), []
         return await self._decide(body)
 
     async def _decide(self, body: bytes) -> Answers:
@@ -174,16 +174,16 @@ class Stream:
         self.ended = message.end_of_stream or self.response_mode == NONE  # no body comes: its end is not seen
         return [wire.response_headers(self.extra or self.tagged)]
 
-    def _response_body(self, chunk: bytes, end: bool) -> Answers:
+    def _response_body(self, piece: bytes, end: bool) -> Answers:
         record = self.record
         if record is not None and record.charge is not None:
-            record.charge.tail.feed(chunk)
+            record.charge.tail.feed(piece)
         if end:
             self.ended = True
             if record is not None:
                 record.upstream_s = time.perf_counter() - record.started
         if self.response_mode == FULL_DUPLEX:
-            return list(wire.streamed(chunk, end, response=True))
+            return list(wire.streamed(piece, end, response=True))
         return [wire.response_body()]
 
     async def close(self) -> None:

@@ -28,7 +28,7 @@ from proxy.exchange.headers import Headers, RawHeaders
 NONE = ProcessingMode.NONE
 BUFFERED = ProcessingMode.BUFFERED
 FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
-PIECE_BYTES = 62_000  # a body sent back in FULL_DUPLEX_STREAMED goes in pieces this large (Envoy's own chunks' size)
+PIECE_BYTES = 62_000  # a body sent back in FULL_DUPLEX_STREAMED goes in pieces this large (Envoy's own pieces' size)
 OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 __all__ = ["HttpHeaders", "ProcessingRequest", "ProcessingResponse"]

@@ -8,7 +8,7 @@ the fact, says what it was). So the guard says `partial`, counts 0 prompt tokens
             vLLM generates up to the window (or its model's generation config)
     cost    the output limit (the window when none is set), for each beam under beam search: what the request can
             hold; with admission.max_inflight_tokens, a limit is set (or lowered) so that it fits the whole budget.
-            A model that splits long audio into 30-second chunks runs each chunk with that limit; the guard cannot
+            A model that splits long audio into 30-second segments runs each segment with that limit; the guard cannot
             know how many there are without decoding the audio.
 """
 

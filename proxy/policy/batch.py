@@ -24,7 +24,7 @@ from proxy.policy.outcome import Decision, Forward, Outcome, Refuse
 
 WHY_NOT = {
     "truncate": "The truncate policy was not applied: a cut conversation of a batch asks another question.",
-    "chunk": "The chunk policy was not applied: the answers of a batch's parts cannot be merged.",
+    "chunk": "The chunk policy was not applied: the answers of a batch's chunks cannot be merged.",
 }
 
 

@@ -1,9 +1,9 @@
-"""The chunk policy's split: an overflowing prompt becomes consecutive windows, each sent as its own request.
+"""The chunk policy's split: an overflowing prompt becomes consecutive chunks, each sent as its own request.
 
 Completions split the prompt's token ids. Chat keeps the conversation as a frame and splits the text of its longest
-user message at token boundaries that are also character boundaries, so the windows cover the text exactly once, in
-order (plus the configured overlap). Each part is re-counted exactly; if decoding shifted a count over the budget,
-the window size shrinks and the split is made again.
+user message at token boundaries that are also character boundaries, so the chunks cover the text exactly once, in
+order (plus the configured overlap). Each chunk is re-counted exactly; if decoding shifted a count over the budget,
+the chunk size shrinks and the split is made again.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
-from proxy.counting.count import CountMessages
-from proxy.counting.ids import char_cut, encode, encode_with_offsets, windows
+from proxy.counting.ids import char_cut, chunk_spans, encode, encode_with_offsets
+from proxy.counting.local_count import CountMessages
 from proxy.counting.tokenizer import ModelTokenizer
 
-MIN_WINDOW = 32
+MIN_CHUNK_TOKENS = 32  # a chat chunk's text smaller than this: too little room beside the rest of the conversation
 
 
 @dataclass(frozen=True)
@@ -32,21 +32,21 @@ class CannotChunk(Exception):
     """Chunking has no sound meaning for this request; the message says why."""
 
 
-MAX_PARTS = 64  # a prompt that needs more parts than this is not chunked: 64 answers glued together say little
+MAX_CHUNKS = 64  # a prompt that needs more chunks than this is not chunked: 64 answers glued together say little
 
 
-def refuse_too_many_parts(prompt_tokens: int, chunk_tokens: int) -> None:
-    if prompt_tokens > MAX_PARTS * chunk_tokens:
-        raise CannotChunk(f"the prompt would take more than {MAX_PARTS} parts of {chunk_tokens} tokens")
+def refuse_too_many_chunks(prompt_tokens: int, chunk_tokens: int) -> None:
+    if prompt_tokens > MAX_CHUNKS * chunk_tokens:
+        raise CannotChunk(f"the prompt would take more than {MAX_CHUNKS} chunks of {chunk_tokens} tokens")
 
 
-def output_shares(total: int, parts: int) -> list[int]:
-    """The client's output limit split across the parts of an answer they make together, in order (the first parts
+def output_shares(total: int, chunks: int) -> list[int]:
+    """The client's output limit split across the chunks of an answer they make together, in order (the first chunks
     take the remainder), so that the answer it receives stays within what it asked for."""
-    if total < parts:
-        raise CannotChunk(f"max_tokens of {total} cannot be shared by {parts} parts (each answers 1 token or more)")
-    base, extra = divmod(total, parts)
-    return [base + (i < extra) for i in range(parts)]
+    if total < chunks:
+        raise CannotChunk(f"max_tokens of {total} cannot be shared by {chunks} chunks (each answers 1 token or more)")
+    base, extra = divmod(total, chunks)
+    return [base + (i < extra) for i in range(chunks)]
 
 
 def refuse_unsound(body: dict[str, Any], n: int, kind: str) -> None:
@@ -73,7 +73,7 @@ def _is_batch(prompt: list[Any]) -> bool:
 async def split_completion(tok: ModelTokenizer, req: CompletionRequest, budget: int, size: int, overlap: int) -> Split:
     (prompt,) = req.prompts
     ids = prompt if isinstance(prompt, list) else (await encode(tok, [prompt], req.add_special_tokens))[0]
-    spans = windows(len(ids), min(size, budget), overlap)
+    spans = chunk_spans(len(ids), min(size, budget), overlap)
     return Split([ids[s:e] for s, e in spans], [e - s for s, e in spans], spans)
 
 
@@ -90,25 +90,25 @@ async def split_chat(
     text = _plain_text(req.messages[index])
     ids, starts = await encode_with_offsets(tok, text)
     frame = await count(_with_content(req.messages, index, _prefix(prefix, 999, 999)))
-    window = min(size, budget - frame - 4)
+    chunk_size = min(size, budget - frame - 4)
     for _ in range(6):
-        if window < MIN_WINDOW:
+        if chunk_size < MIN_CHUNK_TOKENS:
             raise CannotChunk(
                 f"the rest of the conversation ({frame} tokens) leaves too little room in the window to split the "
                 "long message"
             )
-        token_spans = windows(len(ids), window, min(overlap, window // 2))
+        token_spans = chunk_spans(len(ids), chunk_size, min(overlap, chunk_size // 2))
         spans = [(char_cut(starts, s, len(text)), char_cut(starts, e, len(text))) for s, e in token_spans]
         spans = [(s, e) for s, e in spans if e > s]
-        parts = [
+        chunks = [
             _with_content(req.messages, index, _prefix(prefix, i + 1, len(spans)) + text[s:e])
             for i, (s, e) in enumerate(spans)
         ]
-        counts = [await count(p) for p in parts]
+        counts = [await count(c) for c in chunks]
         if max(counts) <= budget:
-            return Split(parts, counts, spans)
-        window -= max(counts) - budget + 8
-    raise CannotChunk("the long message could not be split into windows that fit")
+            return Split(chunks, counts, spans)
+        chunk_size -= max(counts) - budget + 8
+    raise CannotChunk("the long message could not be split into chunks that fit")
 
 
 def _longest_user(messages: list[Any]) -> int:

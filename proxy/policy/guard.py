@@ -1,5 +1,5 @@
 """The request path of a guarded endpoint: parse -> count -> decide, then the overflow policy when the prompt does
-not fit. Returns what to do (forward a body, refuse, or fan out parts); the server does it."""
+not fit. Returns what to do (forward a body, refuse, or fan out chunks); the server does it."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from proxy.api.routes import Kind, Route
 from proxy.api.tokens import GenerateRequest, generate_request
 from proxy.counting.anthropic import messages_chat
 from proxy.counting.bound import verbatim_texts
-from proxy.counting.count import count_chat
 from proxy.counting.isolated import PARSER
+from proxy.counting.local_count import count_chat
 from proxy.counting.pooling import cohere_tokens, pooling_tokens, scoring_tokens
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.responses import responses_chat

@@ -1,9 +1,9 @@
 """Merge the answers of a chunked request into one, in the usual shape: pure functions over parsed JSON.
 
-Non-streaming: the parts' texts joined in order with the separator, usage summed, finish_reason "length" if any part
-hit its limit else the last part's, a fresh id. Streaming: `StreamMerger` turns the parts' SSE chunks, consumed part
-after part, into one well-formed stream: one role chunk, the separator between parts, one finish chunk, one usage
-chunk when the client asked for usage, one [DONE].
+Non-streaming: the chunks' answer texts joined in order with the separator, usage summed, finish_reason "length" if
+any chunk hit its limit else the last chunk's, a fresh id. Streaming: `StreamMerger` turns the chunks' SSE events,
+consumed chunk after chunk, into one well-formed stream: one role event, the separator between chunks, one finish
+event, one usage event when the client asked for usage, one [DONE].
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def merged_finish(reasons: list[str | None]) -> str | None:
     return "length" if "length" in reasons else reasons[-1]
 
 
-def part_text(kind: str, answer: dict[str, Any]) -> str:
+def answer_text(kind: str, answer: dict[str, Any]) -> str:
     choice = answer["choices"][0]
     value = choice.get("text") if kind == "completion" else (choice.get("message") or {}).get("content")
     return value or ""
@@ -43,7 +43,7 @@ def merge_answers(kind: str, answers: list[dict[str, Any]], separator: str) -> d
     merged["id"] = fresh_id(kind)
     merged["created"] = answers[0].get("created", merged.get("created"))
     choice = merged["choices"][0]
-    text = separator.join(part_text(kind, a) for a in answers)
+    text = separator.join(answer_text(kind, a) for a in answers)
     if kind == "completion":
         choice["text"] = text
     else:
@@ -66,54 +66,55 @@ DONE = b"data: [DONE]\n\n"
 
 
 class StreamMerger:
-    """Rewrites the chunks of parts 0..n-1 (fed in that order) into one stream."""
+    """Rewrites the SSE events of chunks 0..n-1 (fed in that order) into one stream."""
 
     def __init__(
-        self, kind: str, parts: int, separator: str, include_usage: bool, prior_usage: list[Any] | None = None
+        self, kind: str, chunks: int, separator: str, include_usage: bool, prior_usage: list[Any] | None = None
     ) -> None:
-        self.kind, self.parts, self.separator, self.include_usage = kind, parts, separator, include_usage
+        self.kind, self.chunks, self.separator, self.include_usage = kind, chunks, separator, include_usage
         self.id = fresh_id(kind)
         self.created: Any = None
         self.model: Any = None
-        self.usages: list[dict[str, Any] | None] = list(prior_usage or [])  # e.g. the parts before a reduce step
+        self.usages: list[dict[str, Any] | None] = list(prior_usage or [])  # e.g. the chunks before a reduce step
         self.reasons: list[str | None] = []
         self._started: set[int] = set()
-        self._expected = len(self.usages) + parts  # one usage per part, and per prior answer
+        self._expected = len(self.usages) + chunks  # one usage per chunk, and per prior answer
         self._finished = False
 
-    def feed(self, part: int, chunk: dict[str, Any]) -> list[bytes]:
+    def feed(self, index: int, event: dict[str, Any]) -> list[bytes]:
+        """Chunk `index`'s next event (parsed), as what goes to the client."""
         if self.created is None:
-            self.created, self.model = chunk.get("created"), chunk.get("model")
-        chunk = {**chunk, "id": self.id, "created": self.created, "model": self.model}
-        if not chunk.get("choices"):  # the part's usage chunk: summed into the one sent at the end
-            self.usages.append(chunk.get("usage"))
+            self.created, self.model = event.get("created"), event.get("model")
+        event = {**event, "id": self.id, "created": self.created, "model": self.model}
+        if not event.get("choices"):  # the chunk's usage event: summed into the one sent at the end
+            self.usages.append(event.get("usage"))
             return []
-        chunk.pop("usage", None)  # running usage of one part would mislead; the summed usage comes at the end
+        event.pop("usage", None)  # running usage of one chunk would mislead; the summed usage comes at the end
         out = []
-        if part not in self._started:
-            self._started.add(part)
-            if part > 0 and self.separator:
-                out.append(self._text_chunk(chunk, self.separator))
-        choice = dict(chunk["choices"][0])
-        if part > 0 and "delta" in choice and "role" in choice["delta"]:
+        if index not in self._started:
+            self._started.add(index)
+            if index > 0 and self.separator:
+                out.append(self._text_event(event, self.separator))
+        choice = dict(event["choices"][0])
+        if index > 0 and "delta" in choice and "role" in choice["delta"]:
             delta = {k: v for k, v in choice["delta"].items() if k != "role"}
             if not delta.get("content"):
                 return out
             choice["delta"] = delta
         if choice.get("finish_reason") is not None:
             self.reasons.append(choice["finish_reason"])
-            if part < self.parts - 1:  # only the last part's finish chunk stays, carrying the merged reason
+            if index < self.chunks - 1:  # only the last chunk's finish event stays, carrying the merged reason
                 choice.update(finish_reason=None, stop_reason=None)
                 if not self._has_text(choice):
                     return out
             else:
                 choice["finish_reason"] = merged_finish(self.reasons)
-        out.append(sse({**chunk, "choices": [choice]}))
+        out.append(sse({**event, "choices": [choice]}))
         return out
 
     def usage(self) -> dict[str, int] | None:
-        """The summed usage once the stream has finished and every part told its usage; None before, or when one
-        did not (a part that failed, or whose usage was not asked for)."""
+        """The summed usage once the stream has finished and every chunk told its usage; None before, or when one
+        did not (a chunk that failed, or whose usage was not asked for)."""
         return told_usage(self.usages) if self._finished and len(self.usages) == self._expected else None
 
     def finish(self) -> list[bytes]:
@@ -126,7 +127,7 @@ class StreamMerger:
         out.append(DONE)
         return out
 
-    def chunks_of(self, answer: dict[str, Any]) -> list[bytes]:
+    def events_of(self, answer: dict[str, Any]) -> list[bytes]:
         """A finished (merged) answer as the stream vLLM would have sent for it."""
         choice = answer["choices"][0]
         base = {"id": self.id, "object": self._object(), "created": answer.get("created"), "model": answer.get("model")}
@@ -152,7 +153,7 @@ class StreamMerger:
             return bool(choice.get("text"))
         return bool((choice.get("delta") or {}).get("content"))
 
-    def _text_chunk(self, template: dict[str, Any], text: str) -> bytes:
+    def _text_event(self, template: dict[str, Any], text: str) -> bytes:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": None}
         if self.kind == "completion":
             choice["text"] = text

@@ -1,4 +1,4 @@
-"""What the guard makes of a request: forward a body, refuse it, or fan it out in parts; and the decision behind it,
+"""What the guard makes of a request: forward a body, refuse it, or fan it out in chunks; and the decision behind it,
 which both the x-token-guard-* headers and the request's log line and metrics are made from."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Decision:
     # uncounted (neither the guard nor the upstream could count it: forwarded as sent)
     prompt_tokens: int
     max_tokens: int | None = None  # the effective output limit, when there is one
-    chunk_tokens: tuple[int, ...] = ()  # chunk: each part's prompt tokens
+    chunk_tokens: tuple[int, ...] = ()  # chunk: each chunk's prompt tokens
     dropped_messages: int | None = None  # truncate
     truncated_tokens: int | None = None  # truncate
     count_source: str | None = None  # who counted the prompt: "local" or "upstream"
@@ -79,7 +79,7 @@ class Answer:
 
 @dataclass(frozen=True)
 class Chunked:
-    """A prompt split into parts, each sent as its own request; their answers are merged into one."""
+    """A prompt split into chunks, each sent as its own request; their answers are merged into one."""
 
     kind: str  # "chat" or "completion"
     bodies: list[dict[str, Any]]

@@ -1,5 +1,5 @@
 """What to do when a prompt does not fit and the policy is truncate or chunk: turn the reject plan into a cut
-request to forward, or into the parts of a chunked request. Falls back to the foundation's 400, saying why, when the
+request to forward, or into the chunks of a chunked request. Falls back to the foundation's 400, saying why, when the
 policy cannot help."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 from proxy.api.body import with_changes
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
-from proxy.counting.count import count_chat
-from proxy.counting.counter import TokenCounter
+from proxy.counting.local_count import count_chat
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.errors import ContextLengthExceeded
 from proxy.policy.choice import output_reserve
@@ -19,7 +19,7 @@ from proxy.policy.chunk import (
     CannotChunk,
     Split,
     output_shares,
-    refuse_too_many_parts,
+    refuse_too_many_chunks,
     refuse_unsound,
     split_chat,
     split_completion,
@@ -60,16 +60,16 @@ async def overflow_chat(
         return Forward(with_changes(trimmed.body, fitted.changes), _truncated(fitted, cut), fitted.cost(limits, req.n))
     try:
         refuse_unsound(req.body, req.n, "chat")
-        refuse_too_many_parts(plan.prompt_tokens, policy.chunk_tokens)
+        refuse_too_many_chunks(plan.prompt_tokens, policy.chunk_tokens)
         split = await split_chat(
             tok, req, budget, policy.chunk_tokens, policy.chunk_overlap, policy.chunk_prompt, count
         )
         limits_each = _shares(requested[1] if requested else None, len(split.prompts), policy)
     except CannotChunk as exc:
         return refuse(plan, f"The chunk policy was not applied: {exc}.")
-    parts = [_limited_to(_chat_with(req, m), share) for m, share in zip(split.prompts, limits_each, strict=True)]
-    plans = [decide_chat(part, n, limits) for part, n in zip(parts, split.prompt_tokens, strict=True)]
-    bodies = [{**part.body, **p.changes} for part, p in zip(parts, plans, strict=True)]
+    chunks = [_limited_to(_chat_with(req, m), share) for m, share in zip(split.prompts, limits_each, strict=True)]
+    plans = [decide_chat(chunk, n, limits) for chunk, n in zip(chunks, split.prompt_tokens, strict=True)]
+    bodies = [{**chunk.body, **p.changes} for chunk, p in zip(chunks, plans, strict=True)]
     return _chunked("chat", req, plan, split, bodies, [p.cost(limits, 1) for p in plans], policy)
 
 
@@ -87,7 +87,7 @@ async def overflow_completion(
         return Forward(with_changes(trimmed.body, fitted.changes), _truncated(fitted, cut), cost)
     try:
         refuse_unsound(req.body, req.n, "completion")
-        refuse_too_many_parts(max(counts), policy.chunk_tokens)
+        refuse_too_many_chunks(max(counts), policy.chunk_tokens)
         if len(req.prompts) != 1:
             raise CannotChunk("the chunk policy cannot split a batch of prompts")
         split = await split_completion(tok, req, budget, policy.chunk_tokens, policy.chunk_overlap)
@@ -96,26 +96,26 @@ async def overflow_completion(
         return refuse(plan, f"The chunk policy was not applied: {exc}.")
     bodies, costs = [], []
     for ids, share in zip(split.prompts, limits_each, strict=True):
-        part = replace(req, prompts=[ids], body={**req.body, "prompt": ids})
+        chunk = replace(req, prompts=[ids], body={**req.body, "prompt": ids})
         if share is not None:
-            part = replace(part, max_tokens=share, body={**part.body, "max_tokens": share})
-        part_plan = decide_completion(part, [len(ids)], limits)
-        bodies.append({**part.body, **part_plan.changes})
-        costs.append(part_plan.cost(limits, 1))
+            chunk = replace(chunk, max_tokens=share, body={**chunk.body, "max_tokens": share})
+        chunk_plan = decide_completion(chunk, [len(ids)], limits)
+        bodies.append({**chunk.body, **chunk_plan.changes})
+        costs.append(chunk_plan.cost(limits, 1))
     return _chunked("completion", req, plan, split, bodies, costs, policy)
 
 
-def _shares(requested: int | None, parts: int, policy: PolicySettings) -> list[int | None]:
-    """Each part's output limit: with `chunk_merge = "concat"` the parts' answers are the answer, so they share the
+def _shares(requested: int | None, chunks: int, policy: PolicySettings) -> list[int | None]:
+    """Each chunk's output limit: with `chunk_merge = "concat"` the chunks' answers are the answer, so they share the
     client's limit; with "reduce" they are notes for the combining request, whose answer the client's limit bounds,
-    so each keeps the limit as asked. A request that names no limit leaves each part to its own."""
+    so each keeps the limit as asked. A request that names no limit leaves each chunk to its own."""
     if requested is None or policy.chunk_merge != "concat":
-        return [None] * parts
-    return list(output_shares(requested, parts))
+        return [None] * chunks
+    return list(output_shares(requested, chunks))
 
 
 def _limited_to(req: ChatRequest, share: int | None) -> ChatRequest:
-    """The part with every output-limit field it sent set to its share."""
+    """The chunk with every output-limit field it sent set to its share."""
     if share is None:
         return req
     max_tokens = share if req.max_tokens is not None else None
@@ -139,7 +139,9 @@ def _chunked(kind: str, req: ChatRequest | CompletionRequest, plan: Plan, split:
              bodies: list[dict[str, Any]], costs: list[int], policy: PolicySettings) -> Chunked:  # fmt: skip
     options = req.body.get("stream_options")
     include_usage = req.stream and isinstance(options, dict) and bool(options.get("include_usage"))
-    if req.stream:  # each part reports its usage, asked for or not: the merged usage chunk and the key's quota sum them
+    if (
+        req.stream
+    ):  # each chunk reports its usage, asked for or not: the merged usage event and the key's quota sum them
         asked = options if isinstance(options, dict) else {}
         bodies = [{**b, "stream_options": {**asked, "include_usage": True}} for b in bodies]
     decision = Decision("chunk", plan.prompt_tokens, chunk_tokens=tuple(split.prompt_tokens))

@@ -5,7 +5,7 @@ when it is at most the window (vLLM accepts exactly max_model_len tokens here), 
     reject    a prompt over the window: vLLM's own wording, answered by the guard
     truncate  `truncate_prompt_tokens: -1` set: vLLM cuts each over-long prompt to its maximum input (the first
               tokens: pooling tokenizers truncate on the right), prompts that fit untouched; exact without a re-count
-    chunk     refused with the reason: the embedding (or class, or score) of parts is not the one of the whole
+    chunk     refused with the reason: the embedding (or class, or score) of chunks is not the one of the whole
     partial   score / rerank: the guard counts each text alone, exact for a bi-encoder and a lower bound of the pair
               a cross-encoder reads; it refuses only a text that alone overflows, and under truncate sets
               `truncate_prompt_tokens: -1` whenever a query and a document together might not fit
@@ -64,7 +64,7 @@ def _settled(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outc
         return Forward(with_changes(p.body, p.cut), decision, sum(cut))
     error = _too_long(p, counts, window)
     if choice == "chunk":
-        why = f"The chunk policy was not applied: the result of {p.endpoint} for parts of an input is not the one " \
+        why = f"The chunk policy was not applied: the result of {p.endpoint} for chunks of an input is not the one " \
               "for the whole input."  # fmt: skip
         error = ContextLengthExceeded(f"{error.message} {why}", param=p.param)
     return Refuse(error, Decision("reject", total, count_source=source))

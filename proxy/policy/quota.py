@@ -10,7 +10,7 @@ ways to charge (`Mode`):
             into debt if need be, provided the key had something left (a token and a request) before it
     CHECK   whether the key has something left, charging nothing: the look before a large body is counted
 
-The same math runs in Redis (its Lua twin in proxy/shared/quotas.py).
+The same math runs in Redis (its Lua twin in proxy/fleet/quotas.py).
 
 OpenAI's headers: x-ratelimit-limit-*, -remaining-* (what is left after this request) and -reset-* (until the bucket
 is full again, as "6m0s", "1s", "20ms")."""
@@ -44,7 +44,7 @@ class Verdict:
     tokens: Window | None  # None: the key has no such limit
     requests: Window | None
     retry_after_ms: int = 0  # when refused: until both buckets could take the request
-    shared: bool = False  # from the buckets in Redis (else this process's): what is given back goes there too
+    fleet: bool = False  # from the fleet's buckets in Redis (else this process's): what is given back goes there too
     too_large: bool = False  # refused: the request alone is over the key's tokens per minute
 
     def headers(self) -> dict[str, str]:

@@ -8,10 +8,10 @@ from typing import Any
 from proxy.api.body import with_changes
 from proxy.api.chat import ChatRequest, parse_chat
 from proxy.api.completions import parse_completion
-from proxy.counting.count import count_chat, count_completion
+from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
 from proxy.policy.decide import Limits, decide_chat, decide_completion
-from proxy.policy.merge import part_text
+from proxy.policy.merge import answer_text
 from proxy.policy.outcome import Chunked
 
 
@@ -20,7 +20,7 @@ async def reduce_request(
 ) -> tuple[dict[str, Any], int] | None:
     """The combining request's body and KV cost, or None when even that request would not fit (the caller then joins
     the answers instead). It keeps the original's system and developer messages and its other fields."""
-    joined = chunked.policy.chunk_separator.join(part_text(chunked.kind, a) for a in answers)
+    joined = chunked.policy.chunk_separator.join(answer_text(chunked.kind, a) for a in answers)
     prompt = chunked.policy.reduce_prompt.format(answers=joined)
     original = chunked.original
     body = {k: v for k, v in original.body.items() if k != "stream_options"} | {"stream": False}

@@ -5,7 +5,7 @@ takes. Its answer costs what reading it costs."""
 from __future__ import annotations
 
 from proxy.counting.registry import GuardedModel
-from proxy.policy.chunk import MAX_PARTS, CannotChunk, refuse_too_many_parts
+from proxy.policy.chunk import MAX_CHUNKS, CannotChunk, refuse_too_many_chunks
 from proxy.policy.decide import Limits, reject_at_least
 from proxy.policy.outcome import Findings, Outcome, outcome_of
 from proxy.policy.overflow import refuse
@@ -21,7 +21,7 @@ async def refuse_by_size(
 ) -> Outcome | None:  # fmt: skip
     """A prompt whose size alone proves it cannot fit is refused before it is rendered or encoded (counting/bound.py):
     its answer costs what reading it costs. Truncation still counts it (in bounded slices) to cut it exactly; chunking
-    is refused when the floor alone needs more parts than it takes (policy/chunk.py)."""
+    is refused when the floor alone needs more chunks than it takes (policy/chunk.py)."""
     if model.tokenizer.native is not None or choice == "truncate":
         return None  # mistral_common and harmony count with vocabularies of their own
     ceiling = limits.max_model_len - limits.min_output_tokens
@@ -31,11 +31,11 @@ async def refuse_by_size(
     findings.count_source = SIZE_FLOOR
     if choice == "reject":
         return outcome_of(reject_at_least(floor, limits, param), {}, b"", 0, SIZE_FLOOR)
-    most = MAX_PARTS * policy.chunk_tokens  # more than this many tokens are not chunked
+    most = MAX_CHUNKS * policy.chunk_tokens  # more than this many tokens are not chunked
     if floor <= most:
         floor = await proven_over(model, prompts, most) or floor
     try:
-        refuse_too_many_parts(floor, policy.chunk_tokens)
+        refuse_too_many_chunks(floor, policy.chunk_tokens)
     except CannotChunk as exc:
         return refuse(reject_at_least(floor, limits, param), f"The chunk policy was not applied: {exc}.")
     return None

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.api.completions import CompletionRequest
-from proxy.counting.count import CountMessages
-from proxy.counting.counter import TokenCounter
 from proxy.counting.ids import char_cut, cut_middle, encode, encode_with_offsets
+from proxy.counting.local_count import CountMessages
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.errors import GuardError
 

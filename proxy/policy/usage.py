@@ -1,14 +1,14 @@
 """What a keyed request really used, read from the end of its answer as it is relayed: the tokens charged to its
 key before it was forwarded (exact input + the output cap reserved) are settled against it afterwards.
 
-    usage in the answer     input + output from it: JSON `usage`, a stream's usage chunk (stream_options
+    usage in the answer     input + output from it: JSON `usage`, a stream's usage event (stream_options
                             include_usage), Anthropic's message_delta, Responses' response.completed
     a stream without one    the counted input + one token per event relayed (vLLM sends a token per event, a few
                             with speculative decoding: an estimate, close and cheap)
-    a chunked request       its parts' usage summed (policy/merge.py: what its merged answer says), once that
+    a chunked request       its chunks' usage summed (policy/merge.py: what its merged answer says), once that
                             answer ended, streamed or not, even if the client left right after its last byte
     its combining request   (chunk_merge = "reduce") not reserved up front: from when it goes out, its cost on top
-                            of the parts' usage, until its own usage replaces that (a client that leaves part way
+                            of the chunks' usage, until its own usage replaces that (a client that leaves part way
                             has vLLM abort it, unreported)
     never forwarded         nothing (refused by admission, or the upstream could not be reached)
     an error answer         the counted input
@@ -33,23 +33,23 @@ OUTPUT = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
 class AnswerTail:
     """The last bytes of an answer, and how many SSE events went by."""
 
-    __slots__ = ("_chunks", "_size", "events")
+    __slots__ = ("_pieces", "_size", "events")
 
     def __init__(self) -> None:
-        self._chunks: collections.deque[bytes] = collections.deque()
+        self._pieces: collections.deque[bytes] = collections.deque()
         self._size = 0
         self.events = 0
 
-    def feed(self, chunk: bytes) -> None:
-        self.events += chunk.count(b"data:")
-        self._chunks.append(chunk)
-        self._size += len(chunk)
-        while self._size - len(self._chunks[0]) >= TAIL_BYTES:
-            self._size -= len(self._chunks.popleft())
+    def feed(self, piece: bytes) -> None:
+        self.events += piece.count(b"data:")
+        self._pieces.append(piece)
+        self._size += len(piece)
+        while self._size - len(self._pieces[0]) >= TAIL_BYTES:
+            self._size -= len(self._pieces.popleft())
 
     def usage(self) -> tuple[int | None, int] | None:
         """(input, output) tokens from the last usage in the tail; input None when only output is there."""
-        tail = b"".join(self._chunks)[-TAIL_BYTES:]
+        tail = b"".join(self._pieces)[-TAIL_BYTES:]
         outputs = OUTPUT.findall(tail)
         if not outputs:
             return None
@@ -65,7 +65,7 @@ class Charge:
     tokens: int
     prompt_tokens: int
     forwarded: bool = False  # something reached the upstream
-    shared: bool = False  # charged in Redis (else in this process's buckets)
+    fleet: bool = False  # charged in the fleet's buckets in Redis (else in this process's)
     merged: int | None = None  # a chunked request's input + output from its answers' summed usage (server/chunked.py)
     tail: AnswerTail = field(default_factory=AnswerTail)
 

@@ -68,13 +68,13 @@ class Incoming:
 
 
 async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s: float) -> bytes:
-    """The whole body: 413 before reading a byte when its declared length is over `limit`, or at the chunk that
+    """The whole body: 413 before reading a byte when its declared length is over `limit`, or at the piece that
     takes it past `limit` (nothing more is read; the server discards the rest of the upload); 408 when it has not
     all arrived within `timeout_s`."""
     declared = incoming.header(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge.over(limit)
-    chunks: list[bytes] = []
+    pieces: list[bytes] = []
     size = 0
     if incoming.body_in():  # the usual small request: it came with its headers, so nothing can keep it waiting and
         # no deadline is armed (asyncio.timeout costs ~10 us, a tenth of what a bare relay spends on a request)
@@ -86,29 +86,29 @@ async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s:
             raise PayloadTooLarge.over(limit)
         if not message.get("more_body", False):
             return body
-        chunks, size = [body], len(body)
+        pieces, size = [body], len(body)
     try:
         async with asyncio.timeout(timeout_s):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     raise ClientGone()
-                chunk = message.get("body", b"")
-                size += len(chunk)
+                piece = message.get("body", b"")
+                size += len(piece)
                 if size > limit:
                     raise PayloadTooLarge.over(limit)
-                chunks.append(chunk)
+                pieces.append(piece)
                 if not message.get("more_body", False):
                     break
     except TimeoutError:
         raise RequestTimeout(
             f"The request body did not arrive within {timeout_s:g} s (server.read_timeout_s); got {size} bytes."
         ) from None
-    if len(chunks) == 1:
-        return chunks[0]
+    if len(pieces) == 1:
+        return pieces[0]
     if size < JOIN_OFF_LOOP_BYTES:
-        return b"".join(chunks)
-    return await asyncio.to_thread(b"".join, chunks)  # a large join lets go of the interpreter lock: the loop runs on
+        return b"".join(pieces)
+    return await asyncio.to_thread(b"".join, pieces)  # a large join lets go of the interpreter lock: the loop runs on
 
 
 class Reply:
@@ -127,7 +127,7 @@ class Reply:
         self.status, self.started = status, True
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
-    async def chunk(self, body: bytes) -> None:
+    async def write(self, body: bytes) -> None:
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
 
     async def end(self, body: bytes = b"") -> None:

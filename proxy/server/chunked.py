@@ -1,6 +1,6 @@
-"""Carry out a chunked request: run its parts (upstream/parts.py) and merge their answers (policy/merge.py) into one,
-streamed or not, with the map-reduce step when the policy asks for it. A failing part's own error is what the client
-gets; a client that goes away cancels every part."""
+"""Carry out a chunked request: run its chunks (upstream/chunks.py) and merge their answers (policy/merge.py) into one,
+streamed or not, with the map-reduce step when the policy asks for it. A failing chunk's own error is what the client
+gets; a client that goes away cancels every chunk."""
 
 from __future__ import annotations
 
@@ -18,33 +18,33 @@ from proxy.policy.usage import Charge
 from proxy.server.asgi import Reply
 from proxy.server.responses import send_error
 from proxy.server.streaming import send_stream
-from proxy.upstream.parts import PartFailed, PartRunner
+from proxy.upstream.chunks import ChunkFailed, ChunkRunner
 from proxy.upstream.sanitize import sanitize_upstream_error
 
 log = logging.getLogger("token_guard.chunked")
 
 
 async def answer_chunked(
-    reply: Reply, chunked: Chunked, runner: PartRunner, guard: Guard, headers: Headers, charge: Charge | None = None
+    reply: Reply, chunked: Chunked, runner: ChunkRunner, guard: Guard, headers: Headers, charge: Charge | None = None
 ) -> None:
-    """Answer it. A keyed request's `charge` learns what its merged answer used (its parts' usage summed) as soon as
+    """Answer it. A keyed request's `charge` learns what its merged answer used (its chunks' usage summed) as soon as
     that is known: the client may leave right after the last byte, which cancels this before it could return."""
-    if chunked.stream and chunked.policy.chunk_merge == "concat":  # part 1's tokens go out as they are generated
+    if chunked.stream and chunked.policy.chunk_merge == "concat":  # chunk 1's tokens go out as they are generated
         merger = StreamMerger(chunked.kind, len(chunked.bodies), chunked.policy.chunk_separator, chunked.include_usage)
         try:
             await _stream(reply, runner.stream(chunked.bodies, chunked.costs, merger), headers)
-        finally:  # None unless the stream finished: a client that left part way pays the parts' reservation
+        finally:  # None unless the stream finished: a client that left part way pays the chunks' reservation
             _pay(charge, merger.usage())
         return
     try:
         await _merged(reply, runner, chunked, guard, headers, charge)
-    except (PartFailed, GuardError) as exc:
+    except (ChunkFailed, GuardError) as exc:
         await failed(reply, exc, headers)
 
 
 async def failed(reply: Reply, exc: Exception, headers: Headers) -> None:
     """The answer for a chunked request that failed before its answer started."""
-    if isinstance(exc, PartFailed):  # the upstream's own error for that part, as it said it (but no internals)
+    if isinstance(exc, ChunkFailed):  # the upstream's own error for that chunk, as it said it (but no internals)
         sanitized = sanitize_upstream_error(exc.status, exc.content_type, exc.body, exc.cut)
         content_type = b"application/json" if sanitized is not None else exc.content_type.encode("latin-1")
         await reply.whole(exc.status, headers, sanitized or exc.body, content_type)
@@ -63,7 +63,7 @@ async def _stream(reply: Reply, body: AsyncGenerator[bytes, None], headers: Head
 
 
 async def _merged(
-    reply: Reply, runner: PartRunner, chunked: Chunked, guard: Guard, headers: Headers, charge: Charge | None
+    reply: Reply, runner: ChunkRunner, chunked: Chunked, guard: Guard, headers: Headers, charge: Charge | None
 ) -> None:
     bodies = [_non_streaming(b) for b in chunked.bodies] if chunked.stream else chunked.bodies
     answers = await runner.answers(bodies, chunked.costs)
@@ -91,7 +91,7 @@ async def _merged(
             usages.append(final.get("usage"))
             merged["usage"] = sum_usage(usages)
     _pay(charge, told_usage(usages))  # every answer is in: what they used is spent, whether the client stays or not
-    if chunked.stream:  # the client asked for a stream: one merged answer as a stream of chunks
+    if chunked.stream:  # the client asked for a stream: one merged answer as a stream of events
         merger = StreamMerger(chunked.kind, 1, "", chunked.include_usage)
         await send_stream(reply, headers, _replay(merger, merged))
         return
@@ -99,7 +99,7 @@ async def _merged(
 
 
 def _pay(charge: Charge | None, usage: dict[str, int] | None, reserved: int = 0) -> None:
-    """Settle a keyed request by its answers' summed usage (the parts' reservation when one did not tell it), plus
+    """Settle a keyed request by its answers' summed usage (the chunks' reservation when one did not tell it), plus
     what is `reserved` for a request still running (the combining one). No usage and nothing reserved: unchanged."""
     if charge is None or (usage is None and not reserved):
         return
@@ -112,6 +112,6 @@ def _non_streaming(body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _replay(merger: StreamMerger, answer: dict[str, Any]) -> AsyncGenerator[bytes, None]:
-    """A finished answer as chunks: the role chunk, the text, the finish chunk, usage, [DONE]."""
-    for chunk in merger.chunks_of(answer):
-        yield chunk
+    """A finished answer as SSE events: the role event, the text, the finish event, usage, [DONE]."""
+    for event in merger.events_of(answer):
+        yield event

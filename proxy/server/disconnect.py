@@ -5,7 +5,7 @@ vLLM abort the generation and free its KV cache.
 block, and the block ends with `ClientGone` instead of the CancelledError. Under the guard's own protocol
 (protocol.py) the server calls the watch back the moment the connection closes, in that very callback; under any
 other server one watcher task per request waits on the ASGI receive channel, which hears of it a loop turn or two
-later. Either way the watch lives exactly as long as the block, and the relay loop pays nothing per chunk for it.
+later. Either way the watch lives exactly as long as the block, and the relay loop pays nothing per piece for it.
 """
 
 from __future__ import annotations

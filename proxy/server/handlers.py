@@ -20,7 +20,7 @@ from proxy.server.disconnect import ClientWatch
 from proxy.server.memory import give_back_after
 from proxy.server.relay import relay, relay_error, relay_listed
 from proxy.server.responses import send_error
-from proxy.upstream.parts import PartRunner
+from proxy.upstream.chunks import ChunkRunner
 
 log = logging.getLogger("token_guard.app")
 
@@ -86,7 +86,7 @@ class Handlers:
                     if key is not None and key.limited:  # a look at its quota, charged nothing; none for the rest
                         await self.meter.tell(key, record, tagged)
                     await self._forward(reply, incoming, body, headers, record, tagged, route, None, listed)
-        except ClientGone:  # its upstream request, parts or place in the queue are given up by now
+        except ClientGone:  # its upstream request, chunks or place in the queue are given up by now
             record.client_gone = True
             left = incoming.client_gone()
             record.cancel_s = time.monotonic() - left if left is not None else None
@@ -119,9 +119,9 @@ class Handlers:
         if isinstance(outcome, Forward):
             await self._forward(reply, incoming, outcome.body, headers, record, extra, route, outcome.cost)
         elif isinstance(outcome, Chunked):
-            incoming.leave_if_gone()  # counting and cutting took a while: no parts for a client that left meanwhile
+            incoming.leave_if_gone()  # counting and cutting took a while: no chunks for a client that left meanwhile
             fanout = outcome.policy.max_fanout
-            runner = PartRunner(self.upstream, incoming.forward, headers, fanout, self.metrics.fanout)
+            runner = ChunkRunner(self.upstream, incoming.forward, headers, fanout, self.metrics.fanout)
             await answer_chunked(reply, outcome, runner, self.guard, extra, record.charge)
         elif isinstance(outcome, Answer):  # answered by the guard itself (count_tokens)
             await reply.whole(200, extra, outcome.body)

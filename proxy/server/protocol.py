@@ -14,7 +14,7 @@ uvicorn also waits for ever for a client that stops reading its answer: the requ
 its admission ticket and its key's reservation. The transport's flow control says when its buffer is full
 (pause_writing) and when it drained (resume_writing); a connection that stays paused for `write_timeout_s` is aborted,
 which reaches the request as any disconnect does (connection_lost, then the client-gone callbacks). A timer armed
-only while paused costs nothing per chunk, where a deadline around every send would cost ~10 us each.
+only while paused costs nothing per piece, where a deadline around every send would cost ~10 us each.
 
 The limits come with the protocol factory uvicorn is given (`protocol_factory`), one per server, so that nothing
 process-wide is set. uvicorn's protocol is internal to it: tests/server/test_uvicorn_contract.py checks what this

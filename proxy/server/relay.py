@@ -45,16 +45,16 @@ async def relay(reply: Reply, upstream: Answer, extra: Headers, record: RequestR
     await reply.start(upstream.status, relayed_headers(upstream, extra))
     tail = record.charge.tail if record.charge is not None else None  # a keyed request's usage is read from it
     try:
-        async for chunk in upstream.chunks():
-            await reply.chunk(chunk)
+        async for piece in upstream.pieces():
+            await reply.write(piece)
             if tail is not None:
-                tail.feed(chunk)
+                tail.feed(piece)
     except GuardError as exc:
         log.warning("upstream %s failed mid-response: %s", upstream.url, exc.message)
         record.upstream_error = "broken_stream"
         if not upstream.is_sse:
             return  # left incomplete: the server closes the connection, and the length tells the client
-        await reply.chunk(error_bodies.stream_event(exc, envelope))  # the status is out: tell the client in-band
+        await reply.write(error_bodies.stream_event(exc, envelope))  # the status is out: tell the client in-band
     finally:
         record.upstream_s = time.perf_counter() - record.started
     await reply.end()

@@ -1,6 +1,6 @@
 """Send a body the guard makes itself (a chunked request's merged stream) as server-sent events. The body may decide
 the status before its first byte: its first item is awaited before anything is sent, and if the body fails instead,
-`on_early_error` answers in its place (a chunked request whose first part was refused gets that part's error, not a
+`on_early_error` answers in its place (a chunked request whose first chunk was refused gets that chunk's error, not a
 200 stream)."""
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ async def send_stream(
                 return
         await reply.start(200, [*headers, (b"content-type", SSE)])
         if first:
-            await reply.chunk(first)
-        async for chunk in body:
-            if chunk:
-                await reply.chunk(chunk)
+            await reply.write(first)
+        async for piece in body:
+            if piece:
+                await reply.write(piece)
         await reply.end()
     finally:
         await body.aclose()

@@ -1,5 +1,6 @@
 """The one settings object, built once at start-up and passed in: its sections (sections.py), how it is loaded and
-validated from defaults, a TOML file, the environment and flags (loader.py), and the value checkers (checks.py)."""
+validated from defaults, a TOML file, the environment and flags (loader.py), keys spelled more than one way (renamed,
+retired: spellings.py), and the value checkers (checks.py)."""
 
 from proxy.settings.loader import SettingsError, load_settings
 from proxy.settings.sections import (
@@ -9,6 +10,7 @@ from proxy.settings.sections import (
     ExtprocSettings,
     ModelSettings,
     PolicySettings,
+    RedisSettings,
     ServerSettings,
     Settings,
     UpstreamSettings,
@@ -21,6 +23,7 @@ __all__ = [
     "ExtprocSettings",
     "ModelSettings",
     "PolicySettings",
+    "RedisSettings",
     "ServerSettings",
     "Settings",
     "SettingsError",

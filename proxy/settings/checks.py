@@ -60,6 +60,17 @@ def url(value: Any) -> str:
     return text.rstrip("/")
 
 
+def urls(value: Any) -> tuple[str, ...]:
+    """One URL or several: a list, or a comma-separated string (as an environment variable or a flag gives them)."""
+    items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise ValueError("an http:// or https:// URL, or a list of them (or a comma-separated string)")
+    try:
+        return tuple(url(item) for item in items)
+    except ValueError:
+        raise ValueError("an http:// or https:// URL, or a list of them (or a comma-separated string)") from None
+
+
 def redis_url(value: Any) -> str | None:
     if value in (None, ""):
         return None

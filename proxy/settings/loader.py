@@ -26,20 +26,24 @@ from proxy.settings.sections import (
     ExtprocSettings,
     ModelSettings,
     PolicySettings,
+    RedisSettings,
     ServerSettings,
     Settings,
     UpstreamSettings,
 )
+from proxy.settings.spellings import (
+    ENV_PREFIX,
+    URL_KEYS,
+    forget,
+    one_url_key,
+    rename,
+    replica_urls,
+    without_retired,
+)
 
 CONFIG_ENV = "TOKEN_GUARD_CONFIG"
-ENV_PREFIX = "TOKEN_GUARD_"
 TOOLING_PREFIXES = ("TOKEN_GUARD_E2E_", "TOKEN_GUARD_BENCH_")  # the test and bench harnesses' own variables
 WORKER_SETUP = "TOKEN_GUARD_WORKER_SETUP"  # how `serve --workers N` hands its settings to its worker processes
-# Keys that once existed and do nothing now: accepted with a warning, so that an older config still loads.
-RETIRED = {
-    "upstream.write_timeout_s": "it was never used (sending a request counts toward upstream.first_byte_timeout_s); "
-    "the deadline for a client that stops reading the guard's answer is server.write_timeout_s",
-}
 
 log = logging.getLogger("token_guard.settings")
 
@@ -68,8 +72,8 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "workers": v.integer(1, 64),
     },
     "upstream": {
-        "url": v.url,
-        "urls": v.list_of(v.url),
+        "url": v.urls,  # the short spelling of urls (URL_KEYS)
+        "urls": v.urls,
         "api_key": v.optional_text,
         "connect_timeout_s": v.positive_float,
         "first_byte_timeout_s": v.positive_float,
@@ -83,11 +87,13 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_inflight_requests": v.integer(0),
         "queue_timeout_s": v.positive_float,
         "max_queue": v.integer(0),
-        "redis_url": v.redis_url,
-        "redis_failure": v.choice(*REDIS_FAILURE_MODES),
-        "redis_timeout_ms": v.integer(1, 60_000),
-        "redis_lease_s": v.lease_seconds,
-        "redis_block_share": v.fraction,
+    },
+    "redis": {
+        "url": v.redis_url,
+        "failure": v.choice(*REDIS_FAILURE_MODES),
+        "timeout_ms": v.integer(1, 60_000),
+        "lease_s": v.lease_seconds,
+        "block_share": v.fraction,
     },
     "policy": {
         "min_output_tokens": v.integer(1),
@@ -133,6 +139,7 @@ SECTIONS = {
     "policy": PolicySettings,
     "counting": CountingSettings,
     "admission": AdmissionSettings,
+    "redis": RedisSettings,
     "extproc": ExtprocSettings,
 }
 
@@ -157,13 +164,19 @@ def load_settings(
     environ: Mapping[str, str] | None = None,
     config_file: Path | None = None,
 ) -> Settings:
-    """Build and validate the settings. `flags` holds dotted keys ("upstream.url") and "model.*" keys."""
+    """Build and validate the settings. `flags` holds dotted keys ("upstream.urls") and "model.*" keys."""
     environ = os.environ if environ is None else environ
     flags = dict(flags or {})
     path = config_file or (Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None)
     layers = [_file_layer(path) if path else _Layer(), _env_layer(environ), _flag_layer(flags)]
     merged = _Layer()
     for layer in layers:
+        try:
+            rename(layer.values, layer.origins, _parsed)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        if one_url_key(layer.values, layer.origins):
+            forget(merged.values, merged.origins, URL_KEYS)
         for section, values in layer.values.items():
             for key, value in values.items():
                 merged.put(section, key, value, layer.origins[f"{section}.{key}"])
@@ -225,7 +238,8 @@ def _flag_layer(flags: Mapping[str, Any]) -> _Layer:
         if value is None or dotted.startswith("model."):
             continue
         section, _, key = dotted.partition(".")
-        layer.put(section, key, value, "--" + key.replace("_", "-"))
+        flag = f"redis_{key}" if section == "redis" else key  # the [redis] keys' flags keep the section's name
+        layer.put(section, key, value, "--" + flag.replace("_", "-"))
     if single:
         layer.models = [dict(single, _origin="--model/--tokenizer flags")]
     return layer
@@ -234,7 +248,7 @@ def _flag_layer(flags: Mapping[str, Any]) -> _Layer:
 def _validate(merged: _Layer) -> Settings:
     sections: dict[str, Any] = {}
     for section, checks in SCHEMA.items():
-        given = _without_retired(section, merged.values.get(section, {}), merged.origins)
+        given = without_retired(section, merged.values.get(section, {}), merged.origins)
         unknown = set(given) - set(checks)
         if unknown:
             key = sorted(unknown)[0]
@@ -243,6 +257,8 @@ def _validate(merged: _Layer) -> Settings:
                 f"expected one of {', '.join(checks)}"
             )
         parsed = {key: _check(f"{section}.{key}", checks[key], value, merged.origins) for key, value in given.items()}
+        if section == "upstream":
+            parsed = replica_urls(parsed)
         sections[section] = SECTIONS[section](**parsed)
     _check_policy(sections["policy"], "policy")
     models = tuple(_model(i, m, sections["policy"]) for i, m in enumerate(merged.models or []))
@@ -256,15 +272,13 @@ def _validate(merged: _Layer) -> Settings:
     return Settings(models=models, keys=keys, **sections)
 
 
-def _without_retired(section: str, given: dict[str, Any], origins: Mapping[str, str]) -> dict[str, Any]:
-    kept = {}
-    for key, value in given.items():
-        dotted = f"{section}.{key}"
-        if dotted in RETIRED:
-            log.warning("%s (from %s) is ignored: %s", dotted, origins[dotted], RETIRED[dotted])
-        else:
-            kept[key] = value
-    return kept
+def _parsed(dotted: str, value: Any) -> Any:
+    """`value` as the key's check reads it, so that two spellings of one value agree (the raw value if invalid)."""
+    section, _, key = dotted.partition(".")
+    try:
+        return SCHEMA[section][key](value)
+    except ValueError:
+        return value
 
 
 def _check(key: str, check: Callable[[Any], Any], value: Any, origins: Mapping[str, str]) -> Any:

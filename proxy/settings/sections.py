@@ -30,19 +30,16 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class UpstreamSettings:
-    url: str = "http://127.0.0.1:8000"
-    urls: tuple[str, ...] = ()  # replicas of the same model; when set, `url` is not used for traffic
+    # Replicas of the same model, from upstream.urls (a list, or comma-separated) or upstream.url (one, or several
+    # comma-separated: `--upstream a,b`), parsed into this tuple once by the loader.
+    urls: tuple[str, ...] = ("http://127.0.0.1:8000",)
     api_key: str | None = None
     connect_timeout_s: float = 5.0
     first_byte_timeout_s: float = 600.0
-    read_timeout_s: float = 600.0  # the longest silence allowed between two chunks of an answer
+    read_timeout_s: float = 600.0  # the longest silence allowed between two pieces of an answer
     startup_wait_s: float = 300.0
     retries: int = 2
     health_interval_s: float = 5.0
-
-    @property
-    def replicas(self) -> tuple[str, ...]:
-        return self.urls or (self.url,)
 
 
 @dataclass(frozen=True)
@@ -51,14 +48,20 @@ class AdmissionSettings:
     max_inflight_requests: int = 0
     queue_timeout_s: float = 30.0
     max_queue: int = 1000
-    # Many guards, one budget: every guard and worker pointed at the same Redis shares each replica's whole budget.
-    redis_url: str | None = None
-    redis_failure: str = "open"  # Redis unreachable: "open" admits on this process's share, "closed" answers 503
-    redis_timeout_ms: int = 250  # the longest any one Redis call may take
-    redis_lease_s: float = 30.0  # a reservation not renewed for this long is dropped (its guard died)
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """The Redis a fleet of guards keeps its state in (proxy/fleet/): admission budgets, key quotas, presence. Every
+    guard and worker pointed at the same one shares each replica's whole budget and each key's buckets."""
+
+    url: str | None = None  # None: no fleet, each process keeps its own budget share and buckets
+    failure: str = "open"  # Redis unreachable: "open" admits on this process's share, "closed" answers 503
+    timeout_ms: int = 250  # the longest any one Redis call may take
+    lease_s: float = 30.0  # a reservation or heartbeat not renewed for this long is dropped (its guard died)
     # Credit in blocks: each process may hold this share of a replica's whole budget, divided by the processes sharing
     # it, and admits requests that fit in it without a round trip to Redis; 0: every request takes the round trip.
-    redis_block_share: float = 0.5
+    block_share: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class Settings:
     policy: PolicySettings = field(default_factory=PolicySettings)
     counting: CountingSettings = field(default_factory=CountingSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
     extproc: ExtprocSettings = field(default_factory=ExtprocSettings)
     models: tuple[ModelSettings, ...] = ()
     keys: tuple[KeySettings, ...] = ()

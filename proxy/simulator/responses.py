@@ -1,8 +1,8 @@
-"""Response bodies and stream chunks, key for key as vLLM 0.31/0.32 serialise them (docs/vllm-wire-contract.md,
+"""Response bodies and stream events, key for key as vLLM 0.31/0.32 serialise them (docs/vllm-wire-contract.md,
 sections 6 and 7).
 
-Non-stream bodies are pydantic `model_dump()` (every key, nulls included). Chunks are `model_dump_json(
-exclude_unset=True)`, so each one carries exactly the keys vLLM's code sets; usage chunks also drop nulls.
+Non-stream bodies are pydantic `model_dump()` (every key, nulls included). Events are `model_dump_json(
+exclude_unset=True)`, so each one carries exactly the keys vLLM's code sets; usage events also drop nulls.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Output:
 
 @dataclass(frozen=True)
 class Wire:
-    """Builds one response's bodies and chunks; `fingerprint` is the server's system_fingerprint."""
+    """Builds one response's bodies and events; `fingerprint` is the server's system_fingerprint."""
 
     generation: Generation
     fingerprint: str
@@ -122,43 +122,43 @@ class Wire:
         echo = "" if self.generation.return_token_ids else prompt.echo_text
         return echo if prompt.echo_only else echo + text
 
-    # --- chat stream chunks ---
+    # --- chat stream events ---
 
-    def chat_role_chunk(self, index: int) -> str:
+    def chat_role_event(self, index: int) -> str:
         g = self.generation
-        chunk = self._head("chat.completion.chunk")
+        event = self._head("chat.completion.chunk")
         choice = {"index": index, "delta": {"role": g.role, "content": ""}, "logprobs": None, "finish_reason": None}
-        chunk["choices"] = [choice]
+        event["choices"] = [choice]
         if g.continuous_usage:
-            chunk["usage"] = {**short_usage(len(g.prompts[0].token_ids), 0), "completion_tokens_details": None}
-        chunk["prompt_token_ids"] = g.prompts[0].token_ids if g.return_token_ids else None
-        chunk["prompt_text"] = None
-        return sse(chunk)
+            event["usage"] = {**short_usage(len(g.prompts[0].token_ids), 0), "completion_tokens_details": None}
+        event["prompt_token_ids"] = g.prompts[0].token_ids if g.return_token_ids else None
+        event["prompt_text"] = None
+        return sse(event)
 
-    def chat_echo_chunk(self, index: int) -> str:
+    def chat_echo_event(self, index: int) -> str:
         g = self.generation
-        chunk = self._head("chat.completion.chunk")
+        event = self._head("chat.completion.chunk")
         delta = {"content": g.chat_echo}
-        chunk["choices"] = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+        event["choices"] = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
         if g.continuous_usage:
-            chunk["usage"] = {**short_usage(len(g.prompts[0].token_ids), 0), "completion_tokens_details": None}
-        return sse(chunk)
+            event["usage"] = {**short_usage(len(g.prompts[0].token_ids), 0), "completion_tokens_details": None}
+        return sse(event)
 
-    def chat_token_chunk(self, token: Token, generated: int) -> str:
+    def chat_token_event(self, token: Token, generated: int) -> str:
         g = self.generation
         choice: dict[str, Any] = {"index": token.sequence.index, "delta": self._delta(token), "logprobs": None}
         choice["finish_reason"] = token.sequence.finish_reason if token.last else None
         if token.last:
             choice["stop_reason"] = token.sequence.stop_reason
         choice["token_ids"] = [token.token_id] if g.return_token_ids else None
-        chunk = self._head("chat.completion.chunk")
-        chunk["choices"] = [choice]
+        event = self._head("chat.completion.chunk")
+        event["choices"] = [choice]
         if g.continuous_usage:
             prompt = len(g.prompts[0].token_ids)
-            chunk["usage"] = {**short_usage(prompt, generated), "completion_tokens_details": None}
+            event["usage"] = {**short_usage(prompt, generated), "completion_tokens_details": None}
         if token.last and not g.include_usage:
-            chunk["system_fingerprint"] = self.fingerprint
-        return sse(chunk)
+            event["system_fingerprint"] = self.fingerprint
+        return sse(event)
 
     def _delta(self, token: Token) -> dict[str, Any]:
         tool = self.generation.tool_call
@@ -170,13 +170,13 @@ class Wire:
         function = {"name": tool.name, "arguments": token.text}
         return {"tool_calls": [{"id": tool.ids[index], "type": "function", "index": index, "function": function}]}
 
-    # --- completion stream chunks ---
+    # --- completion stream events ---
 
-    def completion_token_chunk(self, token: Token, generated: int) -> str:
+    def completion_token_event(self, token: Token, generated: int) -> str:
         g = self.generation
         prompt = g.prompts[token.sequence.prompt]
         first = token.position == 0
-        # vLLM returns the prompt ids on a choice's first chunk when asked to, and always under echo.
+        # vLLM returns the prompt ids on a choice's first event when asked to, and always under echo.
         with_prompt = first and (g.return_token_ids or prompt.echo_text is not None)
         choice = {
             "index": token.sequence.index,
@@ -187,19 +187,19 @@ class Wire:
             "prompt_token_ids": prompt.token_ids if with_prompt else None,
             "token_ids": [token.token_id] if g.return_token_ids else None,
         }
-        chunk = self._head("text_completion")
-        chunk["choices"] = [choice]
+        event = self._head("text_completion")
+        event["choices"] = [choice]
         if g.continuous_usage:
-            chunk["usage"] = short_usage(len(prompt.token_ids), generated)
+            event["usage"] = short_usage(len(prompt.token_ids), generated)
         if token.last and not g.include_usage:
-            chunk["system_fingerprint"] = self.fingerprint
-        return sse(chunk)
+            event["system_fingerprint"] = self.fingerprint
+        return sse(event)
 
     # --- shared ---
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
+    def usage_event(self, prompt_tokens: int, completion_tokens: int) -> str:
         obj = "chat.completion.chunk" if self.generation.endpoint == "chat" else "text_completion"
-        chunk = self._head(obj)
-        chunk.update(choices=[], usage=short_usage(prompt_tokens, completion_tokens))
-        chunk["system_fingerprint"] = self.fingerprint
-        return sse(chunk)
+        event = self._head(obj)
+        event.update(choices=[], usage=short_usage(prompt_tokens, completion_tokens))
+        event["system_fingerprint"] = self.fingerprint
+        return sse(event)

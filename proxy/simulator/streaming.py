@@ -89,29 +89,29 @@ async def events(
     async for step in steps(seqs, engine):
         tracker.generated(len(step))
         if first and generation.endpoint == "chat":
-            for chunk in _chat_opening(generation, wire):
-                yield chunk
+            for event in _chat_opening(generation, wire):
+                yield event
         first = False
         for token in step:
             generated[token.sequence.index] += 1
-            yield _token_chunk(generation, wire, token, generated[token.sequence.index])
+            yield _token_event(generation, wire, token, generated[token.sequence.index])
     if generation.include_usage:
         prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
-        yield wire.usage_chunk(prompt_tokens, sum(generated))
+        yield wire.usage_event(prompt_tokens, sum(generated))
     yield DONE
 
 
 def _chat_opening(generation: Generation, wire: Wire) -> list[str]:
-    chunks = [wire.chat_role_chunk(i) for i in range(generation.n)]
+    events = [wire.chat_role_event(i) for i in range(generation.n)]
     if generation.chat_echo:
-        chunks += [wire.chat_echo_chunk(i) for i in range(generation.n)]
-    return chunks
+        events += [wire.chat_echo_event(i) for i in range(generation.n)]
+    return events
 
 
-def _token_chunk(generation: Generation, wire: Wire, token: Token, generated: int) -> str:
+def _token_event(generation: Generation, wire: Wire, token: Token, generated: int) -> str:
     if generation.endpoint == "chat":
-        return wire.chat_token_chunk(token, generated)
-    return wire.completion_token_chunk(token, generated)
+        return wire.chat_token_event(token, generated)
+    return wire.completion_token_event(token, generated)
 
 
 class TrackedStream(StreamingResponse):

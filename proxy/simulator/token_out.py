@@ -48,7 +48,7 @@ def generate_body(g: Generation, outputs: list[Output]) -> dict[str, Any]:
     return {**head, "usage": spent, **tail, "output_mode": _mode(g), "choices": choices}
 
 
-def _chunk(g: Generation, choices: list[dict[str, Any]], spent: dict[str, Any] | None) -> str:
+def _event(g: Generation, choices: list[dict[str, Any]], spent: dict[str, Any] | None) -> str:
     if _mode(g) is None:
         return sse({"request_id": g.response_id, "choices": choices, "usage": spent})
     return sse({"request_id": g.response_id, "usage": spent, "output_mode": _mode(g), "choices": choices})
@@ -64,7 +64,7 @@ async def generate_events(g: Generation, engine: Engine, tracker: RequestTracker
             generated[token.sequence.index] += 1
             choice = _choice(g, token.sequence, [token.token_id], token.text, token.last)
             spent = usage(prompt, generated[token.sequence.index]) if g.continuous_usage else None
-            yield _chunk(g, [choice], spent)
+            yield _event(g, [choice], spent)
     if g.include_usage:
-        yield _chunk(g, [], short_usage(prompt, sum(generated)))
+        yield _event(g, [], short_usage(prompt, sum(generated)))
     yield DONE

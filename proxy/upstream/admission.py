@@ -49,8 +49,8 @@ class Ticket:
     cost: int
     waited_s: float
     released: bool = False
-    lease: str | None = None  # its reservation in the shared budget (admission.redis_url), if it holds one
-    credit: bool = False  # admitted on this process's block of the shared budget (proxy/upstream/credit.py)
+    lease: str | None = None  # its reservation in the fleet's budget (redis.url), if it holds one
+    credit: bool = False  # admitted on this process's block of the fleet's budget (proxy/upstream/credit.py)
 
 
 @dataclass(eq=False)
@@ -83,7 +83,7 @@ class Admission:
         return Ticket(replica, cost, 0.0)
 
     def hold(self, replica: int, cost: int, lease: str | None = None, credit: bool = False) -> Ticket:
-        """A ticket for a request the shared budget admitted (by a reservation, or on credit): counted here too,
+        """A ticket for a request the fleet's budget admitted (by a reservation, or on credit): counted here too,
         unchecked, so that this process's in-flight tokens stay known and its own share stays honest if it must fall
         back on it."""
         self._reserve(replica, cost)

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from proxy.errors import GuardError, TooBusy, UpstreamConnectTimeout, UpstreamRefused, UpstreamUnavailable
-from proxy.settings import AdmissionSettings, UpstreamSettings
+from proxy.settings import AdmissionSettings, RedisSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
 from proxy.upstream.headers import forwardable, outgoing, upstream_auth
 from proxy.upstream.transport import GET_BYTES, METRICS_BYTES, Answer, Transport
 
 if TYPE_CHECKING:
-    from proxy.shared.link import RedisLink
-    from proxy.upstream.shared_gate import SharedAdmission
+    from proxy.fleet.link import RedisLink
+    from proxy.upstream.fleet_gate import FleetAdmission
 
 log = logging.getLogger("token_guard.upstream")
 
@@ -74,31 +74,35 @@ class Upstream:
         admission: AdmissionSettings | None = None,
         workers: int = 1,
         link: RedisLink | None = None,
+        redis: RedisSettings | None = None,
     ) -> None:
         """`transport`: the HTTP client toward the replicas (http.HttpClient when serving), closed by aclose().
         `workers`: processes serving the same port, each with its own gate: each takes 1/workers of a budget.
-        `link`: the Redis that guards share budgets through (admission.redis_url): each reserves from the whole."""
+        `link`: the Redis that guards share budgets through (`redis`, its settings): each reserves from the whole."""
         admission = admission or AdmissionSettings()
         self.workers = workers
         tokens = admission.max_inflight_tokens if isinstance(admission.max_inflight_tokens, int) else 0
         whole = (tokens, admission.max_inflight_requests)
         share = Budget(_share(whole[0], workers), _share(whole[1], workers))
-        self.replicas = [
-            Replica(url, replace(share), Budget(*whole), index=i) for i, url in enumerate(settings.replicas)
-        ]
-        self.url = ", ".join(r.url for r in self.replicas)
+        self.replicas = [Replica(url, replace(share), Budget(*whole), index=i) for i, url in enumerate(settings.urls)]
+        self.urls = settings.urls
         self.settings = settings
         self.auto_budget = admission.max_inflight_tokens == "auto"
         local = Admission([r.budget for r in self.replicas], admission.queue_timeout_s, admission.max_queue)
-        self.admission: Admission | SharedAdmission = local
+        self.admission: Admission | FleetAdmission = local
         budgeted = self.auto_budget or any(whole)
         if link is not None and budgeted:  # imported only here: without a Redis, redis is never imported
-            from proxy.upstream.shared_gate import SharedAdmission
+            from proxy.upstream.fleet_gate import FleetAdmission
 
-            urls, wholes = [r.url for r in self.replicas], [r.whole for r in self.replicas]
-            self.admission = SharedAdmission(local, urls, wholes, link, admission)
+            wholes = [r.whole for r in self.replicas]
+            self.admission = FleetAdmission(local, self.urls, wholes, link, admission, redis or RedisSettings())
         self._transport = transport
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
+
+    @property
+    def where(self) -> str:
+        """The replicas' URLs, for the guard's own log lines and the check (never for what a client sees)."""
+        return ", ".join(self.urls)
 
     async def open(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, cost: int | None = None, query: str = ""
@@ -141,7 +145,7 @@ class Upstream:
         When every replica tried is at its own queue limit, the client gets 429 with Retry-After, as for ours."""
         try:
             busy = await queue_full(response)
-        except BaseException:  # the client went away, or the upstream broke off, while its first chunk was read
+        except BaseException:  # the client went away, or the upstream broke off, while its first piece was read
             response.close()
             self._release(ticket)
             raise
@@ -248,8 +252,8 @@ class Upstream:
     def _by_health(self) -> list[Replica]:
         return sorted(self.replicas, key=lambda r: (not r.budget.available, r.down_until))
 
-    def shared_jobs(self) -> list[Coroutine[Any, Any, None]]:
-        """The shared gate's background work (admission.redis_url): releases, waiters, leases, heartbeat."""
+    def fleet_jobs(self) -> list[Coroutine[Any, Any, None]]:
+        """The fleet gate's background work (redis.url): releases, waiters, leases, heartbeat."""
         return [] if isinstance(self.admission, Admission) else [self.admission.run()]
 
     async def aclose(self) -> None:
@@ -261,7 +265,7 @@ class Upstream:
 async def queue_full(response: Answer) -> str | None:
     """vLLM's message when its own queue is full (--max-num-queued-reqs / --max-num-queued-tokens, 0.31+): a 503, or,
     for a stream, a 200 whose first event is that error (measured on 0.32). None for any other answer; the first
-    chunk read to tell stays in the answer."""
+    piece read to tell stays in the answer."""
     if response.status == 503 or (response.status == 200 and response.is_sse):
         head = await response.first()
         if response.is_sse and not head.startswith(b'data: {"error"'):

@@ -1,4 +1,4 @@
-"""Credit in blocks, the bookkeeping without Redis: with a shared budget (admission.redis_url), each process holds a
+"""Credit in blocks, the bookkeeping without Redis: with a fleet budget (redis.url), each process holds a
 block of each replica's budget (tokens and request slots, reserved in Redis under its own lease) and admits a request
 that fits in what the block has unused at once, with no round trip. What the block should be is decided here: a
 bounded share of the whole budget while requests come, only what runs when the process is idle or others want

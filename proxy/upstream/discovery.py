@@ -29,6 +29,6 @@ async def discover(upstream: Upstream, wait_s: float, retry_s: float = 2.0) -> l
                 raise GuardError(f"gave up waiting for the upstream after {waited:.0f} s: {exc}") from exc
             message = exc.message if isinstance(exc, GuardError) else str(exc)
             log.info("upstream %s not ready (%s); retrying in %.0f s (waited %.0f of %.0f s)",
-                     upstream.url, message, retry_s, waited, wait_s)  # fmt: skip
+                     upstream.where, message, retry_s, waited, wait_s)  # fmt: skip
             await asyncio.sleep(retry_s)
             retry_s = min(retry_s * 1.5, 10.0)

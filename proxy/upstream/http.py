@@ -8,7 +8,7 @@ ceiling-9478fed.md, on aiohttp). One session serves every replica; it sends the 
 followed), and relays the answer's raw bytes.
 
 An answer is opened when its status and headers have arrived, within the shorter of first_byte_timeout_s and
-read_timeout_s; its body is then read whole or relayed chunk by chunk as it comes, each wait for the next chunk at
+read_timeout_s; its body is then read whole or relayed piece by piece as it comes, each wait for the next piece at
 most read_timeout_s (silence.py). Closing an answer that was not read to its end closes its connection, which is what
 makes vLLM abort the generation. What is read whole has a limit (transport.py).
 
@@ -75,7 +75,7 @@ class UpstreamResponse(Answer):
         self.headers: Mapping[str, str] = response.headers
         self.content_type = response.headers.get("content-type", "")
         self.is_sse = self.content_type.startswith("text/event-stream")
-        self._held: bytes | None = None  # the first chunk, when read ahead by first()
+        self._held: bytes | None = None  # the first piece, when read ahead by first()
 
     async def first(self) -> bytes:
         if self._held is None:
@@ -86,7 +86,8 @@ class UpstreamResponse(Answer):
             self._watch.heard()
         return self._held
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
+    async def pieces(self) -> AsyncGenerator[bytes, None]:
+        """The body's bytes as they arrive."""
         watch = self._watch
         try:
             if self._held is not None:
@@ -94,9 +95,9 @@ class UpstreamResponse(Answer):
                 if held:
                     yield held
                 watch.resume()
-            async for chunk in self._response.content.iter_any():
+            async for piece in self._response.content.iter_any():
                 watch.heard()
-                yield chunk
+                yield piece
                 watch.resume()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate(exc) from None
@@ -119,8 +120,8 @@ class HttpClient:
     """One aiohttp connection pool for every replica, with the upstream timeouts."""
 
     def __init__(self, settings: UpstreamSettings) -> None:
-        # No sock_read: it re-arms a timer on every chunk. The wait for the headers has its deadline in open(), the
-        # waits for the body's chunks theirs in UpstreamResponse.
+        # No sock_read: it re-arms a timer on every piece. The wait for the headers has its deadline in open(), the
+        # waits for the body's pieces theirs in UpstreamResponse.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
         self.read_timeout_s = settings.read_timeout_s
         self.header_timeout_s = min(settings.first_byte_timeout_s, settings.read_timeout_s)

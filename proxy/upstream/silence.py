@@ -1,11 +1,11 @@
-"""A deadline for an upstream answer's silence: it fires once the guard has waited `timeout_s` for the next chunk.
+"""A deadline for an upstream answer's silence: it fires once the guard has waited `timeout_s` for the next piece.
 
-aiohttp's own read timeout (`sock_read`) cancels and re-arms a timer on every chunk it receives, ~2 us each: a
+aiohttp's own read timeout (`sock_read`) cancels and re-arms a timer on every piece it receives, ~2 us each: a
 17-event stream paid ~35 us, a tenth of what a bare relay spends on the whole stream. Here one timer serves the whole
-answer: each chunk only notes the time, and the timer, when it comes due early, re-arms itself for what is left.
+answer: each piece only notes the time, and the timer, when it comes due early, re-arms itself for what is left.
 
 Only waiting counts, as with aiohttp (which stops its timer while it has stopped reading): the time the guard spends
-with a chunk in hand, relaying it to a client that reads slowly, is not the upstream's silence.
+with a piece in hand, relaying it to a client that reads slowly, is not the upstream's silence.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ class SilenceWatch:
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._since + timeout_s, self._check)
 
     def heard(self) -> None:
-        """A chunk arrived: the wait is over until resume()."""
+        """A piece arrived: the wait is over until resume()."""
         self._since = None
 
     def resume(self) -> None:
-        """Waiting for the next chunk starts now."""
+        """Waiting for the next piece starts now."""
         self._since = self._loop.time()
 
     def stop(self) -> None:

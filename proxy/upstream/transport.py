@@ -5,7 +5,7 @@ in memory (tests/support/fakehttp.py).
 
 And how much of an answer the guard reads whole: an upstream that answers with hundreds of megabytes (broken, or not
 the server it should be) would otherwise take the guard's memory and hold its event loop while the body is joined.
-What is relayed chunk by chunk needs no limit, as flow control keeps only a buffer of it.
+What is relayed piece by piece needs no limit, as flow control keeps only a buffer of it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def count_bytes(sent: int) -> int:
 
 class Answer(Protocol):
     """An upstream answer whose status and headers have arrived; the body is still to be read. An implementation
-    subclasses this to inherit read() and head(), which are written on chunks()."""
+    subclasses this to inherit read() and head(), which are written on pieces()."""
 
     url: str  # the base URL of the replica that answered
     status: int
@@ -42,10 +42,10 @@ class Answer(Protocol):
     is_sse: bool
 
     async def first(self) -> bytes:
-        """The body's first chunk, read ahead (b"" for an empty body); chunks() still yields it first."""
+        """The body's first piece, read ahead (b"" for an empty body); pieces() still yields it first."""
         ...
 
-    def chunks(self) -> AsyncGenerator[bytes, None]:
+    def pieces(self) -> AsyncGenerator[bytes, None]:
         """The body's bytes as they arrive; a failure is raised as the guard's own error (proxy.errors)."""
         ...
 
@@ -64,15 +64,15 @@ class Answer(Protocol):
 
     async def head(self, limit: int) -> tuple[bytes, bool]:
         """The body's first `limit` bytes, and whether there was more (left unread)."""
-        chunks: list[bytes] = []
+        pieces: list[bytes] = []
         size = 0
-        async with contextlib.aclosing(self.chunks()) as reading:
-            async for chunk in reading:
-                chunks.append(chunk)
-                size += len(chunk)
+        async with contextlib.aclosing(self.pieces()) as reading:
+            async for piece in reading:
+                pieces.append(piece)
+                size += len(piece)
                 if size > limit:
-                    return b"".join(chunks)[:limit], True
-        return b"".join(chunks), False
+                    return b"".join(pieces)[:limit], True
+        return b"".join(pieces), False
 
 
 class Transport(Protocol):

@@ -30,9 +30,9 @@ from proxy.check.compare import (
     verdict,
     window_verdict,
 )
-from proxy.check.counts import charge_body, charged_result, tokenize_body, tokenize_result
 from proxy.check.run import drift_warnings
 from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
+from proxy.check.sides import charge_body, charged_result, tokenize_body, tokenize_result
 from proxy.cli import main
 from proxy.counting.registry import ModelRegistry
 from proxy.server.running import ServerThread
@@ -41,6 +41,7 @@ from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
 from proxy.upstream.client import Upstream
 from proxy.upstream.http import HttpClient
+from proxy.upstream.remote_count import Reply
 from tests.support.servers import MODEL, guard, simulator
 from tests.support.trained import CHATML_TEMPLATE
 
@@ -90,11 +91,12 @@ def test_drift_lines_name_each_disagreeing_model_once() -> None:
 
 
 def test_tokenize_result_reads_count_or_the_error_message() -> None:
-    assert tokenize_result(200, b'{"count": 7, "max_model_len": 2048, "tokens": []}') == 7
+    assert tokenize_result(Reply.of(200, b'{"count": 7, "max_model_len": 2048, "tokens": []}')) == 7
     error = b'{"error": {"message": "The model `x` does not exist.", "type": "NotFoundError", "code": 404}}'
-    assert tokenize_result(404, error) == Refusal("404 The model `x` does not exist.")
-    assert tokenize_result(400, b'{"object": "error", "message": "old envelope"}') == Refusal("400 old envelope")
-    assert tokenize_result(502, b"Bad Gateway") == Refusal("502 Bad Gateway")
+    assert tokenize_result(Reply.of(404, error)) == Refusal("404 The model `x` does not exist.")
+    old = b'{"object": "error", "message": "old envelope"}'
+    assert tokenize_result(Reply.of(400, old)) == Refusal("400 old envelope")
+    assert tokenize_result(Reply.of(502, b"Bad Gateway")) == Refusal("502 Bad Gateway")
 
 
 def test_tokenize_body_sends_only_what_tokenize_accepts() -> None:
@@ -115,8 +117,8 @@ def test_charge_body_asks_for_one_greedy_token_and_keeps_what_renders() -> None:
     chat = Sample("c", "chat", {"messages": [], "tools": tools, "max_completion_tokens": 900, "stream": True, "n": 3})
     assert charge_body("m", chat) == {"messages": [], "tools": tools, "model": "m", "max_tokens": 1, "temperature": 0,
                                       "tool_choice": "none"}  # fmt: skip
-    assert charged_result(200, b'{"usage": {"prompt_tokens": 12, "completion_tokens": 1}}') == 12
-    assert charged_result(400, b'{"error": {"message": "no"}}') == Refusal("400 no")
+    assert charged_result(Reply.of(200, b'{"usage": {"prompt_tokens": 12, "completion_tokens": 1}}')) == 12
+    assert charged_result(Reply.of(400, b'{"error": {"message": "no"}}')) == Refusal("400 no")
 
 
 # --- the samples file ---

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from proxy.api.chat import parse_chat
 from proxy.check.defaults import learn
-from proxy.counting.count import count_chat
+from proxy.counting.local_count import count_chat
 from proxy.counting.registry import ModelRegistry
 from proxy.counting.tokenizer import load_tokenizer
 from proxy.server.running import ServerThread
@@ -44,7 +44,7 @@ def learned(url: str, family: str) -> dict[str, Any]:
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
 
     async def go() -> None:
-        settings = UpstreamSettings(url=url)
+        settings = UpstreamSettings(urls=(url,))
         upstream = Upstream(settings, HttpClient(settings))
         try:
             await learn(registry, upstream)

@@ -25,9 +25,9 @@ from proxy.api.chat import ChatRequest
 from proxy.api.responses import parse_responses
 from proxy.assets import write_demo_tokenizer_dir
 from proxy.counting.anthropic import messages_chat
-from proxy.counting.count import count_chat
-from proxy.counting.counter import TokenCounter
+from proxy.counting.local_count import count_chat
 from proxy.counting.responses import responses_chat
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
 from proxy.errors import InvalidRequest
 from proxy.settings import CountingSettings

@@ -22,8 +22,8 @@ import pytest
 
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
-from proxy.counting.count import count_chat, count_completion
 from proxy.counting.harmony import HarmonyChat
+from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.modes import resolve_mode
 from proxy.counting.render import render_chat
 from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer

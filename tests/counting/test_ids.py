@@ -5,13 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.counting.ids import char_cut, windows
+from proxy.counting.ids import char_cut, chunk_spans
 
 
 @given(length=st.integers(0, 5000), size=st.integers(2, 600), overlap_share=st.floats(0, 0.49))
 def test_windows_cover_everything_in_order_with_the_overlap(length: int, size: int, overlap_share: float) -> None:
     overlap = int(size * overlap_share)
-    spans = windows(length, size, overlap)
+    spans = chunk_spans(length, size, overlap)
     if length == 0:
         assert spans == []
         return

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, normalizers, pre_tokenizers
 
 from proxy.counting import segments
-from proxy.counting.counter import TokenCounter
 from proxy.counting.segments import segmenter_for
+from proxy.counting.text_count import TokenCounter
 from proxy.settings import CountingSettings
 
 TOKENS = [

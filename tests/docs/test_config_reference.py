@@ -14,12 +14,14 @@ import pytest
 
 from proxy.cli import FLAGS
 from proxy.settings.keys import KEY_SCHEMA
-from proxy.settings.loader import ENV_PREFIX, MODEL_SCHEMA, RETIRED, SCHEMA, SECTIONS, SINGLE_MODEL_ENV
+from proxy.settings.loader import MODEL_SCHEMA, SCHEMA, SECTIONS, SINGLE_MODEL_ENV
 from proxy.settings.sections import KeySettings, ModelSettings
+from proxy.settings.spellings import ENV_PREFIX, RENAMED, RETIRED
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 HEADING = re.compile(r"^## `\[{1,2}([a-z_.]+)\]{1,2}`$")  # "## `[server]`", "## `[[models]]`"
 RETIRED_HEADING = "## Retired keys"
+RENAMED_HEADING = "## Renamed keys"
 ENV_NAME = re.compile(r"`(TOKEN_GUARD_[A-Z_]+)`")
 FLAG_NAME = re.compile(r"`(--[a-z][a-z-]*)`")
 # `token-guard extproc --port` sets extproc.port instead of server.port (proxy/cli.py: main() hands flags_from a
@@ -40,15 +42,18 @@ class Row:
     names: str  # the "environment, flag" cell
 
 
-def read_page() -> tuple[dict[str, dict[str, Row]], set[str]]:
-    """The documented keys by section (`[server]` -> "server", `[[models]]` -> "models"), and the retired keys."""
+def read_page() -> tuple[dict[str, dict[str, Row]], set[str], dict[str, str]]:
+    """The documented keys by section (`[server]` -> "server", `[[models]]` -> "models"), the retired keys, and the
+    renamed keys with their new names."""
     tables: dict[str, dict[str, Row]] = {}
     retired: set[str] = set()
+    renamed: dict[str, str] = {}
     section: str | None = None
     for line in PAGE.read_text(encoding="utf-8").splitlines():
         if line.startswith("## "):
             match = HEADING.match(line)
-            section = match.group(1) if match else ("retired" if line == RETIRED_HEADING else None)
+            other = {RETIRED_HEADING: "retired", RENAMED_HEADING: "renamed"}
+            section = match.group(1) if match else other.get(line)
             continue
         if section is None or not line.startswith("| `"):
             continue
@@ -57,13 +62,16 @@ def read_page() -> tuple[dict[str, dict[str, Row]], set[str]]:
         if section == "retired":
             retired.add(key)
             continue
+        if section == "renamed":
+            renamed[key] = cells[1].strip("`")
+            continue
         assert len(cells) == 5, f"docs/configuration.md: the row of {section}.{key} has {len(cells)} cells, not 5"
         assert key not in tables.get(section, {}), f"docs/configuration.md documents {section}.{key} twice"
         tables.setdefault(section, {})[key] = Row(default=cells[2], names=cells[3])
-    return tables, retired
+    return tables, retired, renamed
 
 
-DOCUMENTED, DOCUMENTED_RETIRED = read_page()
+DOCUMENTED, DOCUMENTED_RETIRED, DOCUMENTED_RENAMED = read_page()
 ALL_KEYS = [(section, key) for section, keys in CODE_KEYS.items() for key in keys]
 
 
@@ -92,6 +100,12 @@ def test_every_key_is_documented_and_no_other(section: str) -> None:
 def test_retired_keys_are_the_loaders() -> None:
     assert DOCUMENTED_RETIRED == set(RETIRED), (
         f"docs/configuration.md's retired keys {sorted(DOCUMENTED_RETIRED)} are not the loader's {sorted(RETIRED)}"
+    )
+
+
+def test_renamed_keys_are_the_loaders() -> None:
+    assert DOCUMENTED_RENAMED == RENAMED, (
+        f"docs/configuration.md's renamed keys {DOCUMENTED_RENAMED} are not the loader's {RENAMED}"
     )
 
 

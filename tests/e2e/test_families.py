@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from proxy.upstream.counting import chat_tokenize_body
+from proxy.upstream.remote_count import chat_tokenize_body
 from tests.e2e import runtime
 from tests.e2e.families import FAMILIES, UNSAID_MISTRAL, WINDOW, Family, Served, served
 from tests.e2e.wire import GUARD_ACTION, GUARD_PROMPT

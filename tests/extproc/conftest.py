@@ -16,7 +16,7 @@ from tests.extproc.rig import BUDGET, KEYS, MAX_BODY, Gate, Rig, picker, port_of
 from tests.support.envoy import ProcessorThread, envoy
 from tests.support.processes import free_port
 from tests.support.servers import MODEL, guard
-from tests.upstream.test_counting import STRICT, fake_vllm
+from tests.upstream.test_remote_count import STRICT, fake_vllm
 
 
 @pytest.fixture(scope="module")

@@ -146,7 +146,7 @@ def served(settings: Settings) -> Iterator[ServerThread]:
     app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
     with ServerThread(app, **uvicorn_options(settings.server)) as server:
         wait_healthy(server.url)
-        wait_checked(server, settings.upstream.replicas[0])
+        wait_checked(server, settings.upstream.urls[0])
         yield server
 
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.api.chat import parse_chat
-from proxy.counting.count import count_chat
-from proxy.counting.counter import TokenCounter
+from proxy.counting.local_count import count_chat
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.policy.chunk import CannotChunk, output_shares, split_chat
 
@@ -55,5 +55,5 @@ def test_output_shares_split_the_clients_limit_across_the_parts_in_order() -> No
     assert output_shares(64, 4) == [16, 16, 16, 16]
     assert output_shares(10, 4) == [3, 3, 2, 2]
     assert sum(output_shares(1000, 7)) == 1000
-    with pytest.raises(CannotChunk, match="cannot be shared by 5 parts"):
+    with pytest.raises(CannotChunk, match="cannot be shared by 5 chunks"):
         output_shares(4, 5)

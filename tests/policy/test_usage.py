@@ -33,7 +33,7 @@ def test_usage_of_a_json_answer(answer: dict[str, object], used: int) -> None:
     assert charge.used(200) == used and charge.unused(200) == 500 - used
 
 
-def test_usage_chunk_of_a_stream_after_a_long_answer() -> None:
+def test_usage_event_of_a_stream_after_a_long_answer() -> None:
     text = [b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'] * (TAIL_BYTES // 20)
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":41,"completion_tokens":900}}\n\ndata: [DONE]\n\n'
     assert charged(*text, usage).used(200) == 941

@@ -45,7 +45,7 @@ def test_a_translation_without_a_limit_reaches_vllm_byte_for_byte(proxy: str, si
     }
 
 
-def test_a_stream_passes_through_with_vllms_usage_chunk(oai: openai.OpenAI, sim: InMemorySim) -> None:
+def test_a_stream_passes_through_with_vllms_usage_event(oai: openai.OpenAI, sim: InMemorySim) -> None:
     stream = oai.audio.transcriptions.create(
         model=MODEL, file=("s.wav", wav(), "audio/wav"), stream=True,
         extra_body={"max_completion_tokens": 3, "stream_include_usage": True},

@@ -63,7 +63,7 @@ def test_a_31_mb_prompt_is_not_chunked_once_counting_its_start_proves_it_needs_t
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert "However, your request has at least " in error["message"]
-    assert "The chunk policy was not applied: the prompt would take more than 64 parts" in error["message"]
+    assert "The chunk policy was not applied: the prompt would take more than 64 chunks" in error["message"]
     assert response.headers["x-token-guard-count-source"] == "size"
     assert int(response.headers["x-token-guard-prompt-tokens"]) > 64 * 2048
     assert rss_mb(stack.guard_pid, "VmHWM") < PEAK_MB

@@ -76,7 +76,7 @@ def doors(deepseek_dir: Path, redis: RedisServer, tmp_path_factory: pytest.TempP
     config = tmp_path_factory.mktemp("doors") / "guard.toml"
     config.write_text(CONFIG.format(tokenizer=deepseek_dir))
     with simulator(deepseek_dir, max_model_len=2048) as (sim, stats, _), TcpTap(int(sim.url.rsplit(":", 1)[1])) as tap:
-        flags = {"upstream.url": tap.url, "admission.max_inflight_tokens": BUDGET, "admission.redis_url": redis.url}
+        flags = {"upstream.url": tap.url, "admission.max_inflight_tokens": BUDGET, "redis.url": redis.url}
         settings = load_settings(flags, environ={}, config_file=config)
         app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
         with Forbidden() as forbidden, ServerThread(app, **uvicorn_options(settings.server)) as guard:

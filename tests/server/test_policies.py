@@ -161,7 +161,7 @@ def test_chunked_completions_stream_and_not(proxy: str) -> None:
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model=MODEL, prompt=prompt, max_tokens=16, stream=True) if c.choices)  # fmt: skip
     assert streamed == whole.choices[0].text and whole.usage is not None
-    assert whole.usage.completion_tokens == 16  # vLLM's default max_tokens, shared by the parts
+    assert whole.usage.completion_tokens == 16  # vLLM's default max_tokens, shared by the chunks
 
 
 def test_reduce_merge_returns_the_combining_answer(deepseek_dir: Path, sim: InMemorySim) -> None:
@@ -210,7 +210,7 @@ def test_a_prompt_needing_more_than_64_parts_is_not_chunked(deepseek_dir: Path, 
     with guard(sim, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.chunk_tokens": 16}) as server:
         before = sim.stats.received
         with pytest.raises(openai.BadRequestError, match="chunk policy was not applied: the prompt would take more "
-                                                          "than 64 parts of 16 tokens"):  # fmt: skip
+                                                          "than 64 chunks of 16 tokens"):  # fmt: skip
             sdk(server.url, "chunk").chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": document(3000)}], max_tokens=8
             )

@@ -201,7 +201,7 @@ def test_unused_tokens_come_back_from_the_usage(proxy: str) -> None:
     assert 1_000_000 - remaining(proxy, "sk-hashed") <= usage.total_tokens
 
 
-def test_streams_give_back_by_their_usage_chunk_or_events(proxy: str) -> None:
+def test_streams_give_back_by_their_usage_event_or_events(proxy: str) -> None:
     oai = client(proxy, "sk-hashed")
     for options in ({"include_usage": True}, None):
         body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1000,

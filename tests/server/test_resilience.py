@@ -347,7 +347,7 @@ def test_nothing_a_client_sees_names_the_upstream_while_it_is_down(deepseek_dir:
     for sock in closed:
         sock.close()
     flags = {"upstream.urls": ",".join(f"http://{a}" for a in addresses), "model.max_model_len": WINDOW,
-             "admission.max_inflight_tokens": 100_000, "admission.redis_url": redis.url}  # fmt: skip
+             "admission.max_inflight_tokens": 100_000, "redis.url": redis.url}  # fmt: skip
     with guard_unchecked(f"http://{addresses[0]}", deepseek_dir, **flags) as proxy:
         answers = [httpx.get(f"{proxy.url}/health")]
         for stream in (False, True):

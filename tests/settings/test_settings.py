@@ -28,7 +28,7 @@ def test_layers_rise_in_priority(tmp_path: Path) -> None:
     settings = load_settings({"upstream.url": "http://flag:3"}, environ=env, config_file=config)
     assert settings.server.host == "0.0.0.0"  # file
     assert settings.server.port == 9002  # env over file
-    assert settings.upstream.url == "http://flag:3"  # flag over env
+    assert settings.upstream.urls == ("http://flag:3",)  # flag over env
 
 
 def test_config_file_from_environment_and_models_table(tmp_path: Path) -> None:
@@ -68,9 +68,9 @@ def test_single_model_from_environment() -> None:
         ({"TOKEN_GUARD_SERVER_WRITE_TIMEOUT_S": "0"}, "server.write_timeout_s: expected a number of seconds > 0"),
         ({"TOKEN_GUARD_POLICY_DEFAULT_MAX_TOKENS": "lots"}, "policy.default_max_tokens: expected a token count"),
         ({"TOKEN_GUARD_POLICY_MIN_OUTPUT_TOKENS": "0"}, "policy.min_output_tokens: expected an integer >= 1"),
-        ({"TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE": "1.5"}, "admission.redis_block_share: expected a number from 0 "
-                                                             "to 1"),
-        ({"TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE": "half"}, "admission.redis_block_share: expected a number from 0"),
+        ({"TOKEN_GUARD_REDIS_BLOCK_SHARE": "1.5"}, "redis.block_share: expected a number from 0 to 1"),
+        ({"TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE": "half"}, "redis.block_share: expected a number from 0 to 1, got "
+                                                              "'half' (from TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE)"),
         ({"TOKEN_GUARD_SERVER_LOG_LEVEL": "loud"}, "server.log_level: expected one of critical"),
         ({"TOKEN_GUARD_SERVER_COLOUR": "red"}, "server.colour: unknown key (from TOKEN_GUARD_SERVER_COLOUR)"),
         ({"TOKEN_GUARD_MAX_MODEL_LEN": "10"}, "models[0].name: required"),
@@ -183,5 +183,37 @@ def test_bad_counting_values(env: dict[str, str], message: str) -> None:
 
 @pytest.mark.parametrize(("value", "share"), [("0", 0.0), ("0.25", 0.25), ("1", 1.0)])
 def test_the_block_share_is_a_fraction(value: str, share: float) -> None:
-    env = {"TOKEN_GUARD_MODEL": "m", "TOKEN_GUARD_TOKENIZER": "/m", "TOKEN_GUARD_ADMISSION_REDIS_BLOCK_SHARE": value}
-    assert load_settings({}, environ=env).admission.redis_block_share == share
+    env = {"TOKEN_GUARD_MODEL": "m", "TOKEN_GUARD_TOKENIZER": "/m", "TOKEN_GUARD_REDIS_BLOCK_SHARE": value}
+    assert load_settings({}, environ=env).redis.block_share == share
+
+
+A, B, C = "http://a:1", "http://b:2", "http://c:3"
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "flags", "urls"),
+    [
+        ("", {}, {}, ("http://127.0.0.1:8000",)),  # the default
+        (f'[upstream]\nurls = ["{A}", "{B}/"]\n', {}, {}, (A, B)),  # a TOML list
+        (f'[upstream]\nurl = "{A}"\n', {}, {}, (A,)),
+        (f'[upstream]\nurl = "{A}"\nurls = ["{B}"]\n', {}, {}, (B,)),  # both in one source: urls
+        (f'[upstream]\nurl = "{A}"\nurls = []\n', {}, {}, (A,)),  # an empty urls says nothing (config.example.toml)
+        ("", {"TOKEN_GUARD_UPSTREAM_URL": f"{A}, {B}"}, {}, (A, B)),  # comma-joined, as an env var gives several
+        ("", {"TOKEN_GUARD_UPSTREAM_URLS": f"{A},{B}"}, {}, (A, B)),
+        (f'[upstream]\nurls = ["{A}", "{B}"]\n', {}, {"upstream.url": C}, (C,)),  # a higher source's url wins
+        (f'[upstream]\nurl = "{A}"\n', {"TOKEN_GUARD_UPSTREAM_URLS": f"{B},{C}"}, {}, (B, C)),  # and its urls
+    ],
+)
+def test_the_upstream_urls_are_parsed_into_one_tuple(
+    tmp_path: Path, text: str, env: dict[str, str], flags: dict[str, str], urls: tuple[str, ...]
+) -> None:
+    assert load_settings(flags, environ=env, config_file=write(tmp_path, text)).upstream.urls == urls
+
+
+def test_the_upstream_flag_takes_several_replicas_comma_joined() -> None:
+    from proxy.cli import build_parser, flags_from
+
+    args = build_parser().parse_args(["serve", "--upstream", f"{A},{B}"])
+    assert load_settings(flags_from(args), environ={}).upstream.urls == (A, B)
+    with pytest.raises(SettingsError, match="upstream.url: expected an http:// or https:// URL, or a list of them"):
+        load_settings({"upstream.url": f"{A},b:2"}, environ={})

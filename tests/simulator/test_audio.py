@@ -38,7 +38,7 @@ def test_a_translation_has_no_usage_and_a_limit_over_the_window_is_the_window(si
     assert sim031.stats.snapshot()["tokens_generated"] >= 2048  # vLLM's get_max_tokens: never past max_model_len
 
 
-def test_a_stream_tells_its_prompt_tokens_only_in_its_usage_chunk(sim032: RunningSim) -> None:
+def test_a_stream_tells_its_prompt_tokens_only_in_its_usage_event(sim032: RunningSim) -> None:
     data = {"stream": "true", "stream_include_usage": "true", "max_completion_tokens": "3", "prompt": "Hello"}
     events = post(sim032, "/v1/audio/transcriptions", data).text.split("\n\n")
     chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]

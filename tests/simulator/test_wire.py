@@ -166,7 +166,7 @@ def test_errors_before_streaming_are_plain_json(sim: RunningSim) -> None:
     assert response.json()["error"]["param"] == "max_tokens"
 
 
-def test_stream_framing_and_usage_chunk(sim: RunningSim) -> None:
+def test_stream_framing_and_usage_event(sim: RunningSim) -> None:
     request = {"messages": HELLO, "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}}
     response = sim.client.post("/v1/chat/completions", json=request)
     assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
@@ -183,7 +183,7 @@ def test_stream_framing_and_usage_chunk(sim: RunningSim) -> None:
     assert {c["id"] for c in chunks} == {chunks[0]["id"]}
 
 
-def test_stream_without_usage_has_no_usage_chunk(sim032: RunningSim) -> None:
+def test_stream_without_usage_has_no_usage_event(sim032: RunningSim) -> None:
     options: list[dict[str, Any]] = [{}, {"stream_options": {}}, {"stream_options": {"include_usage": False}}]
     for option in options:
         request = {"messages": HELLO, "max_tokens": 2, "stream": True, **option}

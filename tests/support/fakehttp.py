@@ -1,6 +1,6 @@
 """The guard's HTTP client toward ASGI apps in its own event loop, without a socket (as httpx's ASGITransport): each
 replica's base URL names an app, usually the simulator's, so that every answer is the app's own, streams included
-(each body message the app sends is a chunk as it is sent). A base with no app is a replica that refuses
+(each body message the app sends is a piece as it is sent). A base with no app is a replica that refuses
 connections. Closing an answer before its end is a disconnect, as the app sees one from uvicorn (http.disconnect).
 """
 
@@ -89,13 +89,13 @@ class AsgiAnswer(Answer):
             self._held = await self._next() or b""
         return self._held
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
+    async def pieces(self) -> AsyncGenerator[bytes, None]:
         if self._held is not None:
             held, self._held = self._held, b""
             if held:
                 yield held
-        while (chunk := await self._next()) is not None:
-            yield chunk
+        while (piece := await self._next()) is not None:
+            yield piece
 
     async def _next(self) -> bytes | None:
         if self._ended:

@@ -53,9 +53,9 @@ def test_a_stream_arrives_piece_by_piece_and_closing_it_early_aborts_the_generat
         answer = await transport.open("POST", BASE, "/v1/chat/completions", "", JSON, chat(500, stream=True))
         assert answer.status == 200 and answer.is_sse
         pieces: list[bytes] = []
-        async with contextlib.aclosing(answer.chunks()) as chunks:
-            async for chunk in chunks:
-                pieces.append(chunk)
+        async with contextlib.aclosing(answer.pieces()) as reading:
+            async for piece in reading:
+                pieces.append(piece)
                 if len(pieces) == 3:
                     break
         generating = stats.active  # 500 tokens at 10 ms each: still generating with three pieces in hand
@@ -104,7 +104,7 @@ def test_a_replica_without_an_app_refuses_and_upstream_takes_it_out(deepseek_dir
 
 
 def test_an_upstream_silent_past_its_timeouts_is_an_upstream_timeout(deepseek_dir: Path) -> None:
-    settings = UpstreamSettings(url=BASE, first_byte_timeout_s=0.2, read_timeout_s=0.2)
+    settings = UpstreamSettings(urls=(BASE,), first_byte_timeout_s=0.2, read_timeout_s=0.2)
 
     async def go() -> None:
         transport = AsgiTransport({BASE: simulator(deepseek_dir, ttft_s=30.0)}, settings)
@@ -132,8 +132,8 @@ def test_an_app_that_fails_mid_answer_is_a_broken_connection() -> None:
         answer = await transport.open("POST", BASE, "/v1/chat/completions", "", JSON, b"{}")
         got: list[bytes] = []
         with pytest.raises(UpstreamUnavailable, match="broke the connection"):
-            async for chunk in answer.chunks():
-                got.append(chunk)
+            async for piece in answer.pieces():
+                got.append(piece)
         await transport.aclose()
         return got
 

@@ -29,7 +29,7 @@ async def sent_head(headers: dict[str, str]) -> dict[str, str]:
         writer.close()
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    client = HttpClient(UpstreamSettings(url="http://unused"))
+    client = HttpClient(UpstreamSettings(urls=("http://unused",)))
     try:
         base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         response = await client.open("POST", base, "/v1/chat/completions", "", headers, b'{"model":"m"}')
@@ -81,7 +81,7 @@ async def against_endless(work: Callable[[HttpClient, str], Awaitable[T]]) -> tu
     closed (within 10 s, else TimeoutError)."""
     endless = Endless()
     server = await asyncio.start_server(endless.answer, "127.0.0.1", 0)
-    client = HttpClient(UpstreamSettings(url="http://unused"))
+    client = HttpClient(UpstreamSettings(urls=("http://unused",)))
     try:
         result: T | UpstreamTooLarge = await work(client, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
     except UpstreamTooLarge as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.shared.link import PREFIX, RedisLink
+from proxy.fleet.link import PREFIX, RedisLink
 
 Candidate = tuple[str, int, int]  # a replica's URL, its whole token and request budgets (0: none)
 Size = tuple[int, int]  # a block: tokens, request slots
@@ -135,7 +135,7 @@ def keys(replica: str) -> list[str]:
     return [base + "leases", base + "costs", base + "slots", base + "totals", base + "wanted"]
 
 
-class SharedBudget:
+class FleetBudget:
     def __init__(self, link: RedisLink, lease_s: float) -> None:
         self.link, self.lease_ms = link, max(1, round(lease_s * 1000))
         self._reserve, self._release, self._renew = link.script(RESERVE), link.script(RELEASE), link.script(RENEW)
@@ -143,7 +143,7 @@ class SharedBudget:
 
     async def reserve(self, lease: str, cost: int, candidates: Sequence[Candidate]) -> tuple[int, int] | None:
         """(index into `candidates`, that replica's tokens in flight with this one), or None when none has room.
-        Raises SharedStateUnavailable."""
+        Raises FleetStateUnavailable."""
         if not candidates:
             return None
         args: list[str | int | float] = [lease, cost, self.lease_ms, WANTED_MS]
@@ -158,7 +158,7 @@ class SharedBudget:
     async def adjust(self, candidate: Candidate, block: str, wish: Size) -> tuple[Size, bool, int]:
         """Resize this process's block on one replica towards `wish` (renewing its lease): (what it holds now,
         whether the replica is wanted by a reservation that fit nowhere, the replica's tokens in flight).
-        Raises SharedStateUnavailable."""
+        Raises FleetStateUnavailable."""
         url, max_tokens, max_requests = candidate
         args: list[str | int | float] = [block, self.lease_ms, *wish, max_tokens, max_requests]
         tokens, slots, wanted, in_flight = await self._adjust(keys(url), args)

@@ -1,7 +1,7 @@
 """`python -m bench admission --instances N`: N guards (`token-guard serve`, each a process of its own) in front of
 one simulator with a small KV cache, first each with its own budget (the whole KV cache each: N times too much
-together), then sharing one budget through Redis (admission.redis_url). A burst spread over the guards: p50/p99,
-errors, and the simulator's peak running tokens against its capacity. Then what the shared budget adds to a
+together), then sharing one budget through Redis (redis.url). A burst spread over the guards: p50/p99,
+errors, and the simulator's peak running tokens against its capacity. Then what the fleet's budget adds to a
 request: p50 and p99 of sequential one-token requests through a guard with a budget in Redis against one without,
 in front of a simulator that answers at once."""
 
@@ -89,7 +89,7 @@ def guards(sim_url: str, tokenizer: Path, logs: Path, budgets: list[tuple[int, s
                    "TOKEN_GUARD_ADMISSION_QUEUE_TIMEOUT_S": "600",
                    "TOKEN_GUARD_ADMISSION_MAX_QUEUE": "10000"}  # fmt: skip
             if redis_url:
-                env["TOKEN_GUARD_ADMISSION_REDIS_URL"] = redis_url
+                env["TOKEN_GUARD_REDIS_URL"] = redis_url
             stack.enter_context(process(command, logs / f"guard-{port}.log", env))
             urls.append(f"http://127.0.0.1:{port}")
         for url in urls:
@@ -164,7 +164,7 @@ async def _spread(urls: list[str], prompt: str, requests: int, max_tokens: int) 
 
 
 def _round_trip(args: argparse.Namespace, tokenizer: Path, logs: Path, redis_url: str) -> dict[str, Any]:
-    """What the shared budget adds to a request: sequential one-token requests through a guard whose budget lives in
+    """What the fleet's budget adds to a request: sequential one-token requests through a guard whose budget lives in
     Redis and one whose budget is its own (both far larger than anything asked), in front of a simulator of their
     own that answers at once (no time to first token, none between tokens), so that the guards' own cost is what
     shows. The two sides alternate in pairs whose order flips every pair, so that drift on a shared machine falls on
@@ -216,7 +216,7 @@ def table(results: list[dict[str, Any]]) -> str:
         )
     for r in results:
         if r["budget"] == "round trip":
-            rows += ["", f"The shared budget's cost per request, {r['requests']} sequential 1-token requests each "
+            rows += ["", f"The fleet budget's cost per request, {r['requests']} sequential 1-token requests each "
                          "through a simulator that answers at once:", "",
                          "| budget | p50 ms | p99 ms |", "|---|---:|---:|",
                          f"| local | {r['p50_local_ms']:.2f} | {r['p99_local_ms']:.2f} |",

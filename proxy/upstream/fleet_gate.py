@@ -1,10 +1,10 @@
-"""The admission gate when guards share a Redis (admission.redis_url). A request that fits in this process's credit
-(blocks of the budget it holds in Redis, proxy/upstream/shared_credit.py) is admitted at once, with no round trip.
-Any other reserves from its replica's whole budget in Redis (proxy/shared/budget.py) under a lease this process
+"""The admission gate when guards share a Redis (redis.url). A request that fits in this process's credit
+(blocks of the budget it holds in Redis, proxy/upstream/fleet_credit.py) is admitted at once, with no round trip.
+Any other reserves from its replica's whole budget in Redis (proxy/fleet/budget.py) under a lease this process
 renews while the request runs, and releases it at its end. Waiters queue here in FIFO order and are retried when
 this process frees budget, and on a short poll for what other guards free.
 
-Redis unreachable: with admission.redis_failure "open" requests pass the local gate on this process's share of the
+Redis unreachable: with redis.failure "open" requests pass the local gate on this process's share of the
 budget; with "closed" they are answered 503. The link's probe brings Redis back without a restart.
 """
 
@@ -18,13 +18,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proxy.errors import SharedStateUnavailable, TooBusy
-from proxy.settings import AdmissionSettings
-from proxy.shared.budget import SharedBudget
-from proxy.shared.link import RedisLink
-from proxy.shared.presence import Presence
+from proxy.errors import FleetStateUnavailable, TooBusy
+from proxy.fleet.budget import FleetBudget
+from proxy.fleet.link import RedisLink
+from proxy.fleet.presence import Presence
+from proxy.settings import AdmissionSettings, RedisSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, wait_in_queue
-from proxy.upstream.shared_credit import SharedCredit
+from proxy.upstream.fleet_credit import FleetCredit
 
 log = logging.getLogger("token_guard.admission")
 
@@ -42,23 +42,23 @@ class _Waiter:
     future: asyncio.Future[Ticket | None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
-class SharedAdmission:
+class FleetAdmission:
     def __init__(
         self, local: Admission, urls: Sequence[str], whole: Sequence[Budget], link: RedisLink,
-        settings: AdmissionSettings,
+        settings: AdmissionSettings, redis: RedisSettings,
     ) -> None:  # fmt: skip
         """`local`: this process's gate on its share (counts every ticket, admits when Redis is away); `whole`:
         each replica's whole budget, shared by every guard."""
         self.local, self.urls, self.whole, self.link = local, list(urls), list(whole), link
-        self.budget = SharedBudget(link, settings.redis_lease_s)
-        self.presence = Presence(link, settings.redis_lease_s)
-        self.lease_s, self.closed = settings.redis_lease_s, settings.redis_failure == "closed"
+        self.budget = FleetBudget(link, redis.lease_s)
+        self.presence = Presence(link, redis.lease_s)
+        self.lease_s, self.closed = redis.lease_s, redis.failure == "closed"
         self.queue_timeout_s, self.max_queue = settings.queue_timeout_s, settings.max_queue
-        self.shared_tokens: dict[str, int] = {}  # each replica's tokens in flight across guards, as last seen
-        self.credit = SharedCredit(self.budget, self.presence, local, urls, whole, settings.redis_block_share,
-                                   self.shared_tokens)  # fmt: skip
+        self.fleet_tokens: dict[str, int] = {}  # each replica's tokens in flight across guards, as last seen
+        self.credit = FleetCredit(self.budget, self.presence, local, urls, whole, redis.block_share,
+                                   self.fleet_tokens)  # fmt: skip
         self.fallbacks = 0  # requests admitted on the local share while Redis was away
-        self.refusals = 0  # requests answered 503 for it (redis_failure "closed")
+        self.refusals = 0  # requests answered 503 for it (redis.failure "closed")
         self._queue: collections.deque[_Waiter] = collections.deque()
         self._held: dict[str, int] = {}  # lease -> replica, of the reservations running here
         self._unsent: collections.defaultdict[int, list[str]] = collections.defaultdict(list)
@@ -95,7 +95,7 @@ class SharedAdmission:
             self._trying.add(arrived)
             try:
                 ticket = await self._reserve(cost, exclude)
-            except SharedStateUnavailable:
+            except FleetStateUnavailable:
                 self.credit.forget()
                 return await self._without_redis(cost, exclude)
             finally:
@@ -141,7 +141,7 @@ class SharedAdmission:
         try:
             await self.credit.aclose()
             await self.presence.leave()
-        except SharedStateUnavailable:
+        except FleetStateUnavailable:
             pass  # its heartbeat and its blocks' leases run out on their own
 
     async def _reserve(self, cost: int, exclude: frozenset[int]) -> Ticket | None:
@@ -164,14 +164,14 @@ class SharedAdmission:
             return None
         replica = candidates[got[0]]
         self._turn = (replica + 1) % len(self.urls)
-        self.shared_tokens[self.urls[replica]] = got[1]
+        self.fleet_tokens[self.urls[replica]] = got[1]
         self._held[lease] = replica
         return self.local.hold(replica, cost, lease)
 
     async def _without_redis(self, cost: int, exclude: frozenset[int]) -> Ticket:
         if self.closed:
             self.refusals += 1
-            raise SharedStateUnavailable(CLOSED)
+            raise FleetStateUnavailable(CLOSED)
         self.fallbacks += 1
         return self.local.try_acquire(cost, exclude) or await self.local.acquire(cost, exclude)
 
@@ -205,7 +205,7 @@ class SharedAdmission:
                 await self._send_releases()
                 await self._admit_waiters()
             except Exception:  # a bug must not leave the waiters without their pump
-                log.exception("shared admission: unexpected error; the queue goes on")
+                log.exception("fleet admission: unexpected error; the queue goes on")
             poll = loop.call_later(POLL_S, self._changed.set) if self._queue else None  # others' releases
             try:
                 await self._changed.wait()
@@ -218,7 +218,7 @@ class SharedAdmission:
         for replica, leases in unsent.items():
             try:
                 await self.budget.release(self.urls[replica], leases)
-            except SharedStateUnavailable:  # kept for when Redis answers again
+            except FleetStateUnavailable:  # kept for when Redis answers again
                 self._unsent[replica] = (leases + self._unsent[replica])[-MAX_UNSENT:]
 
     async def _admit_waiters(self) -> None:
@@ -232,7 +232,7 @@ class SharedAdmission:
                 return
             try:
                 ticket = await self._reserve(head.cost, head.exclude)
-            except SharedStateUnavailable:
+            except FleetStateUnavailable:
                 self._send_all_local()
                 self.credit.forget()
                 return
@@ -262,7 +262,7 @@ class SharedAdmission:
                 for replica, leases in by_replica.items():
                     await self.budget.renew(self.urls[replica], leases)
                 for url in self.urls:
-                    self.shared_tokens[url] = (await self.budget.in_flight(url))[0]
-            except SharedStateUnavailable:
+                    self.fleet_tokens[url] = (await self.budget.in_flight(url))[0]
+            except FleetStateUnavailable:
                 pass  # the link logged it; leases not renewed in time free their budget for the others
             await asyncio.sleep(self.lease_s / 3)

@@ -23,10 +23,10 @@ import httpx
 import openai
 import pytest
 
-from proxy.shared.budget import SharedBudget
-from proxy.shared.link import RedisLink
-from proxy.shared.presence import count_instances
-from proxy.upstream.shared_credit import CHECK_S
+from proxy.fleet.budget import FleetBudget
+from proxy.fleet.link import RedisLink
+from proxy.fleet.presence import count_instances
+from proxy.upstream.fleet_credit import CHECK_S
 from tests.support.polling import eventually
 from tests.support.processes import free_port, healthy
 from tests.support.redis import RedisServer, fixture_redis, redis_server  # noqa: F401
@@ -45,10 +45,10 @@ def serve(upstream: str, tokenizer: Path, logs: Path, redis_url: str, budget: in
     """`guards` processes of `token-guard serve --workers 2` sharing `budget` through `redis_url`, started at once,
     each in a process group of its own (GROUPS: a guard's URL -> its group, for kill())."""
     environ = {**os.environ, "TOKEN_GUARD_ADMISSION_MAX_INFLIGHT_TOKENS": str(budget),
-               "TOKEN_GUARD_ADMISSION_REDIS_LEASE_S": str(LEASE_S),
+               "TOKEN_GUARD_REDIS_LEASE_S": str(LEASE_S),
                # generous: a late answer on a loaded machine would admit one request on its own share (or refuse it),
                # while a killed Redis refuses connections at once whatever the timeout
-               "TOKEN_GUARD_ADMISSION_REDIS_TIMEOUT_MS": "2000", **(env or {})}  # fmt: skip
+               "TOKEN_GUARD_REDIS_TIMEOUT_MS": "2000", **(env or {})}  # fmt: skip
     started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     try:
         for _ in range(guards):
@@ -122,7 +122,7 @@ def reserved(redis_url: str, replica: str) -> tuple[int, int]:
     async def read() -> tuple[int, int]:
         link = RedisLink(redis_url, 250)
         try:
-            return await SharedBudget(link, LEASE_S).in_flight(replica)
+            return await FleetBudget(link, LEASE_S).in_flight(replica)
         finally:
             await link.aclose()
 
@@ -192,8 +192,8 @@ class ClosedStack:
 
 @pytest.fixture(scope="module")
 def closed(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClosedStack]:
-    """Two guards (redis_failure "closed") started once for the two tests below; the second kills one of them."""
-    env = {"TOKEN_GUARD_ADMISSION_REDIS_FAILURE": "closed"}
+    """Two guards (redis.failure "closed") started once for the two tests below; the second kills one of them."""
+    env = {"TOKEN_GUARD_REDIS_FAILURE": "closed"}
     logs = tmp_path_factory.mktemp("closed")
     with redis_server() as redis, simulator(deepseek_dir, max_model_len=WINDOW, itl_s=0.02,
                                             kv_capacity_tokens=HUGE) as (sim, _, _):  # fmt: skip
@@ -251,7 +251,7 @@ def test_a_guard_with_redis_and_no_budget_counts_itself_and_reserves_nothing(
     deepseek_dir: Path, redis: RedisServer
 ) -> None:
     with simulator(deepseek_dir, max_model_len=WINDOW) as (sim, _, _):
-        with guard(sim.url, deepseek_dir, **{"admission.redis_url": redis.url}) as proxy:
+        with guard(sim.url, deepseek_dir, **{"redis.url": redis.url}) as proxy:
             assert eventually(lambda: instances(redis.url) == 1, timeout_s=10)  # its heartbeat, for `check`
             assert httpx.post(f"{proxy.url}/v1/chat/completions", json=body(5)).status_code == 200
             assert reserved(redis.url, sim.url) == (0, 0)  # no budget: the local gate only counts and routes

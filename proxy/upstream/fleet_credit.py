@@ -1,4 +1,4 @@
-"""This process's credit in the shared budget (admission.redis_url): a request that fits in a block it holds is
+"""This process's credit in the fleet's budget (redis.url): a request that fits in a block it holds is
 admitted at once, with no round trip to Redis; in the background the blocks are kept at what they should hold
 (proxy/upstream/credit.py decides), their leases renewed, and Redis asked on a short timer whether others want
 budget, in which case what is unused goes back.
@@ -11,9 +11,9 @@ import logging
 import time
 from collections.abc import Sequence
 
-from proxy.errors import SharedStateUnavailable
-from proxy.shared.budget import SharedBudget
-from proxy.shared.presence import Presence
+from proxy.errors import FleetStateUnavailable
+from proxy.fleet.budget import FleetBudget
+from proxy.fleet.presence import Presence
 from proxy.upstream.admission import Admission, Budget, Ticket
 from proxy.upstream.credit import Block, Size, block_size, pick
 
@@ -22,9 +22,9 @@ log = logging.getLogger("token_guard.admission")
 CHECK_S = 0.05  # how often a process holding credit asks whether others want budget (and renews the blocks' leases)
 
 
-class SharedCredit:
+class FleetCredit:
     def __init__(
-        self, budget: SharedBudget, presence: Presence, local: Admission, urls: Sequence[str],
+        self, budget: FleetBudget, presence: Presence, local: Admission, urls: Sequence[str],
         whole: Sequence[Budget], share: float, seen: dict[str, int],
     ) -> None:  # fmt: skip
         """`share`: of each replica's `whole` budget, what the processes' blocks may hold together; `seen`: each
@@ -85,14 +85,14 @@ class SharedCredit:
             self._due.clear()
             try:
                 await self.tend()
-            except SharedStateUnavailable:
+            except FleetStateUnavailable:
                 self.forget()
             except Exception:  # a bug must not stop the tending: without it, blocks are neither renewed nor returned
-                log.exception("shared admission: unexpected error tending the credit; it goes on")
+                log.exception("fleet admission: unexpected error tending the credit; it goes on")
                 self.forget()
 
     async def tend(self) -> None:
-        """One pass: each block resized towards what it should hold. Raises SharedStateUnavailable."""
+        """One pass: each block resized towards what it should hold. Raises FleetStateUnavailable."""
         outages, unsure, self._unsure = self.budget.link.outages, self._unsure, False  # a failure forgets again
         for replica, block in enumerate(self.blocks):
             wish = block.wish(self._size(replica), time.monotonic())
@@ -111,7 +111,7 @@ class SharedCredit:
         self._outages = outages
 
     async def aclose(self) -> None:
-        """Give every block back. Raises SharedStateUnavailable (their leases free them then)."""
+        """Give every block back. Raises FleetStateUnavailable (their leases free them then)."""
         held = [replica for replica, block in enumerate(self.blocks) if block.held or self._unsure]
         self.forget()
         for replica in held:

@@ -8,8 +8,8 @@ import os
 import secrets
 import socket
 
-from proxy.errors import SharedStateUnavailable
-from proxy.shared.link import PREFIX, RedisLink
+from proxy.errors import FleetStateUnavailable
+from proxy.fleet.link import PREFIX, RedisLink
 
 INSTANCES = PREFIX + "instances"  # a sorted set: instance id -> when its entry expires (Redis ms)
 
@@ -38,7 +38,7 @@ class Presence:
         self._beat = link.script(BEAT)
 
     async def beat(self) -> int:
-        """Renew this instance's entry; how many instances are alive. Raises SharedStateUnavailable."""
+        """Renew this instance's entry; how many instances are alive. Raises FleetStateUnavailable."""
         self.alive = int(await self._beat([INSTANCES], [self.instance, self.ttl_ms]))
         return self.alive
 
@@ -47,7 +47,7 @@ class Presence:
         while True:
             try:
                 await self.beat()
-            except SharedStateUnavailable:
+            except FleetStateUnavailable:
                 pass  # the link logged it; the entry comes back with Redis
             await asyncio.sleep(self.ttl_ms / 3000)
 
@@ -56,5 +56,5 @@ class Presence:
 
 
 async def count_instances(link: RedisLink) -> int:
-    """Guard processes with a live heartbeat. Raises SharedStateUnavailable."""
+    """Guard processes with a live heartbeat. Raises FleetStateUnavailable."""
     return int(await link.script(BEAT)([INSTANCES], ["", 0]))

@@ -1,5 +1,5 @@
-"""Counting each sample on both sides: with the guard's own tokenizer and template, and with the upstream's
-`POST /tokenize`."""
+"""Each sample counted on both sides: with the guard's own tokenizer and template, and by the upstream (its
+`POST /tokenize`, and what a generation is charged)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,11 @@ from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
 from proxy.check.compare import Count, Refusal, Row, compare
 from proxy.check.samples import Sample
-from proxy.counting.count import count_chat, count_completion
+from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.upstream.client import Upstream
-from proxy.upstream.counting import chat_tokenize_body
-from proxy.upstream.transport import count_bytes
-
-JSON_HEADERS = {"content-type": "application/json"}
+from proxy.upstream.remote_count import Reply, chat_tokenize_body, completion_tokenize_body, post_json
 
 
 async def guard_count(model: GuardedModel, sample: Sample) -> Count:
@@ -38,8 +35,7 @@ def tokenize_body(model: str, sample: Sample) -> dict[str, Any]:
     them to the template."""
     body = sample.body
     if sample.kind == "completion":
-        extra = {"add_special_tokens": body["add_special_tokens"]} if "add_special_tokens" in body else {}
-        return {"model": model, "prompt": body["prompt"], **extra}
+        return completion_tokenize_body(model, body["prompt"], body)
     return chat_tokenize_body(model, body)
 
 
@@ -54,63 +50,33 @@ def charge_body(model: str, sample: Sample) -> dict[str, Any]:
     return body
 
 
-def charged_result(status: int, raw: bytes) -> Count:
-    try:
-        payload = json.loads(raw)
-    except ValueError:
-        payload = None
-    usage = payload.get("usage") if isinstance(payload, dict) else None
+def charged_result(reply: Reply) -> Count:
+    """usage.prompt_tokens of a generation's answer, or what refused it."""
+    usage = reply.payload.get("usage") if isinstance(reply.payload, dict) else None
     tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    if status == 200 and isinstance(tokens, int):
+    if reply.status == 200 and isinstance(tokens, int):
         return tokens
-    return Refusal(f"{status} {_error_message(payload, raw)}")
+    return Refusal(f"{reply.status} {reply.message()}")
 
 
-def tokenize_result(status: int, raw: bytes) -> Count:
-    try:
-        payload = json.loads(raw)
-    except ValueError:
-        payload = None
-    if status == 200 and isinstance(payload, dict) and isinstance(payload.get("count"), int):
-        return int(payload["count"])
-    return Refusal(f"{status} {_error_message(payload, raw)}")
-
-
-def _error_message(payload: Any, raw: bytes) -> str:
-    if isinstance(payload, dict):
-        error = payload.get("error")
-        messages = (
-            error.get("message") if isinstance(error, dict) else error,
-            payload.get("message"),
-            payload.get("detail"),
-        )
-        for message in messages:
-            if isinstance(message, str):
-                return message
-    return raw.decode(errors="replace")[:200]
-
-
-async def _post(upstream: Upstream, path: str, payload: dict[str, Any]) -> tuple[int, bytes]:
-    sent = json.dumps(payload).encode()
-    response = (await upstream.open("POST", path, JSON_HEADERS, sent)).response
-    try:
-        return response.status, await response.read(count_bytes(len(sent)))
-    finally:
-        response.close()
+def tokenize_result(reply: Reply) -> Count:
+    """POST /tokenize's count, or what refused it."""
+    count = reply.tokenized()
+    return count if count is not None else Refusal(f"{reply.status} {reply.message()}")
 
 
 async def upstream_count(upstream: Upstream, model: str, sample: Sample) -> Count:
     """The upstream's count; raises GuardError when it cannot be asked at all (unreachable, no /tokenize)."""
-    status, raw = await _post(upstream, "/tokenize", tokenize_body(model, sample))
-    if status == 404 and raw.strip() == b'{"detail":"Not Found"}':
-        raise UpstreamUnavailable(f"The upstream at {upstream.url} has no POST /tokenize to compare counts with.")
-    return tokenize_result(status, raw)
+    reply = await post_json(upstream, "/tokenize", tokenize_body(model, sample))
+    if reply.no_route:
+        raise UpstreamUnavailable(f"The upstream at {upstream.where} has no POST /tokenize to compare counts with.")
+    return tokenize_result(reply)
 
 
 async def charged_count(upstream: Upstream, model: str, sample: Sample) -> Count:
     """What vLLM charges for the sample: usage.prompt_tokens of a 1-token generation."""
     path = "/v1/chat/completions" if sample.kind == "chat" else "/v1/completions"
-    return charged_result(*await _post(upstream, path, charge_body(model, sample)))
+    return charged_result(await post_json(upstream, path, charge_body(model, sample)))
 
 
 async def count_both(

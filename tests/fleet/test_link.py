@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from proxy.errors import SharedStateUnavailable
+from proxy.errors import FleetStateUnavailable
+from proxy.fleet.link import PROBE_INTERVAL_S, RedisLink
+from proxy.fleet.presence import Presence, count_instances
 from proxy.settings import SettingsError, load_settings
-from proxy.shared.link import PROBE_INTERVAL_S, RedisLink
-from proxy.shared.presence import Presence, count_instances
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 
 INCREMENT = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
@@ -41,7 +41,7 @@ def test_down_and_back_flip_once_each_way(redis: RedisServer, caplog: pytest.Log
         assert await link.ping()
         redis.stop(signal.SIGKILL)
         for _ in range(5):
-            with pytest.raises(SharedStateUnavailable):
+            with pytest.raises(FleetStateUnavailable):
                 await link.call(lambda client: client.get("token-guard:x"))
         assert not link.healthy and link.errors == 1  # the others failed at once, without calling
         redis.start()
@@ -88,16 +88,15 @@ def test_presence_counts_live_instances_and_forgets_dead_ones(redis: RedisServer
 
 
 def test_settings() -> None:
-    env = {"TOKEN_GUARD_ADMISSION_REDIS_URL": "redis://r:6379/0", "TOKEN_GUARD_ADMISSION_REDIS_FAILURE": "closed"}
-    admission = load_settings({"admission.redis_timeout_ms": "100"}, environ=env).admission
-    assert (admission.redis_url, admission.redis_failure, admission.redis_timeout_ms) == ("redis://r:6379/0",
-                                                                                         "closed", 100)  # fmt: skip
-    assert admission.redis_lease_s == 30.0 and load_settings({}, environ={}).admission.redis_url is None
+    env = {"TOKEN_GUARD_REDIS_URL": "redis://r:6379/0", "TOKEN_GUARD_REDIS_FAILURE": "closed"}
+    redis = load_settings({"redis.timeout_ms": "100"}, environ=env).redis
+    assert (redis.url, redis.failure, redis.timeout_ms) == ("redis://r:6379/0", "closed", 100)
+    assert redis.lease_s == 30.0 and load_settings({}, environ={}).redis.url is None
     bad = [
-        ({"TOKEN_GUARD_ADMISSION_REDIS_URL": "http://r"}, "admission.redis_url: expected a redis://"),
-        ({"TOKEN_GUARD_ADMISSION_REDIS_FAILURE": "maybe"}, "admission.redis_failure: expected one of 'open'"),
-        ({"TOKEN_GUARD_ADMISSION_REDIS_TIMEOUT_MS": "0"}, "admission.redis_timeout_ms: expected an integer from 1"),
-        ({"TOKEN_GUARD_ADMISSION_REDIS_LEASE_S": "0.1"}, "admission.redis_lease_s: expected a number of seconds"),
+        ({"TOKEN_GUARD_REDIS_URL": "http://r"}, "redis.url: expected a redis://"),
+        ({"TOKEN_GUARD_REDIS_FAILURE": "maybe"}, "redis.failure: expected one of 'open'"),
+        ({"TOKEN_GUARD_REDIS_TIMEOUT_MS": "0"}, "redis.timeout_ms: expected an integer from 1"),
+        ({"TOKEN_GUARD_REDIS_LEASE_S": "0.1"}, "redis.lease_s: expected a number of seconds"),
     ]
     for environ, message in bad:
         with pytest.raises(SettingsError, match=message):

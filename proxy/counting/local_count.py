@@ -1,8 +1,9 @@
-"""Count prompt tokens exactly as vLLM does (docs/vllm-wire-contract.md, section 12), without blocking the event loop.
+"""The guard's own count of a chat or completions prompt, exactly as vLLM counts it (docs/vllm-wire-contract.md,
+section 12), without blocking the event loop; the upstream's count is proxy/upstream/remote_count.py.
 
 Chat: messages -> vLLM's conversation -> the chat template -> encode with add_special_tokens false by default.
 Completions: each string prompt encoded with special tokens (default true); token-id prompts counted as given.
-The model's `TokenCounter` does the encoding: segment-cached, and off the event loop (see counter.py).
+The model's `TokenCounter` does the encoding: segment-cached, and off the event loop (see text_count.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
 from proxy.counting.bound import verbatim_texts
-from proxy.counting.counter import OFF_LOOP_CHARS, TokenCounter
 from proxy.counting.render import render_chat, render_chat_isolated
+from proxy.counting.text_count import OFF_LOOP_CHARS, TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.settings import CountingSettings
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import main
-from proxy.shared.link import RedisLink
-from proxy.shared.presence import Presence
+from proxy.fleet.link import RedisLink
+from proxy.fleet.presence import Presence
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 from tests.support.servers import MODEL, simulator
 

@@ -1,6 +1,6 @@
 """The link to Redis, where guards share state: one asyncio client, every call bounded by a timeout, and whether
 Redis answers, flipped with one log line each way. The one module that imports redis: its errors become
-`SharedStateUnavailable` here.
+`FleetStateUnavailable` here.
 
 Redis is down once a connection fails, or after `SLOW_LIMIT` calls in a row ran out of time (one late answer is more
 often this process's own event loop lagging than Redis gone). While it is down, calls fail at once, except one trial
@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from proxy.errors import SharedStateUnavailable
+from proxy.errors import FleetStateUnavailable
 
 log = logging.getLogger("token_guard.redis")
 
@@ -59,11 +59,11 @@ class RedisLink:
         self._trying = False
 
     async def call(self, factory: Callable[[redis.Redis], Awaitable[T]]) -> T:
-        """`factory(client)`'s result within the timeout, or `SharedStateUnavailable`."""
+        """`factory(client)`'s result within the timeout, or `FleetStateUnavailable`."""
         trial = not self.healthy
         if trial:
             if self._trying or time.monotonic() < self._next_trial:
-                raise SharedStateUnavailable(f"Redis at {self.where} is unreachable.")
+                raise FleetStateUnavailable(f"Redis at {self.where} is unreachable.")
             self._trying = True
         self.calls += 1
         try:
@@ -72,7 +72,7 @@ class RedisLink:
         except (RedisError, OSError, TimeoutError) as exc:
             if self._failed(exc):
                 await self._forget_connections()
-            raise SharedStateUnavailable(f"Redis at {self.where} is unreachable.") from None
+            raise FleetStateUnavailable(f"Redis at {self.where} is unreachable.") from None
         finally:
             if trial:
                 self._trying = False
@@ -87,7 +87,7 @@ class RedisLink:
     async def ping(self) -> bool:
         try:
             await self.call(lambda client: client.ping())
-        except SharedStateUnavailable:
+        except FleetStateUnavailable:
             return False
         return True
 
@@ -109,7 +109,7 @@ class RedisLink:
         self.healthy = False
         self.outages += 1
         reason = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
-        log.warning("Redis at %s is unreachable (%s): shared state is off until it answers again", self.where,
+        log.warning("Redis at %s is unreachable (%s): fleet state is off until it answers again", self.where,
                     reason)  # fmt: skip
         return True
 
@@ -124,7 +124,7 @@ class RedisLink:
     def _recovered(self) -> None:
         if not self.healthy:
             self.healthy = True
-            log.warning("Redis at %s answers again: shared state is back", self.where)
+            log.warning("Redis at %s answers again: fleet state is back", self.where)
 
     async def aclose(self) -> None:
         await self.client.aclose()

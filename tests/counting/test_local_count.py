@@ -15,8 +15,8 @@ from transformers import AutoTokenizer
 
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
-from proxy.counting.count import count_chat, count_completion
-from proxy.counting.counter import TokenCounter
+from proxy.counting.local_count import count_chat, count_completion
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
 from proxy.errors import CountedUpstreamOnly, InvalidRequest
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS

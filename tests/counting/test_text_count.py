@@ -17,8 +17,8 @@ from tokenizers import Tokenizer, processors
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
 from proxy.counting.bound import verbatim_texts
-from proxy.counting.count import count_chat, count_completion
-from proxy.counting.counter import TokenCounter
+from proxy.counting.local_count import count_chat, count_completion
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.settings import CountingSettings
 from tests.corpus import CHAT_CASES, LONG_TEXT, WEATHER_TOOL

@@ -1,8 +1,8 @@
-"""Run the parts of a chunked request against the upstream, at most `max_fanout` at a time, in order of start, all
-in one TaskGroup: a failure, or the client going away, cancels every part, which closes its upstream connection and
+"""Run the chunks of a chunked request against the upstream, at most `max_fanout` at a time, in order of start, all
+in one TaskGroup: a failure, or the client going away, cancels every chunk, which closes its upstream connection and
 makes vLLM abort it.
 
-Non-streaming: every part's JSON answer, or the first failure. Streaming: part 0's chunks as they arrive, then part
+Non-streaming: every chunk's JSON answer, or the first failure. Streaming: chunk 0's events as they arrive, then chunk
 1's (already running, or buffered), and so on; a failure after the first byte becomes an SSE error event then
 [DONE], a failure before it is raised (the client then gets that error's status).
 """
@@ -24,8 +24,8 @@ from proxy.upstream.transport import ANSWER_BYTES, ERROR_BYTES, EVENT_BYTES, Ans
 
 
 @dataclass
-class PartFailed(Exception):
-    """A part the upstream answered with an error: relayed to the client as the upstream said it."""
+class ChunkFailed(Exception):
+    """A chunk the upstream answered with an error: relayed to the client as the upstream said it."""
 
     status: int
     body: bytes
@@ -50,19 +50,19 @@ class PartFailed(Exception):
         return withheld(self.status, self.content_type, self.body, self.cut) or UpstreamFailed(text, self.status)
 
 
-async def failure(response: Answer) -> PartFailed:
+async def failure(response: Answer) -> ChunkFailed:
     body, cut = await response.head(ERROR_BYTES)
-    return PartFailed(response.status, body, response.content_type or "application/json", cut)
+    return ChunkFailed(response.status, body, response.content_type or "application/json", cut)
 
 
 class InFlight(Protocol):
-    """Where the parts running now are counted (the server's gauge)."""
+    """Where the chunks running now are counted (the server's gauge)."""
 
     def inc(self) -> None: ...
     def dec(self) -> None: ...
 
 
-class PartRunner:
+class ChunkRunner:
     def __init__(
         self,
         upstream: Upstream,
@@ -76,7 +76,7 @@ class PartRunner:
         self.in_flight = in_flight
 
     async def answers(self, bodies: list[dict[str, Any]], costs: list[int]) -> list[dict[str, Any]]:
-        """Every part's answer, in order; raises the first failure (PartFailed or GuardError)."""
+        """Every chunk's answer, in order; raises the first failure (ChunkFailed or GuardError)."""
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(self._answer(b, c)) for b, c in zip(bodies, costs, strict=True)]
@@ -93,26 +93,26 @@ class PartRunner:
                     raise await failure(response)
                 raw = await response.read(ANSWER_BYTES)
             except GuardError as exc:
-                raise UpstreamUnavailable(f"a part's answer broke off: {exc.message}") from None
+                raise UpstreamUnavailable(f"a chunk's answer broke off: {exc.message}") from None
             finally:
                 self._done(opened)
                 response.close()
         try:
             answer: dict[str, Any] = json.loads(raw)
         except ValueError as exc:
-            raise UpstreamUnavailable("a part's answer was not valid JSON") from exc
+            raise UpstreamUnavailable("a chunk's answer was not valid JSON") from exc
         return answer
 
     async def stream(
         self, bodies: list[dict[str, Any]], costs: list[int], merger: StreamMerger
     ) -> AsyncGenerator[bytes, None]:
-        """The merged stream. Its first item is b"" once part 0 has opened (the answer may start); part 0's failure
+        """The merged stream. Its first item is b"" once chunk 0 has opened (the answer may start); chunk 0's failure
         to open is raised instead, before anything was sent."""
         queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in bodies]
         opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             async with asyncio.TaskGroup() as group:
-                parts = [
+                chunks = [
                     group.create_task(self._produce(i, body, cost, queues, opened))
                     for i, (body, cost) in enumerate(zip(bodies, costs, strict=True))
                 ]
@@ -121,9 +121,9 @@ class PartRunner:
                     yield b""
                     async for out in _merged(queues, merger):
                         yield out
-                finally:  # the stream ended, failed or was abandoned: every part stops with it
-                    for part in parts:
-                        part.cancel()
+                finally:  # the stream ended, failed or was abandoned: every chunk stops with it
+                    for chunk in chunks:
+                        chunk.cancel()
         except BaseExceptionGroup as errors:
             raise first_error(errors) from None
 
@@ -131,8 +131,8 @@ class PartRunner:
                        opened: asyncio.Future[None]) -> None:  # fmt: skip
         try:
             async with self.gate:
-                part = await self._open(body, cost)
-                response = part.response
+                chunk = await self._open(body, cost)
+                response = chunk.response
                 try:
                     if response.status != 200:
                         raise await failure(response)
@@ -141,13 +141,13 @@ class PartRunner:
                     async for event in sse_events(response):
                         await queues[index].put(event)
                 finally:
-                    self._done(part)
+                    self._done(chunk)
                     response.close()
             await queues[index].put(None)
         except Exception as exc:  # any failure must reach the reader, or it would wait forever
             if index == 0 and not opened.done():
                 opened.set_exception(exc)
-            for queue in queues:  # the reader learns of the failure at once, whichever part it is reading
+            for queue in queues:  # the reader learns of the failure at once, whichever chunk it is reading
                 queue.put_nowait(exc)
 
     async def _open(self, body: dict[str, Any], cost: int) -> Opened:
@@ -183,22 +183,22 @@ async def _merged(queues: list[asyncio.Queue[Any]], merger: StreamMerger) -> Asy
 
 
 def _error_event(exc: BaseException) -> bytes:
-    """The event that ends a chunked stream (chat or completions: OpenAI's envelope) when a part failed."""
-    if isinstance(exc, PartFailed):
+    """The event that ends a chunked stream (chat or completions: OpenAI's envelope) when a chunk failed."""
+    if isinstance(exc, ChunkFailed):
         relayed = exc.relayed()
         if relayed is not None:
             return error_bodies.relayed_event(relayed)
         exc = exc.error()
     if not isinstance(exc, GuardError):
-        exc = UpstreamUnavailable(f"a part of the chunked request failed: {type(exc).__name__}")
+        exc = UpstreamUnavailable(f"a chunk of the chunked request failed: {type(exc).__name__}")
     return error_bodies.stream_event(exc)
 
 
 async def sse_events(response: Answer) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an SSE stream's `data:` events, up to [DONE]."""
     buffer = b""
-    async for chunk in response.chunks():
-        buffer += chunk
+    async for piece in response.pieces():
+        buffer += piece
         while b"\n\n" in buffer:
             event, buffer = buffer.split(b"\n\n", 1)
             for line in event.splitlines():

@@ -62,7 +62,7 @@ def test_a_keys_tokens_per_minute_holds_across_guards(
     sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, tmp_path: Path, redis: RedisServer
 ) -> None:
     config = config_file(tmp_path)
-    flags = {"admission.redis_url": redis.url, "admission.redis_failure": "closed"}
+    flags = {"redis.url": redis.url, "redis.failure": "closed"}
     for urls in guards(sim[0].url, deepseek_dir, config, 2, **flags):
         started = time.monotonic()
         statuses, charged = spend(urls, 30)
@@ -98,7 +98,7 @@ def test_a_chunked_request_settles_in_redis_and_a_pass_through_answer_tells_it(
     guard, which never charged the key, tells it on a GET /v1/models (its look goes to Redis)."""
     config = tmp_path / "guard.toml"
     config.write_text(f'[[keys]]\nname = "chunky"\nkey = "sk-chunky"\ntokens_per_minute = {CHUNKY}\n')
-    flags = {"admission.redis_url": redis.url, "admission.redis_failure": "closed"}
+    flags = {"redis.url": redis.url, "redis.failure": "closed"}
     auth = {"Authorization": "Bearer sk-chunky"}
     hi = {"model": MODEL, "max_tokens": 30, "messages": [{"role": "user", "content": "Hi"}]}
     free = httpx.post(f"{sim[0].url}/v1/chat/completions", json=hi).json()["choices"][0]["message"]["content"]

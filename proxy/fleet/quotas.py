@@ -1,13 +1,14 @@
-"""Per-key quotas shared by every guard on one Redis: the token buckets of proxy/policy/quota.py, checked and charged
-in one Lua script (so two guards never both spend the same tokens), on Redis's clock (so guards' clocks may
-differ). A key's buckets live in one hash that expires once it would be full again: an idle key costs nothing."""
+"""Per-key quotas of the fleet, every guard on one Redis charging the same buckets: those of proxy/policy/quota.py,
+checked and charged in one Lua script (so two guards never both spend the same tokens), on Redis's clock (so guards'
+clocks may differ). A key's buckets live in one hash that expires once it would be full again: an idle key costs
+nothing."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from proxy.fleet.link import PREFIX, RedisLink
 from proxy.policy.quota import CHARGE, Limits, Verdict, Window
-from proxy.shared.link import PREFIX, RedisLink
 
 QUOTAS = PREFIX + "quota:"  # + the key's name: a hash of both buckets
 
@@ -66,7 +67,7 @@ return out
 
 
 class RedisQuotas:
-    """The same calls as policy/quota.LocalQuotas, on Redis. Each raises SharedStateUnavailable when Redis does
+    """The same calls as policy/quota.LocalQuotas, on Redis. Each raises FleetStateUnavailable when Redis does
     not answer in time."""
 
     def __init__(self, link: RedisLink) -> None:
@@ -94,7 +95,7 @@ class RedisQuotas:
             _window(tokens_limit, tokens_left, tokens_full),
             _window(requests_limit, requests_left, requests_full),
             wait,
-            shared=True,
+            fleet=True,
             too_large=bool(too_large),
         )
 

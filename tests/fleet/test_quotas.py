@@ -9,13 +9,13 @@ import signal
 
 import pytest
 
-from proxy.errors import SharedStateUnavailable
+from proxy.errors import FleetStateUnavailable
 from proxy.exchange.quotas import Quotas
+from proxy.fleet.link import RedisLink
+from proxy.fleet.quotas import QUOTAS, RedisQuotas
 from proxy.policy.quota import CHECK, TAKE, Window
 from proxy.settings import load_settings
 from proxy.settings.sections import KeySettings
-from proxy.shared.link import RedisLink
-from proxy.shared.quotas import QUOTAS, RedisQuotas
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 
 LIMITS = (1000, 10)
@@ -63,23 +63,23 @@ def test_a_reservation_above_the_limit_is_refused_and_work_done_is_taken_into_de
 @pytest.mark.parametrize("failure", ["open", "closed"])
 def test_redis_gone_then_back(redis: RedisServer, failure: str) -> None:
     key = KeySettings("team", "0" * 64, tokens_per_minute=1000)
-    settings = load_settings({"admission.redis_url": redis.url, "admission.redis_failure": failure}, environ={})
+    settings = load_settings({"redis.url": redis.url, "redis.failure": failure}, environ={})
 
     async def run() -> None:
         link = RedisLink(redis.url, 250)
         quotas = Quotas(settings, link)
         charged = await quotas.charge(key, 900)
-        assert charged.allowed and charged.shared
+        assert charged.allowed and charged.fleet
         redis.stop(signal.SIGKILL)
-        await quotas.give_back(key, 100, charged.shared)  # lost while Redis is away: the safe side
+        await quotas.give_back(key, 100, charged.fleet)  # lost while Redis is away: the safe side
         if failure == "closed":
-            with pytest.raises(SharedStateUnavailable):
+            with pytest.raises(FleetStateUnavailable):
                 await quotas.charge(key, 10)
         else:  # this process's own bucket: full, it knows nothing of what Redis held
             verdict = await quotas.charge(key, 900)
-            assert verdict.allowed and not verdict.shared and verdict.tokens is not None
+            assert verdict.allowed and not verdict.fleet and verdict.tokens is not None
             assert verdict.tokens.remaining == 100
-            await quotas.give_back(key, 800, verdict.shared)  # back where it was charged: this process's bucket
+            await quotas.give_back(key, 800, verdict.fleet)  # back where it was charged: this process's bucket
             assert (await quotas.charge(key, 900)).allowed
         redis.start()
         assert await _back(quotas, key, link)
@@ -94,7 +94,7 @@ async def _back(quotas: Quotas, key: KeySettings, link: RedisLink) -> bool:
     for _ in range(100):
         try:
             await quotas.charge(key, 1)
-        except SharedStateUnavailable:
+        except FleetStateUnavailable:
             pass
         if link.healthy:
             return True

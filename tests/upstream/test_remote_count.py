@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
-from proxy.counting.count import count_chat
+from proxy.counting.local_count import count_chat
 from proxy.counting.registry import GuardedModel
 from proxy.counting.source import Uncounted, chat_tokens, completion_tokens
 from proxy.counting.tokenizer import load_tokenizer
@@ -26,8 +26,8 @@ from proxy.errors import CountedUpstreamOnly, InvalidRequest, UpstreamTooLarge, 
 from proxy.server.running import ServerThread
 from proxy.settings import UpstreamSettings
 from proxy.upstream.client import Upstream
-from proxy.upstream.counting import UpstreamCounter, chat_tokenize_body
 from proxy.upstream.http import HttpClient
+from proxy.upstream.remote_count import RemoteCounter, Reply, chat_tokenize_body, completion_tokenize_body
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, simulator
 
@@ -87,10 +87,10 @@ def upstream(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[str], b
 
 def counted(url: str, body: dict[str, Any]) -> tuple[int, bool | None]:
     async def go() -> tuple[int, bool | None]:
-        settings = UpstreamSettings(url=url)
+        settings = UpstreamSettings(urls=(url,))
         client = Upstream(settings, HttpClient(settings))
         try:
-            counter = UpstreamCounter(client)
+            counter = RemoteCounter(client)
             return await counter.chat(MODEL, body), counter.renders
         finally:
             await client.aclose()
@@ -138,6 +138,25 @@ def test_tokenize_body_renders_what_chat_would() -> None:
     }
 
 
+def test_completion_tokenize_body_keeps_add_special_tokens_only_when_sent() -> None:
+    body = {"prompt": ["a", "b"], "max_tokens": 3, "add_special_tokens": False}
+    assert completion_tokenize_body("m", "a", body) == {"model": "m", "prompt": "a", "add_special_tokens": False}
+    assert completion_tokenize_body("m", "a", {"prompt": "a"}) == {"model": "m", "prompt": "a"}
+
+
+def test_a_reply_says_its_count_or_its_error_in_every_envelope_vllm_uses() -> None:
+    assert Reply.of(200, b'{"count": 7, "tokens": []}').tokenized() == 7
+    assert Reply.of(200, b'{"token_ids": [1, 2, 3]}').rendered() == 3
+    assert Reply.of(200, b'{"count": true}').tokenized() is None and Reply.of(200, b"{}").rendered() is None
+    assert Reply.of(400, b'{"count": 7}').tokenized() is None  # only a 200 counts
+    assert Reply.of(400, b'{"error": {"message": "Not supported"}}').message() == "Not supported"
+    assert Reply.of(400, b'{"object": "error", "message": "old envelope"}').message() == "old envelope"
+    assert Reply.of(422, b'{"detail": "bad field"}').message() == "bad field"
+    assert Reply.of(502, b"Bad Gateway" + b"!" * 500).message() == "Bad Gateway" + "!" * 189
+    assert Reply.of(404, b'{"detail":"Not Found"}\n').no_route
+    assert not Reply.of(404, b'{"error": {"message": "The model `x` does not exist."}}').no_route
+
+
 def test_a_simulator_without_render_endpoints_counts_like_its_generation(deepseek_dir: Path) -> None:
     body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "東京はどこ？"}]}
     with simulator(deepseek_dir) as (server, _, _):
@@ -163,7 +182,7 @@ class Remote:
 
 
 def model_with(deepseek_dir: Path, source: str) -> GuardedModel:
-    from proxy.counting.counter import TokenCounter
+    from proxy.counting.text_count import TokenCounter
     from proxy.settings import CountingSettings
 
     tok = load_tokenizer(str(deepseek_dir))
@@ -225,7 +244,7 @@ STRICT = (  # a template stricter than the one vLLM renders with (mistral_common
 
 
 def strict_model(tmp_path: Path, deepseek_dir: Path, source: str) -> GuardedModel:
-    from proxy.counting.counter import TokenCounter
+    from proxy.counting.text_count import TokenCounter
     from proxy.settings import CountingSettings
 
     template = tmp_path / "strict.jinja"

@@ -1,4 +1,4 @@
-"""The shared admission gate against a real redis-server: two gates stand for two guards sharing one replica's
+"""The fleet admission gate against a real redis-server: two gates stand for two guards sharing one replica's
 budget; reservations are atomic, leases renewed while held and freed when their guard stops renewing them, and a
 Redis that goes away gives the configured behaviour (open: the local share; closed: 503) until it comes back."""
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from proxy.errors import SharedStateUnavailable, TooBusy
-from proxy.settings import AdmissionSettings
-from proxy.shared.link import PROBE_INTERVAL_S, RedisLink
+from proxy.errors import FleetStateUnavailable, TooBusy
+from proxy.fleet.link import PROBE_INTERVAL_S, RedisLink
+from proxy.settings import AdmissionSettings, RedisSettings
 from proxy.upstream.admission import Admission, Budget
-from proxy.upstream.shared_gate import SharedAdmission
+from proxy.upstream.fleet_gate import FleetAdmission
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 
 URL = "http://replica:8000"
@@ -24,15 +24,18 @@ URL = "http://replica:8000"
 
 @asynccontextmanager
 async def gate(redis: RedisServer, tokens: int = 100, share: int = 50, running: bool = True,
-               **settings: Any) -> AsyncIterator[SharedAdmission]:  # fmt: skip
+               **settings: Any) -> AsyncIterator[FleetAdmission]:  # fmt: skip
     """One guard's gate on a replica whose whole budget is `tokens` (`share` of it its own, for when Redis is away);
     `running`: its background work runs, as the app runs it (when not: a guard that stopped renewing). Without
-    credit unless asked (redis_block_share): every request takes the round trip, so each test sees what it looks at."""
-    options = {"redis_lease_s": 30.0, "queue_timeout_s": 5.0, "redis_block_share": 0.0, **settings}
-    admission = AdmissionSettings(max_inflight_tokens=tokens, redis_url=redis.url, **options)
+    credit unless asked (block_share): every request takes the round trip, so each test sees what it looks at.
+    `settings`: RedisSettings' fields (lease_s, failure, block_share) and AdmissionSettings' (queue_timeout_s)."""
+    options = {"lease_s": 30.0, "block_share": 0.0, **settings}
+    queue_timeout_s = options.pop("queue_timeout_s", 5.0)
+    admission = AdmissionSettings(max_inflight_tokens=tokens, queue_timeout_s=queue_timeout_s)
+    fleet = RedisSettings(url=redis.url, **options)
     link = RedisLink(redis.url, 2000)  # generous: a late answer on a loaded machine is the link tests' business
     local = Admission([Budget(share)], admission.queue_timeout_s, admission.max_queue)
-    shared = SharedAdmission(local, [URL], [Budget(tokens)], link, admission)
+    shared = FleetAdmission(local, [URL], [Budget(tokens)], link, admission, fleet)
     async with asyncio.TaskGroup() as group:
         tasks = [group.create_task(shared.run()), group.create_task(link.watch())] if running else []
         try:
@@ -56,7 +59,7 @@ def test_two_guards_share_one_budget(redis: RedisServer) -> None:
             a = await stack.enter_async_context(gate(redis))
             b = await stack.enter_async_context(gate(redis))
             first = await a.acquire(60)
-            assert a.try_acquire(10) is None  # a shared reservation always takes a round trip
+            assert a.try_acquire(10) is None  # a fleet reservation always takes a round trip
             waiting = asyncio.ensure_future(b.acquire(60))
             await asyncio.sleep(0.2)
             assert not waiting.done() and b.queued == 1  # 60 + 60 > 100, though b holds nothing itself
@@ -68,7 +71,7 @@ def test_two_guards_share_one_budget(redis: RedisServer) -> None:
             a.release(small)
             b.release(second)
             assert await until(lambda: a._unsent == {} and b._unsent == {})
-            assert await until(lambda: a.shared_tokens.get(URL) is not None)
+            assert await until(lambda: a.fleet_tokens.get(URL) is not None)
             assert await b.budget.in_flight(URL) == (0, 0)
 
     asyncio.run(run())
@@ -77,7 +80,7 @@ def test_two_guards_share_one_budget(redis: RedisServer) -> None:
 @pytest.mark.parametrize("block_share", [0.0, 0.5])
 def test_an_oversized_request_runs_alone_and_the_queue_is_fifo(redis: RedisServer, block_share: float) -> None:
     async def run() -> list[int]:
-        async with gate(redis, redis_block_share=block_share) as a:
+        async with gate(redis, block_share=block_share) as a:
             held = await a.acquire(100)
             order: list[int] = []
 
@@ -98,7 +101,7 @@ def test_an_oversized_request_runs_alone_and_the_queue_is_fifo(redis: RedisServe
 
 def test_a_guard_that_stops_renewing_frees_its_budget_within_its_lease(redis: RedisServer) -> None:
     async def run() -> None:
-        async with gate(redis, running=False, redis_lease_s=2.0) as dead, gate(redis, redis_lease_s=1.0) as alive:
+        async with gate(redis, running=False, lease_s=2.0) as dead, gate(redis, lease_s=1.0) as alive:
             await dead.acquire(100)  # never released, never renewed: as if its guard was killed
             waiting = asyncio.ensure_future(alive.acquire(100))
             await asyncio.sleep(0.3)
@@ -134,15 +137,15 @@ def test_redis_away_open_admits_on_the_local_share_and_recovers(redis: RedisServ
 
 def test_redis_away_closed_refuses_and_recovers(redis: RedisServer) -> None:
     async def run() -> None:
-        async with gate(redis, redis_failure="closed") as a:
+        async with gate(redis, failure="closed") as a:
             held = await a.acquire(100)
             waiting = asyncio.ensure_future(a.acquire(10))
             await asyncio.sleep(0.1)
             redis.stop(signal.SIGKILL)
-            with pytest.raises(SharedStateUnavailable):  # the waiter learns at the pump's next try
+            with pytest.raises(FleetStateUnavailable):  # the waiter learns at the pump's next try
                 await asyncio.wait_for(waiting, 5)
             assert a.try_acquire(10) is None
-            with pytest.raises(SharedStateUnavailable):
+            with pytest.raises(FleetStateUnavailable):
                 await a.acquire(10)
             assert a.refusals == 2
             a.release(held)

@@ -1,7 +1,7 @@
 """Credit in blocks against a real redis-server: a request admitted on credit sends Redis nothing; guards contending
 for a small budget both make progress and never hold more than it together; credit goes back when idle, when
 another guard's request fits nowhere (an oversized one then runs alone), and with its lease when its guard dies;
-and Redis going away takes the credit with it (redis_failure decides, as without credit)."""
+and Redis going away takes the credit with it (redis.failure decides, as without credit)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from proxy.errors import SharedStateUnavailable
-from proxy.upstream.shared_gate import SharedAdmission
+from proxy.errors import FleetStateUnavailable
+from proxy.upstream.fleet_gate import FleetAdmission
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
-from tests.upstream.test_shared_gate import URL, gate, until
+from tests.upstream.test_fleet_gate import URL, gate, until
 
-SHARE = 0.5  # redis_block_share: half the budget, over the guards sharing it
+SHARE = 0.5  # redis.block_share: half the budget, over the guards sharing it
 
 
 def commands(redis: RedisServer) -> int:
@@ -35,7 +35,7 @@ def commands(redis: RedisServer) -> int:
     return sum(calls) - sum(info)
 
 
-async def with_block(a: SharedAdmission) -> None:
+async def with_block(a: FleetAdmission) -> None:
     """A request by the round trip asks for a block; one tending takes it (the gate's background is not running)."""
     a.release(await a.acquire(10))
     await a._send_releases()
@@ -45,7 +45,7 @@ async def with_block(a: SharedAdmission) -> None:
 
 def test_a_request_admitted_on_credit_sends_redis_nothing(redis: RedisServer) -> None:
     async def run() -> None:
-        async with gate(redis, tokens=1000, running=False, redis_block_share=SHARE) as a:
+        async with gate(redis, tokens=1000, running=False, block_share=SHARE) as a:
             await with_block(a)
             assert await a.budget.in_flight(URL) == (500, 1)  # the block: half the budget, this guard alone
             sent, ran = a.link.calls, commands(redis)
@@ -64,7 +64,7 @@ def test_two_guards_contending_for_a_small_budget_both_progress_within_it(redis:
     running, peak, on_credit = 0, 0, 0
     done = {"a": 0, "b": 0}
 
-    async def client(name: str, g: SharedAdmission, rng: random.Random) -> None:
+    async def client(name: str, g: FleetAdmission, rng: random.Random) -> None:
         nonlocal running, peak, on_credit
         cost = 10  # the first fits in either block
         while done[name] < per_guard:
@@ -80,7 +80,7 @@ def test_two_guards_contending_for_a_small_budget_both_progress_within_it(redis:
 
     async def run() -> None:
         async with AsyncExitStack() as stack:
-            guards = [gate(redis, tokens=budget, queue_timeout_s=30.0, redis_block_share=SHARE) for _ in range(2)]
+            guards = [gate(redis, tokens=budget, queue_timeout_s=30.0, block_share=SHARE) for _ in range(2)]
             a, b = [await stack.enter_async_context(g) for g in guards]
             for g in a, b:  # each holds a block as the contention starts
                 g.release(await g.acquire(10))
@@ -97,7 +97,7 @@ def test_two_guards_contending_for_a_small_budget_both_progress_within_it(redis:
 
 def test_credit_goes_back_when_idle(redis: RedisServer) -> None:
     async def run() -> None:
-        async with gate(redis, tokens=1000, redis_block_share=SHARE) as a:
+        async with gate(redis, tokens=1000, block_share=SHARE) as a:
             for _ in range(3):
                 ticket = a.try_acquire(50) or await a.acquire(50)
                 a.release(ticket)
@@ -111,7 +111,7 @@ def test_credit_goes_back_when_idle(redis: RedisServer) -> None:
 
 def test_credit_forgotten_after_a_failed_call_is_still_given_back(redis: RedisServer) -> None:
     async def run() -> None:
-        async with gate(redis, tokens=1000, running=False, redis_block_share=SHARE) as a:
+        async with gate(redis, tokens=1000, running=False, block_share=SHARE) as a:
             await with_block(a)
             a.credit.forget()  # as after a call that ran out of time: Redis may hold the block still
             assert a.credit.admit(10, frozenset()) is None  # nothing is admitted on it meanwhile
@@ -125,7 +125,7 @@ def test_credit_forgotten_after_a_failed_call_is_still_given_back(redis: RedisSe
 
 def test_an_oversized_request_elsewhere_gets_the_credit_back_and_runs_alone(redis: RedisServer) -> None:
     async def run() -> None:
-        async with gate(redis, tokens=100, redis_block_share=SHARE) as holder, gate(redis, tokens=100) as other:
+        async with gate(redis, tokens=100, block_share=SHARE) as holder, gate(redis, tokens=100) as other:
             holder.release(await holder.acquire(10))
             assert await until(lambda: holder.credit.blocks[0].held)
             big = await asyncio.wait_for(other.acquire(500), 10)  # it waits for the holder's block, not its idling
@@ -139,9 +139,9 @@ def test_an_oversized_request_elsewhere_gets_the_credit_back_and_runs_alone(redi
 
 def test_a_dead_guards_credit_is_freed_within_its_lease(redis: RedisServer) -> None:
     async def run() -> None:
-        async with gate(redis, running=False, redis_lease_s=1.0, redis_block_share=SHARE) as dead:
+        async with gate(redis, running=False, lease_s=1.0, block_share=SHARE) as dead:
             await with_block(dead)  # held, never renewed nor given back: as if its guard was killed
-            async with gate(redis, redis_lease_s=1.0) as alive:
+            async with gate(redis, lease_s=1.0) as alive:
                 ticket = await asyncio.wait_for(alive.acquire(100), 10)  # the whole budget, once the lease ran out
                 assert await alive.budget.in_flight(URL) == (100, 1)
                 alive.release(ticket)
@@ -152,7 +152,7 @@ def test_a_dead_guards_credit_is_freed_within_its_lease(redis: RedisServer) -> N
 @pytest.mark.parametrize("failure", ["open", "closed"])
 def test_redis_away_takes_the_credit_with_it(redis: RedisServer, failure: str) -> None:
     async def run() -> None:
-        async with gate(redis, tokens=1000, share=500, redis_failure=failure, redis_block_share=SHARE) as a:
+        async with gate(redis, tokens=1000, share=500, failure=failure, block_share=SHARE) as a:
             a.release(await a.acquire(10))
             assert await until(lambda: a.credit.blocks[0].held)
             redis.stop(signal.SIGKILL)
@@ -160,7 +160,7 @@ def test_redis_away_takes_the_credit_with_it(redis: RedisServer, failure: str) -
             assert a.credit.admit(10, frozenset()) is None and not a.credit.blocks[0].held  # credit with it
             if failure == "closed":
                 assert a.try_acquire(10) is None
-                with pytest.raises(SharedStateUnavailable):
+                with pytest.raises(FleetStateUnavailable):
                     await a.acquire(10)
             else:
                 ticket = a.try_acquire(10)
