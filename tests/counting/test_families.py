@@ -26,8 +26,10 @@ from proxy.counting.harmony import HarmonyChat
 from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.modes import resolve_mode
 from proxy.counting.render import render_chat
+from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer, load_tokenizer
 from proxy.errors import InvalidRequest
+from proxy.settings import CountingSettings
 from tests.support import zoo, zoo_models
 
 REFERENCES = Path(__file__).with_name("families")
@@ -63,11 +65,11 @@ def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelToken
     return loaded
 
 
-async def guard_count(tok: ModelTokenizer, case: dict[str, Any]) -> int:
+async def guard_count(tok: ModelTokenizer, case: dict[str, Any], counter: TokenCounter) -> int:
     raw = json.dumps(case["body"]).encode()
     if case["kind"] == "chat":
-        return await count_chat(tok, parse_chat(raw))
-    return sum(await count_completion(tok, parse_completion(raw)))
+        return await count_chat(tok, parse_chat(raw), counter)
+    return sum(await count_completion(tok, parse_completion(raw), counter))
 
 
 async def guard_ids(tok: ModelTokenizer, case: dict[str, Any]) -> list[int] | None:
@@ -81,10 +83,11 @@ async def guard_ids(tok: ModelTokenizer, case: dict[str, Any]) -> list[int] | No
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_counts_equal_vllm_on_the_family_corpus(tokenizers: dict[str, ModelTokenizer], config: str) -> None:
     tok = tokenizers[config]
+    counter = TokenCounter(tok.backend, CountingSettings(cache_mb=0), name=config)  # built once: get_vocab is slow
     differ, counted, refused = [], 0, 0
     for case in references(config):
         try:
-            got = asyncio.run(guard_count(tok, case))
+            got = asyncio.run(guard_count(tok, case, counter))
         except InvalidRequest as exc:
             if "error" not in case:
                 differ.append(
@@ -103,7 +106,7 @@ def test_counts_equal_vllm_on_the_family_corpus(tokenizers: dict[str, ModelToken
             differ.append(f"{case['id']}: same count, different ids")
         later = case.get("vllm_0_32")
         if later is not None:
-            as_032 = asyncio.run(guard_count(replace(tok, strip_billing_header=True), case))
+            as_032 = asyncio.run(guard_count(replace(tok, strip_billing_header=True), case, counter))
             if case["id"] not in CHANGED_IN_0_32 or as_032 != later:
                 differ.append(f"{case['id']} ({case['kind']}): vLLM 0.32 counts {later}, the guard for 0.32 {as_032}")
     assert not differ, "\n".join(differ)
