@@ -62,11 +62,8 @@ def url(value: Any) -> str:
 
 def urls(value: Any) -> tuple[str, ...]:
     """One URL or several: a list, or a comma-separated string (as an environment variable or a flag gives them)."""
-    items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
-    if not isinstance(items, list | tuple):
-        raise ValueError("an http:// or https:// URL, or a list of them (or a comma-separated string)")
     try:
-        return tuple(url(item) for item in items)
+        return list_of(url)(value)
     except ValueError:
         raise ValueError("an http:// or https:// URL, or a list of them (or a comma-separated string)") from None
 
