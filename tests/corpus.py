@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.check.samples import WEATHER_TOOL as SAMPLE_TOOL
+from proxy.doctor.samples import WEATHER_TOOL as SAMPLE_TOOL
 
 LONG_TEXT = (
     "The quick brown fox jumps over the lazy dog. " * 40
@@ -17,7 +17,7 @@ LONG_TEXT = (
     + "Emoji run: 🎉🚀👍🏽🧑‍🤝‍🧑 " * 15
 )
 
-WEATHER_TOOL = SAMPLE_TOOL  # the same tool the built-in `token-guard check` samples use
+WEATHER_TOOL = SAMPLE_TOOL  # the same tool the built-in `token-guard doctor` samples use
 
 CHAT_CASES: list[tuple[str, dict[str, Any]]] = [
     ("plain", {"messages": [{"role": "user", "content": "Hello!"}]}),

@@ -16,7 +16,7 @@ LAYERS = [  # lowest first: a module may import its own layer and the layers bel
     {"policy"},
     {"fleet"},
     {"upstream"},
-    {"check"},
+    {"doctor"},
     {"exchange"},
     {"server", "extproc"},
     {"simulator", "demo", "cli", "__main__"},

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from proxy.api.routes import RouteTable
-from proxy.check.run import drift_warnings
 from proxy.counting.registry import ModelRegistry
+from proxy.doctor.run import drift_warnings
 from proxy.errors import GuardError
 from proxy.exchange.entry import Door
 from proxy.exchange.flow import Flow
@@ -107,7 +107,7 @@ def _redis_link(redis: RedisSettings) -> RedisLink | None:
 
 
 async def _heartbeat(link: RedisLink, settings: Settings) -> None:
-    """This instance's heartbeat in Redis when no fleet budget keeps one (`token-guard check` counts them)."""
+    """This instance's heartbeat in Redis when no fleet budget keeps one (`token-guard doctor` counts them)."""
     from proxy.fleet.presence import Presence
 
     await Presence(link, settings.redis.lease_s).run()

@@ -1,5 +1,5 @@
 """Which guards share a Redis: each guard process keeps an entry that expires unless its heartbeat renews it, and
-`token-guard check` counts the entries alive. Expiry is judged by Redis's clock, so guards' clocks may differ."""
+`token-guard doctor` counts the entries alive. Expiry is judged by Redis's clock, so guards' clocks may differ."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.check.samples import BUILTIN_SAMPLES
+from proxy.doctor.samples import BUILTIN_SAMPLES
 from proxy.server.running import bind_socket
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, simulator

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from proxy.check.compare import MISMATCH, Count, Refusal, Row, Window, cell
-from proxy.check.fleet import FleetInfo
 from proxy.counting.registry import GuardedModel
+from proxy.doctor.compare import MISMATCH, Count, Refusal, Row, Window, cell
+from proxy.doctor.fleet import FleetInfo
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`token-guard check` and the start-up drift check: the pure comparison, the samples file, and the command against the
+"""`token-guard doctor` and the start-up drift check: the pure comparison, the samples file, and the command against the
 simulator serving the guard's own template (all agree) or a different one (reported, exit 1)."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from proxy.check.compare import (
+from proxy.cli import main
+from proxy.counting.registry import ModelRegistry
+from proxy.doctor.compare import (
     MISMATCH,
     OK,
     REFUSED,
@@ -30,11 +32,9 @@ from proxy.check.compare import (
     verdict,
     window_verdict,
 )
-from proxy.check.run import drift_warnings
-from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
-from proxy.check.sides import charge_body, charged_result, tokenize_body, tokenize_result
-from proxy.cli import main
-from proxy.counting.registry import ModelRegistry
+from proxy.doctor.run import drift_warnings
+from proxy.doctor.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
+from proxy.doctor.sides import charge_body, charged_result, tokenize_body, tokenize_result
 from proxy.server.running import ServerThread
 from proxy.settings import load_settings
 from proxy.simulator import SimulatorSettings
@@ -191,8 +191,8 @@ def drifted_upstream(deepseek_dir: Path, chatml_template: Path) -> Iterator[str]
         yield server.url
 
 
-def run_check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(["check", "--log-level", "warning", *args])
+def run_doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["doctor", "--log-level", "warning", *args])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -206,7 +206,7 @@ def verdicts(out: str) -> dict[str, str]:
 
 
 def test_same_template_all_ok(capsys: pytest.CaptureFixture[str], same_upstream: str, deepseek_dir: Path) -> None:
-    code, out, _ = run_check(capsys, "--upstream", same_upstream, "--model", MODEL, "--tokenizer", str(deepseek_dir))
+    code, out, _ = run_doctor(capsys, "--upstream", same_upstream, "--model", MODEL, "--tokenizer", str(deepseek_dir))
     assert code == 0
     assert verdicts(out) == {s.name: OK for s in BUILTIN_SAMPLES}
     assert "vLLM version 0.32.0" in out
@@ -218,7 +218,7 @@ def test_same_template_all_ok(capsys: pytest.CaptureFixture[str], same_upstream:
 def test_zero_config_check_as_a_subprocess(same_upstream: str) -> None:
     """The real command line, models learned from the upstream's /v1/models `root` as a sidecar would."""
     done = subprocess.run(
-        [sys.executable, "-m", "proxy", "check", "--upstream", same_upstream, "--json"],
+        [sys.executable, "-m", "proxy", "doctor", "--upstream", same_upstream, "--json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -244,7 +244,9 @@ def test_zero_config_check_as_a_subprocess(same_upstream: str) -> None:
 def test_a_different_template_is_reported(
     capsys: pytest.CaptureFixture[str], drifted_upstream: str, deepseek_dir: Path
 ) -> None:
-    code, out, _ = run_check(capsys, "--upstream", drifted_upstream, "--model", MODEL, "--tokenizer", str(deepseek_dir))
+    code, out, _ = run_doctor(
+        capsys, "--upstream", drifted_upstream, "--model", MODEL, "--tokenizer", str(deepseek_dir)
+    )
     assert code == 1
     found = verdicts(out)
     assert {name for name, v in found.items() if v == MISMATCH} == CHAT_SAMPLES
@@ -256,7 +258,7 @@ def test_json_report_of_a_mismatch(
     capsys: pytest.CaptureFixture[str], drifted_upstream: str, deepseek_dir: Path
 ) -> None:
     args = ("--upstream", drifted_upstream, "--model", MODEL, "--tokenizer", str(deepseek_dir), "--json")
-    code, out, _ = run_check(capsys, *args)
+    code, out, _ = run_doctor(capsys, *args)
     assert code == 1
     report = json.loads(out)
     assert report["ok"] is False
@@ -276,7 +278,7 @@ def test_samples_file_is_honoured(
         {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages[0]['content'] }}"},
     ]
     path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
-    code, out, _ = run_check(
+    code, out, _ = run_doctor(
         capsys, "--upstream", same_upstream, "--model", MODEL, "--tokenizer", str(deepseek_dir), "--samples", str(path)
     )
     found = verdicts(out)
@@ -295,20 +297,20 @@ def test_a_malformed_samples_file_stops_the_check(
 ) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "ok"}\n{"messages": [{"role": "user", "content": "cut off"\n')
-    code, out, err = run_check(capsys, "--upstream", same_upstream, "--samples", str(path))
+    code, out, err = run_doctor(capsys, "--upstream", same_upstream, "--samples", str(path))
     assert code == 2
     assert out == ""
-    assert f"token-guard check: error: samples file {path}, line 2: not valid JSON" in err
+    assert f"token-guard doctor: error: samples file {path}, line 2: not valid JSON" in err
 
 
 def test_an_unreachable_upstream_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as closed:  # bound, never listening: connections are refused
         closed.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{closed.getsockname()[1]}"
-        code, out, err = run_check(capsys, "--upstream", url, "--wait", "0")
+        code, out, err = run_doctor(capsys, "--upstream", url, "--wait", "0")
     assert code == 2
     assert out == ""
-    assert f"token-guard check: error: cannot reach the upstream at {url} within 0 s" in err
+    assert f"token-guard doctor: error: cannot reach the upstream at {url} within 0 s" in err
     assert "could not be reached (connection refused)" in err
 
 
@@ -322,11 +324,11 @@ def test_max_model_len_disagreement_is_shown(
     code: int,
 ) -> None:
     args = ["--upstream", same_upstream, "--model", MODEL, "--tokenizer", str(deepseek_dir)]
-    got, out, _ = run_check(capsys, *args, "--max-model-len", configured)
+    got, out, _ = run_doctor(capsys, *args, "--max-model-len", configured)
     assert got == code
     window = next(line for line in out.splitlines() if line.startswith(MODEL) and "(config)" in line)
     assert window.split() == [MODEL, configured, "(config)", "2048", expected]
-    report = json.loads(run_check(capsys, *args, "--max-model-len", configured, "--json")[1])
+    report = json.loads(run_doctor(capsys, *args, "--max-model-len", configured, "--json")[1])
     assert report["max_model_len"] == [
         {"model": MODEL, "guard": int(configured), "source": "config", "upstream": 2048, "verdict": expected}
     ]
@@ -366,7 +368,7 @@ def test_drift_warnings_for_a_different_template(drifted_upstream: str, deepseek
     (line,) = lines
     assert line.startswith(f"model {MODEL}: the guard's token counts differ from what the upstream counts")
     assert f"on {len(CHAT_SAMPLES)} of {len(BUILTIN_SAMPLES)} built-in samples" in line
-    assert "plain: guard" in line and "token-guard check" in line
+    assert "plain: guard" in line and "token-guard doctor" in line
     # counting.source auto: from now on the upstream counts this model's prompts (the simulator has no render
     # endpoints, so through POST /tokenize, which is exact for a template-rendered model)
     model = registry.resolve(MODEL)
@@ -454,3 +456,13 @@ def test_an_upstream_that_cannot_count_leaves_counting_to_the_guard(deepseek_dir
     assert response.status_code == 200, response.text
     assert response.headers["x-token-guard-count-source"] == "local"
     assert response.headers["x-token-guard-action"] == "clamp"
+
+
+def test_the_former_name_check_still_runs_and_says_the_new_one(
+    capsys: pytest.CaptureFixture[str], same_upstream: str, deepseek_dir: Path
+) -> None:
+    code = main(["check", "--log-level", "warning", "--upstream", same_upstream, "--model", MODEL,
+                 "--tokenizer", str(deepseek_dir)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0 and "OK: all 9 samples agree" in out
+    assert "`token-guard check` is now `token-guard doctor`" in err

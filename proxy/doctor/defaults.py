@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from proxy.check.compare import Refusal
-from proxy.check.samples import Sample
-from proxy.check.sides import guard_count, upstream_count
 from proxy.counting.registry import GuardedModel, ModelRegistry
+from proxy.doctor.compare import Refusal
+from proxy.doctor.samples import Sample
+from proxy.doctor.sides import guard_count, upstream_count
 from proxy.upstream.client import Upstream
 
 log = logging.getLogger("token_guard.check")

@@ -1,4 +1,4 @@
-"""The requests `token-guard check` counts on both sides: a built-in set covering each thing a template or tokenizer
+"""The requests `token-guard doctor` counts on both sides: a built-in set covering each thing a template or tokenizer
 can render differently, and the lines of a user's JSONL file (one chat or completions request object a line)."""
 
 from __future__ import annotations

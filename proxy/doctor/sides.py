@@ -9,10 +9,10 @@ from typing import Any
 
 from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
-from proxy.check.compare import Count, Refusal, Row, compare
-from proxy.check.samples import Sample
 from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
+from proxy.doctor.compare import Count, Refusal, Row, compare
+from proxy.doctor.samples import Sample
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.upstream.client import Upstream
 from proxy.upstream.remote_count import Reply, chat_tokenize_body, completion_tokenize_body, post_json

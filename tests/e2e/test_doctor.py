@@ -1,4 +1,4 @@
-"""`token-guard check` against a real vLLM: every built-in sample agrees with vLLM's own `POST /tokenize`, and a chat
+"""`token-guard doctor` against a real vLLM: every built-in sample agrees with vLLM's own `POST /tokenize`, and a chat
 template that differs from the model's is reported."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.check.samples import BUILTIN_SAMPLES
+from proxy.doctor.samples import BUILTIN_SAMPLES
 from tests.e2e.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +25,7 @@ CHATML = (
 
 def check(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_GUARD_")}
-    command = [sys.executable, "-m", "proxy", "check", "--upstream", stack.vllm_url, "--json", *args]
+    command = [sys.executable, "-m", "proxy", "doctor", "--upstream", stack.vllm_url, "--json", *args]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 

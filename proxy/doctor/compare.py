@@ -1,4 +1,4 @@
-"""The comparison at the heart of `token-guard check`: pure functions over the two sides' counts and windows."""
+"""The comparison at the heart of `token-guard doctor`: pure functions over the two sides' counts and windows."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def drift_lines(rows: Sequence[Row]) -> list[str]:
                 f"model {model}: the guard's token counts differ from what the upstream counts on {len(bad)} of "
                 f"{len(own)} built-in samples ({details}); the tokenizer or chat template has drifted, so clamping "
                 "and overflow decisions for this model are off unless the upstream counts them. Run "
-                "`token-guard check` for details."
+                "`token-guard doctor` for details."
             )
     return lines
 

@@ -1,4 +1,4 @@
-"""`token-guard check`, a doctor for drift: count sample requests with the guard's own renderer and tokenizer, with
+"""`token-guard doctor`, a doctor for drift: count sample requests with the guard's own renderer and tokenizer, with
 the upstream's `POST /tokenize` and by what the upstream charges for them, and report every disagreement, each model's
 rendering path and count source and why, the context window each side believes and the upstream's version.
 `drift_warnings()` runs the same comparison once at `serve` start-up, and there decides counting.source auto.
@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proxy.api.models import ModelCard
-from proxy.check.compare import Window, drift_lines
-from proxy.check.defaults import learn
-from proxy.check.fleet import fleet_info
-from proxy.check.report import ModelInfo, Report
-from proxy.check.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
-from proxy.check.sides import count_both
-from proxy.check.source import apply
 from proxy.counting.registry import GuardedModel, ModelRegistry
+from proxy.doctor.compare import Window, drift_lines
+from proxy.doctor.defaults import learn
+from proxy.doctor.fleet import fleet_info
+from proxy.doctor.report import ModelInfo, Report
+from proxy.doctor.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
+from proxy.doctor.sides import count_both
+from proxy.doctor.source import apply
 from proxy.errors import GuardError
 from proxy.settings import Settings
 from proxy.upstream.client import Upstream
@@ -115,7 +115,7 @@ def _roots(cards: list[ModelCard]) -> str:
     return ", ".join(f"{c.id}: {c.root}" for c in cards) or "it lists no models"
 
 
-def run_check(settings: Settings, samples_file: Path | None, wait_s: float, as_json: bool) -> int:
+def run_doctor(settings: Settings, samples_file: Path | None, wait_s: float, as_json: bool) -> int:
     """Exit status: 0 all agree, 1 a count or window mismatch, 2 the check could not run."""
     logging.basicConfig(level=settings.server.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /tokenize call says nothing the table does not
@@ -123,7 +123,7 @@ def run_check(settings: Settings, samples_file: Path | None, wait_s: float, as_j
         samples = [*BUILTIN_SAMPLES, *(load_samples(samples_file) if samples_file else [])]
         report = asyncio.run(check(settings, samples, wait_s))
     except (CheckError, SamplesError) as exc:
-        print(f"token-guard check: error: {exc}", file=sys.stderr)
+        print(f"token-guard doctor: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report.as_dict(), ensure_ascii=False, indent=2) if as_json else report.table())
     return 1 if report.failed else 0

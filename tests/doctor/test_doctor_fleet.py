@@ -1,4 +1,4 @@
-"""`token-guard check --redis-url`: whether the Redis the guards share budgets through answers, and how many guard
+"""`token-guard doctor --redis-url`: whether the Redis the guards share budgets through answers, and how many guard
 processes keep a heartbeat in it; an unreachable one fails the check."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def beat(url: str, guards: int) -> None:
 def test_check_counts_the_guards_sharing_redis_and_fails_without_it(
     capsys: pytest.CaptureFixture[str], upstream: str, deepseek_dir: Path, redis: RedisServer
 ) -> None:
-    args = ["check", "--log-level", "warning", "--upstream", upstream, "--model", MODEL, "--tokenizer",
+    args = ["doctor", "--log-level", "warning", "--upstream", upstream, "--model", MODEL, "--tokenizer",
             str(deepseek_dir), "--redis-url", redis.url.replace("//", "//:secret@")]  # fmt: skip
     beat(redis.url, 3)
     assert main(args) == 0
