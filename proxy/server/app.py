@@ -16,8 +16,8 @@ from proxy.exchange.entry import Refusal, target
 from proxy.exchange.headers import encode_headers
 from proxy.exchange.record import REQUEST_ID, request_id
 from proxy.server.asgi import KEY, ROUTE, TARGET, Receive, Reply, Scope, Send
+from proxy.server.error_reply import send_error
 from proxy.server.handlers import Handlers
-from proxy.server.responses import send_error
 from proxy.settings import Settings
 from proxy.upstream.transport import Transport
 

@@ -16,7 +16,7 @@ from proxy.policy.merge import StreamMerger, merge_answers, sum_usage, told_usag
 from proxy.policy.outcome import Chunked
 from proxy.policy.usage import Charge
 from proxy.server.asgi import Reply
-from proxy.server.responses import send_error
+from proxy.server.error_reply import send_error
 from proxy.server.streaming import send_stream
 from proxy.upstream.chunks import ChunkFailed, ChunkRunner
 from proxy.upstream.sanitize import sanitize_upstream_error

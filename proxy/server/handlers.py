@@ -17,9 +17,9 @@ from proxy.policy.outcome import Answer, Chunked, Forward
 from proxy.server.asgi import KEY, ROUTE, ClientGone, Incoming, Receive, Reply, Scope, Send, read_body
 from proxy.server.chunked import answer_chunked
 from proxy.server.disconnect import ClientWatch
+from proxy.server.error_reply import send_error
 from proxy.server.memory import give_back_after
 from proxy.server.relay import relay, relay_error, relay_listed
-from proxy.server.responses import send_error
 from proxy.upstream.chunks import ChunkRunner
 
 log = logging.getLogger("token_guard.app")
