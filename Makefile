@@ -20,7 +20,8 @@ demo: venv  ## the proxy in front of the built-in vLLM simulator, with a short t
 	$(BIN)/token-guard demo
 
 test: venv redis-server  ## unit and end-to-end tests against the simulator (real sockets, real tokenizer, OpenAI SDK)
-	$(BIN)/python -m pytest -m "not e2e" -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -m "not e2e and not serial" -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -m "serial" -q
 
 redis-server:  ## Debian's redis-server, which the fleet tests start on a free port (installed when missing)
 	@command -v redis-server >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)

@@ -32,6 +32,8 @@ from tests.support.processes import free_port, healthy
 from tests.support.redis import RedisServer, fixture_redis, redis_server  # noqa: F401
 from tests.support.servers import MODEL, guard, simulator
 
+pytestmark = pytest.mark.serial  # its memory peaks and lease timings hold on a machine it does not share
+
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW = 2048
 LEASE_S = 1.0
