@@ -158,13 +158,11 @@ def extproc(settings: Settings) -> int:
         print(f"token-guard: error: extproc needs the extproc extra (pip install 'token-guard[extproc]'): {exc}",
               file=sys.stderr)  # fmt: skip
         return 2
-    import asyncio
-
     from proxy.counting.registry import ModelRegistry
     from proxy.server.running import settle_heap
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
     settle_heap()
-    asyncio.run(serve_extproc(settings, registry))
+    serve_extproc(settings, registry)
     return 0

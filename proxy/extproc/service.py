@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
+import uvloop
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc
 
 from proxy.counting.registry import ModelRegistry
@@ -29,6 +30,7 @@ log = logging.getLogger("token_guard.extproc")
 
 HEADROOM_BYTES = 2**20  # a message's headers and framing, beyond its body
 HEALTH = "grpc.health.v1.Health"
+NEW_LOOP = uvloop.new_event_loop  # the processor's event loop, as serve's: grpc.aio's callbacks cost ~10% less on it
 SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # grpc.health.v1.HealthCheckResponse{status: 1 or 2}, encoded
 
 
@@ -94,8 +96,13 @@ async def running(
     await core.aclose()
 
 
-async def serve(settings: Settings, registry: ModelRegistry) -> None:
+def serve(settings: Settings, registry: ModelRegistry) -> None:
     """Run until SIGTERM or SIGINT, then let open streams end for up to server.drain_timeout_s."""
+    with asyncio.Runner(loop_factory=NEW_LOOP) as runner:
+        runner.run(_serve(settings, registry))
+
+
+async def _serve(settings: Settings, registry: ModelRegistry) -> None:
     async with running(settings, registry, grace_s=settings.server.drain_timeout_s) as served:
         log.info("token-guard extproc: Envoy's external processor on %s:%d (gRPC), upstream %s",
                  settings.server.host, served.port, ", ".join(settings.upstream.urls))  # fmt: skip

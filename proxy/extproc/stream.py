@@ -164,7 +164,7 @@ class Stream:
 
     def _response_headers(self, message: HttpHeaders) -> Answers:
         record = self.record
-        self.status = int(next((v for k, v in wire.headers_of(message.headers) if k == b":status"), b"0") or 0)
+        self.status = wire.status_of(message.headers)
         if record is not None:
             record.upstream_first_byte_s = time.perf_counter() - record.started
             if self.status >= 500:

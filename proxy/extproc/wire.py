@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValueOption
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
     BodyMutation,
@@ -39,32 +39,50 @@ def headers_of(found: HeaderMap) -> Headers:
     return [(h.key.encode("latin-1"), h.raw_value or h.value.encode("latin-1")) for h in found.headers]
 
 
-def _set(headers: RawHeaders) -> HeaderMutation | None:
-    if not headers:
-        return None
-    options = [HeaderValueOption(header=HeaderValue(key=k.decode("latin-1"), raw_value=v), append_action=OVERWRITE)
-               for k, v in headers]  # fmt: skip
-    return HeaderMutation(set_headers=options)
+def status_of(found: HeaderMap) -> int:
+    """A response's :status (0 when absent), without reading its other headers."""
+    for h in found.headers:
+        if h.key == ":status":
+            status = h.raw_value or h.value.encode("latin-1")
+            return int(status) if status.isdigit() else 0
+    return 0
+
+
+def _fill(mutation: HeaderMutation, headers: RawHeaders) -> None:
+    """`headers` set on `mutation`, each replacing the one of its name. Built in place: constructing each nested
+    message and copying it in costs three times as much (measured on 3 headers: 2.9 against 8.3 us)."""
+    add = mutation.set_headers.add
+    for k, v in headers:
+        option = add(append_action=OVERWRITE)
+        option.header.key = k.decode("latin-1")
+        option.header.raw_value = v
 
 
 def request_headers(headers: RawHeaders = (), remove: tuple[str, ...] = ()) -> ProcessingResponse:
     """Go on with the request's headers, `headers` set on them and `remove` taken off."""
-    mutation = _set(headers)
-    if remove:
-        mutation = mutation or HeaderMutation()
+    answer = ProcessingResponse(request_headers=HeadersResponse())
+    if headers or remove:
+        mutation = answer.request_headers.response.header_mutation
+        _fill(mutation, headers)
         mutation.remove_headers.extend(remove)
-    return ProcessingResponse(request_headers=HeadersResponse(response=CommonResponse(header_mutation=mutation)))
+    return answer
 
 
 def response_headers(headers: RawHeaders) -> ProcessingResponse:
-    return ProcessingResponse(response_headers=HeadersResponse(response=CommonResponse(header_mutation=_set(headers))))
+    answer = ProcessingResponse(response_headers=HeadersResponse())
+    if headers:
+        _fill(answer.response_headers.response.header_mutation, headers)
+    return answer
 
 
 def request_body(body: bytes | None = None, headers: RawHeaders = ()) -> ProcessingResponse:
     """A buffered body's answer: go on (`body` None) or with `body` in its place, `headers` set on the request."""
-    mutation = BodyMutation(body=body) if body is not None else None
-    common = CommonResponse(header_mutation=_set(headers), body_mutation=mutation)
-    return ProcessingResponse(request_body=BodyResponse(response=common))
+    answer = ProcessingResponse(request_body=BodyResponse())
+    if body is not None:
+        answer.request_body.response.body_mutation.body = body
+    if headers:
+        _fill(answer.request_body.response.header_mutation, headers)
+    return answer
 
 
 def streamed(body: bytes, end: bool, response: bool = False) -> Iterator[ProcessingResponse]:
@@ -95,5 +113,8 @@ def response_trailers() -> ProcessingResponse:
 def immediate(status: int, headers: RawHeaders, body: bytes, details: str) -> ProcessingResponse:
     """Answer the client in the request's place: nothing goes upstream. `details`: Envoy's response code details
     (its access log's %RESPONSE_CODE_DETAILS%)."""
-    answer = ImmediateResponse(status=HttpStatus(code=status), headers=_set(headers), body=body, details=details)
-    return ProcessingResponse(immediate_response=answer)
+    answer = ProcessingResponse(immediate_response=ImmediateResponse(status=HttpStatus(code=status), body=body,
+                                                                     details=details))  # fmt: skip
+    if headers:
+        _fill(answer.immediate_response.headers, headers)
+    return answer

@@ -87,8 +87,11 @@ class ProcessorThread:
         self._thread = threading.Thread(target=self._run, name="extproc-thread", daemon=True)
 
     def _run(self) -> None:
+        from proxy.extproc.service import NEW_LOOP
+
         try:
-            asyncio.run(self._main())
+            with asyncio.Runner(loop_factory=NEW_LOOP) as runner:  # the event loop `token-guard extproc` runs on
+                runner.run(self._main())
         except BaseException as exc:
             self._error = exc
             self._ready.set()
