@@ -162,7 +162,7 @@ def _started(
 
 
 def _tokenizer(names: list[str]) -> Path:
-    if not any(n.startswith("token-guard") for n in names):
+    if not any(n.startswith("token-guard") or n.startswith("envoy-extproc") for n in names):
         return Path("-")  # nothing will read it
     from bench.load import demo_tokenizer
 

@@ -11,7 +11,7 @@ from statistics import median
 from typing import Any
 
 from bench.ceiling_systems import GUARD_WORKERS, RELAYED
-from bench.envoy import ENVOY_SYSTEMS, TRIVIAL
+from bench.envoy import ENVOY_SYSTEMS, TRIVIAL_SYSTEMS, envoy_system
 from bench.targets import Target
 
 DIRECT, RELAY, GUARD, GUARD2 = "direct", "relay", "token-guard", "token-guard-2w"
@@ -107,7 +107,7 @@ def _envoy(pooled: Pooled) -> list[str]:
     """Envoy alone, Envoy with token-guard as its external processor, and token-guard serve, side by side: the p50
     each adds one small request at a time, the processor's own CPU per request (Envoy's apart) against serve's, and
     requests/s at 32 concurrent."""
-    present = [name for name in ENVOY_SYSTEMS if name in pooled.get("c1", {}) or name in pooled.get("c32", {})]
+    present = _envoy_present(pooled)
     if not present:
         return []
     rows = ["", "## Inside Envoy: token-guard as its external processor, this run", "",
@@ -127,10 +127,17 @@ def _envoy(pooled: Pooled) -> list[str]:
     return rows
 
 
+def _envoy_present(pooled: Pooled) -> list[str]:
+    """The run's Envoy systems, in ENVOY_SYSTEMS' order, each followed by its other checkouts' (name@DIR)."""
+    ran = [*pooled.get("c1", {}), *(n for n in pooled.get("c32", {}) if n not in pooled.get("c1", {}))]
+    return [name for base in ENVOY_SYSTEMS for name in ran if envoy_system(name) == base]
+
+
 def envoy_targets(pooled: Pooled) -> list[Target]:
     """The issue's targets for the external processor, each ext_proc system against Envoy alone and serve."""
     found = []
-    for name in [n for n in ENVOY_SYSTEMS if ENVOY_SYSTEMS[n] is not None and n != TRIVIAL]:
+    for name in [n for n in _envoy_present(pooled) if ENVOY_SYSTEMS[n.split("@")[0]] and
+                 envoy_system(n) not in TRIVIAL_SYSTEMS]:  # fmt: skip
         over = _get(pooled, "c1", name, "total_p50") - _get(pooled, "c1", "envoy", "total_p50")
         cpu = _get(pooled, "c32", name, "helper_cpu_ms_per_request") / (
             _get(pooled, "c32", GUARD, "cpu_ms_per_request") or math.nan

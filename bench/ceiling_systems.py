@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from bench.envoy import ENVOY_SYSTEMS, start_envoy_system
+from bench.envoy import ENVOY_SYSTEMS, envoy_system, start_envoy_system
 from bench.procstats import TICKS
 from bench.systems import MODEL, SYSTEMS, Running, SetupError, Upstream, free_port, spawn, start, wait_ready
 
@@ -79,14 +79,14 @@ def start_system(name: str, upstream: Upstream, workdir: Path) -> Running:
         running = start_token_guard_workers(upstream, workdir, 1, RELAYED, passthrough=RELAYED_PATHS)
         running.url += RELAYED_PREFIX
         return running
-    if name in ENVOY_SYSTEMS:  # Envoy alone, or with token-guard as its external processor
+    if envoy_system(name) is not None:  # Envoy alone, or with a processor (envoy-extproc@DIR: another checkout's)
         return start_envoy_system(name, upstream, workdir)
     if match := GUARD_WORKERS.fullmatch(name):
         return start_token_guard_workers(upstream, workdir, int(match.group(1)))
     if name in SYSTEMS:
         return start("token-guard" if name == "token-guard-1w" else name, upstream, workdir)
     raise SetupError(f"unknown system {name!r}; choose from {', '.join(CEILING_SYSTEMS)} (or token-guard-<N>w, "
-                     "token-guard@<checkout>)")  # fmt: skip
+                     "token-guard@<checkout>, envoy-extproc@<checkout>)")  # fmt: skip
 
 
 def machine_busy_s() -> float:

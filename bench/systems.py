@@ -86,8 +86,10 @@ def spawn(
 def wait_ready(running: Running, path: str, timeout_s: float = 180.0, headers: dict[str, str] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if running.process is not None and running.process.poll() is not None:
-            raise SetupError(f"{running.name} exited during start-up; see {running.log}")
+        for process in (running.process, running.helper):
+            if process is not None and process.poll() is not None:
+                running.stop()
+                raise SetupError(f"{running.name} exited during start-up; see {running.log} and the logs beside it")
         try:
             if httpx.get(running.url + path, headers=headers, timeout=2.0).status_code == 200:
                 return

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from bench.__main__ import main
 from bench.ceiling import result_stem
 from bench.ceiling_plots import METRICS
@@ -113,3 +115,31 @@ def test_plot_ceiling_draws_one_png_per_metric(tmp_path: Path) -> None:
 def test_a_ceiling_result_is_named_by_the_commit_it_measured() -> None:
     assert result_stem("5fbfd3f") == "ceiling-5fbfd3f"
     assert result_stem("b3a8362 + uncommitted changes") == "ceiling-b3a8362-dirty"
+
+
+def test_quick_ceiling_runs_envoy_with_another_checkouts_processor_and_the_one_message_floor(tmp_path: Path) -> None:
+    """envoy-extproc@DIR is Envoy with DIR's processor, for an A/B of two versions in one run (here: this checkout);
+    envoy-trivial-processor-body sends the processor the request's body alone. Both appear in the Envoy table."""
+    checkout = Path(__file__).resolve().parents[1]
+    systems = f"envoy,envoy-trivial-processor-body,envoy-extproc@{checkout},envoy-trivial-processor@{checkout}"
+    assert main(["ceiling", "--quick", "--systems", systems, "--scenarios", "c1,c32", "--out", str(tmp_path)]) == 0
+
+    results = json.loads((tmp_path / "ceiling-quick.json").read_text())
+    assert list(results["skipped"]) == [f"envoy-trivial-processor@{checkout}"]  # a checkout runs token-guard only
+    for figures in results["figures"].values():
+        assert list(figures) == systems.split(",")[:3]
+        assert all(f["errors"] == 0 for f in figures.values())
+        assert all(f["helper_cpu_ms_per_request"] > 0 for name, f in figures.items() if name != "envoy")
+    logs = tmp_path / "raw" / "ceiling-logs"
+    floor = yaml.safe_load((logs / "envoy-trivial-processor-body.yaml").read_text())
+    (listener,) = floor["static_resources"]["listeners"]
+    (manager,) = listener["filter_chains"][0]["filters"]
+    mode = manager["typed_config"]["http_filters"][0]["typed_config"]["processing_mode"]
+    assert (mode["request_header_mode"], mode["request_body_mode"], mode["response_header_mode"]) == (
+        "SKIP", "BUFFERED", "SKIP")  # fmt: skip
+    (processor_log,) = logs.glob("envoy-extproc@*-processor.log")
+    assert "Envoy's external processor" in processor_log.read_text()
+    report = (tmp_path / "ceiling-quick.md").read_text()
+    rows = [line.split(" | ")[0] for line in report.split("## Inside Envoy")[1].splitlines() if line.startswith("| ")]
+    assert rows[1:5] == ["| envoy", f"| envoy-extproc@{checkout}", "| envoy-trivial-processor-body", "| token-guard"]
+    assert f"envoy-extproc@{checkout}: processor CPU per request" in report
