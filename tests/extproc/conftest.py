@@ -13,10 +13,10 @@ from bench.envoy import cluster, processor
 from proxy.server.running import ServerThread
 from proxy.settings import load_settings
 from tests.extproc.rig import BUDGET, KEYS, MAX_BODY, Gate, Rig, picker, port_of, served, upstream
+from tests.support.counting_upstream import STRICT, fake_vllm
 from tests.support.envoy import ProcessorThread, envoy
 from tests.support.processes import free_port
 from tests.support.servers import MODEL, guard
-from tests.upstream.test_remote_count import STRICT, fake_vllm
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             ProcessorThread(keyed_settings) as keyed,
             ProcessorThread(tight_settings) as tight,
             ProcessorThread(strict_settings) as strict_processor,
-            picker(f"127.0.0.1:{port_of(fast_url)}") as picker_port,
+            picker(f"127.0.0.1:{port_of(fast_url)}") as (picker_port, stand_in_picker),
             guard(fast_url, deepseek_dir, **{"admission.max_inflight_tokens": BUDGET}) as serve,
             served(keyed_settings) as keyed_serve,
             served(tight_settings) as tight_serve,
@@ -55,7 +55,7 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         ):
             guarded = {"buffered": processor("guard", "BUFFERED"),
                        "duplex": processor("guard", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")}  # fmt: skip
-            stand_in = processor("picker", "NONE", headers_only=True)
+            stand_in = processor("picker", "FULL_DUPLEX_STREAMED", picker=True)  # reads the body, as GIE's
             listeners = {
                 "buffered": [guarded["buffered"]], "duplex": [guarded["duplex"]], "slow": [guarded["buffered"]],
                 "down": [processor("nobody", "BUFFERED")],
@@ -90,5 +90,6 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                     tight_serve.url,
                     strict_serve.url,
                     gate,
+                    stand_in_picker,
                 )
             gate.open.set()

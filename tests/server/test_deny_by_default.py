@@ -22,6 +22,7 @@ from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
 from tests.support.redis import RedisServer, redis_server
 from tests.support.servers import MODEL, simulator, wait_checked, wait_healthy
+from tests.support.side_doors import CONTROL, UNDECLARED
 from tests.support.tcp import Forbidden, TcpTap
 
 ALICE = {"Authorization": "Bearer sk-alice"}  # limited to the model `tiny`, 3,000 tokens a minute
@@ -148,12 +149,6 @@ def test_absolute_form_naming_the_guard_itself_is_served(doors: Any) -> None:
     assert status(answer) == 200 and tap.requests[-1] == ("GET", "/v1/models")
 
 
-CONTROL = [("POST", "/sleep?level=1"), ("POST", "/wake_up"), ("POST", "/collective_rpc"), ("POST", "/pause"),
-           ("POST", "/scale_elastic_ep"), ("POST", "/reset_prefix_cache"), ("POST", "/start_profile"),
-           ("GET", "/server_info"), ("POST", "/v1/load_lora_adapter"), ("GET", "/is_sleeping"),
-           ("POST", "/inference/v1/abort_requests")]  # fmt: skip
-
-
 @pytest.mark.parametrize(("method", "path"), CONTROL)
 def test_vllms_administrative_routes_need_an_admin_key(doors: Any, method: str, path: str) -> None:
     url, tap, _, _ = doors
@@ -204,10 +199,6 @@ def test_unguarded_generation_routes_are_closed_to_everyone(doors: Any) -> None:
         answer = httpx.post(url + "/cohere/v2/chat", headers=headers, json={"model": MODEL, "messages": []})
         assert answer.status_code == 404 and "server.passthrough_paths" in answer.json()["error"]["message"]
     assert untouched(tap, before)
-
-
-UNDECLARED = ["/v1/nope", "/metrics/x", "/V1/models", "//v1/models", "/v1/models/x/y", "/v1/responses/a%20b", "/debug",
-              "/"]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", UNDECLARED)
