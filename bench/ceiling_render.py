@@ -136,8 +136,10 @@ def _envoy_present(pooled: Pooled) -> list[str]:
 def envoy_targets(pooled: Pooled) -> list[Target]:
     """The issue's targets for the external processor, each ext_proc system against Envoy alone and serve."""
     found = []
-    for name in [n for n in _envoy_present(pooled) if ENVOY_SYSTEMS[n.split("@")[0]] and
-                 envoy_system(n) not in TRIVIAL_SYSTEMS]:  # fmt: skip
+    for name in _envoy_present(pooled):
+        base = envoy_system(name)
+        if base is None or ENVOY_SYSTEMS[base] is None or base in TRIVIAL_SYSTEMS:
+            continue
         over = _get(pooled, "c1", name, "total_p50") - _get(pooled, "c1", "envoy", "total_p50")
         cpu = _get(pooled, "c32", name, "helper_cpu_ms_per_request") / (
             _get(pooled, "c32", GUARD, "cpu_ms_per_request") or math.nan

@@ -10,7 +10,18 @@ from pathlib import Path
 
 from bench.envoy import ENVOY_SYSTEMS, envoy_system, start_envoy_system
 from bench.procstats import TICKS
-from bench.systems import MODEL, SYSTEMS, Running, SetupError, Upstream, free_port, spawn, start, wait_ready
+from bench.systems import (
+    MODEL,
+    SYSTEMS,
+    Running,
+    SetupError,
+    Upstream,
+    checkout,
+    free_port,
+    spawn,
+    start,
+    wait_ready,
+)
 
 CEILING_SYSTEMS = ("direct", "nginx", "relay", "token-guard", "token-guard-relayed", "token-guard-2w", "litellm",
                    *ENVOY_SYSTEMS)  # fmt: skip
@@ -51,7 +62,7 @@ def start_token_guard_workers(
     argv = [sys.executable, "-m", "proxy", "serve", "--upstream", upstream.url, "--model", MODEL]
     argv += ["--tokenizer", str(upstream.tokenizer), "--max-model-len", str(upstream.max_model_len)]
     argv += ["--port", str(port)] + (["--workers", str(workers)] if workers != 1 else [])
-    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    env = None if tree is None else checkout(name, str(tree))[1]
     if passthrough is not None:  # the routes relayed without guarding (this checkout's setting)
         env = {**(env or os.environ), "TOKEN_GUARD_SERVER_PASSTHROUGH_PATHS": passthrough}
     process, log = spawn(re.sub(r"[^\w.@-]", "_", name), argv, workdir, env, tree)
@@ -71,9 +82,7 @@ def start_system(name: str, upstream: Upstream, workdir: Path) -> Running:
     if name == "token-guard":
         return start_token_guard_workers(upstream, workdir, 1)
     if name.startswith(OTHER_TREE):  # token-guard@/path/to/a/checkout
-        tree = Path(name.removeprefix(OTHER_TREE)).resolve()
-        if not (tree / "proxy" / "__main__.py").is_file():
-            raise SetupError(f"{name}: {tree} is not a token-guard checkout (no proxy/__main__.py)")
+        tree, _ = checkout(name, name.removeprefix(OTHER_TREE))
         return start_token_guard_workers(upstream, workdir, 1, name, tree)
     if name == RELAYED:  # the load generator posts to <url>/v1/chat/completions: here /unguarded/v1/chat/...
         running = start_token_guard_workers(upstream, workdir, 1, RELAYED, passthrough=RELAYED_PATHS)

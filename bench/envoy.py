@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from bench.systems import Running, SetupError, Upstream, free_port, spawn, wait_ready
+from bench.systems import Running, SetupError, Upstream, checkout, free_port, spawn, wait_ready
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
@@ -152,11 +152,8 @@ def start_envoy_system(name: str, upstream: Upstream, workdir: Path) -> Running:
                 "--port", str(grpc_port)]  # fmt: skip
         if base in TRIVIAL_SYSTEMS:
             argv = [sys.executable, "-m", "bench.trivial_processor", "--port", str(grpc_port)]
-        checkout = Path(tree).resolve() if tree else None
-        if checkout is not None and not (checkout / "proxy" / "__main__.py").is_file():
-            raise SetupError(f"{name}: {checkout} is not a token-guard checkout (no proxy/__main__.py)")
-        env = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout)}
-        helper, _ = spawn(f"{safe}-processor", argv, workdir, env, checkout)
+        other, env = checkout(name, tree) if tree else (None, None)
+        helper, _ = spawn(f"{safe}-processor", argv, workdir, env, other)
         clusters.append(cluster("guard", grpc_port, grpc=True))
         filters = [processor("guard", phases.request_body, phases.response_body, headers=phases.headers)]
     path = workdir / f"{safe}.yaml"

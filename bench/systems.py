@@ -83,6 +83,15 @@ def spawn(
     return process, log
 
 
+def checkout(name: str, tree: str) -> tuple[Path, dict[str, str]]:
+    """Another checkout's directory (system `name`@`tree`, for an A/B in one run) and the environment that runs its
+    code; a SetupError when it is not a token-guard checkout."""
+    found = Path(tree).resolve()
+    if not (found / "proxy" / "__main__.py").is_file():
+        raise SetupError(f"{name}: {found} is not a token-guard checkout (no proxy/__main__.py)")
+    return found, {**os.environ, "PYTHONPATH": str(found)}
+
+
 def wait_ready(running: Running, path: str, timeout_s: float = 180.0, headers: dict[str, str] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
