@@ -14,9 +14,9 @@ import yaml
 
 from bench.envoy import envoy_binary
 from proxy.settings import load_settings
+from tests.support.dockerfile import image_user
 from tests.support.envoy import validate
-from tests.test_gateway_manifest import env_of
-from tests.test_packaging import image_user
+from tests.support.manifests import env_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVOY_CONFIGS = sorted((ROOT / "deploy" / "envoy").glob("*.yaml"))

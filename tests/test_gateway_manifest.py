@@ -11,7 +11,8 @@ from urllib.parse import urlparse
 import yaml
 
 from proxy.settings import ServerSettings, load_settings
-from tests.test_packaging import image_env, image_user
+from tests.support.dockerfile import image_env, image_user
+from tests.support.manifests import env_of
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "deploy" / "kubernetes" / "token-guard-gateway.yaml"
@@ -30,11 +31,6 @@ def container(deployment: str, name: str) -> dict[str, Any]:
 
 def guard() -> dict[str, Any]:
     return container("llm-gateway", "token-guard")
-
-
-def env_of(c: dict[str, Any]) -> dict[str, str]:
-    """The plain values; a key from a Secret is a stand-in value (its setting must still load)."""
-    return {item["name"]: str(item["value"]) if "value" in item else "from-a-secret" for item in c.get("env", [])}
 
 
 def test_the_keys_come_from_a_secret_the_pod_starts_without() -> None:

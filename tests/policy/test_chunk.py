@@ -15,10 +15,7 @@ from proxy.counting.local_count import count_chat
 from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.policy.chunk import CannotChunk, output_shares, split_chat
-
-SENTENCES = ["The river bends east past the mill.", "東京の夜は静かです。", "Numbers: 12345, 678.", "🎉 done!",
-             "def f(x):\n    return x * 2", "A quieter line follows here."]  # fmt: skip
-
+from tests.support.documents import SENTENCES
 
 TEXT = st.lists(st.sampled_from(SENTENCES + [" ", "\n\n", "  indented", "😀😀", "。", "tail"]), min_size=50,
                 max_size=400).map(" ".join)  # fmt: skip

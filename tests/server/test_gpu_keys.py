@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.test_quotas import keyed_guard
-from tests.support.servers import MODEL, InMemorySim, simulator_in_memory, wait_healthy
+from tests.support.servers import MODEL, InMemorySim, keyed_guard, simulator_in_memory, wait_healthy
 
 KEYS = f"""
 [[keys]]

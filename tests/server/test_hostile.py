@@ -16,10 +16,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.server.test_observability import metric
-from tests.server.test_quotas import keyed_guard
 from tests.support.polling import eventually
-from tests.support.servers import MODEL, InMemorySim, guard, simulator, wait_healthy
+from tests.support.prometheus import metric
+from tests.support.servers import MODEL, InMemorySim, guard, keyed_guard, simulator, wait_healthy
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

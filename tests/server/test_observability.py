@@ -14,6 +14,7 @@ import pytest
 
 from proxy.exchange.logs import JsonFormatter
 from tests.support.polling import eventually
+from tests.support.prometheus import metric
 from tests.support.servers import MODEL, guard, simulator, simulator_in_memory
 
 
@@ -27,15 +28,6 @@ def stack(deepseek_dir: Path) -> Iterator[tuple[str, Any]]:
 def chat(url: str, content: str, max_tokens: int, **headers: str) -> httpx.Response:
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}
     return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            found = dict(part.split("=", 1) for part in line[line.find("{") + 1 : line.find("}")].split(",") if part)
-            if all(found.get(k) == f'"{v}"' for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def test_metrics_move_with_the_traffic(stack: tuple[str, Any]) -> None:

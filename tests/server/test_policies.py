@@ -17,19 +17,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy.server.running import ServerThread
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
+from tests.support.documents import document
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, InMemorySim, guard, simulator, simulator_in_memory
 
 WINDOW = 2048
-
-
-SENTENCES = ["The river bends east past the mill.", "東京の夜は静かです。", "Numbers: 12345, 678.", "🎉 done!",
-             "def f(x):\n    return x * 2", "A quieter line follows here."]  # fmt: skip
-
-
-def document(tokens_wanted: int) -> str:
-    # about 9 tokens per sentence with the DeepSeek tokenizer; exactness is not needed here
-    return " ".join(f"[{i}] " + SENTENCES[i % len(SENTENCES)] for i in range(tokens_wanted // 9))
 
 
 @pytest.fixture(scope="module")

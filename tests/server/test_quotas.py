@@ -18,18 +18,15 @@ import openai
 import pytest
 
 from proxy.policy.quota import duration
-from proxy.server.running import ServerThread, uvicorn_options
-from proxy.settings import load_settings
-from tests.server.test_policies import document
+from proxy.server.running import ServerThread
+from tests.support.documents import document
 from tests.support.polling import eventually
 from tests.support.servers import (
     MODEL,
     InMemorySim,
-    Upstream,
-    guard_app,
+    keyed_guard,
     simulator,
     simulator_in_memory,
-    url_of,
     wait_healthy,
 )
 
@@ -109,14 +106,6 @@ max_output_tokens = 100
 AUTH_PLAIN = {"Authorization": "Bearer plain"}  # a client key is not the metrics key
 RATE_HEADERS = [f"x-ratelimit-{kind}-{what}" for what in ("tokens", "requests") for kind in ("limit", "remaining",
                                                                                              "reset")]  # fmt: skip
-
-
-def keyed_guard(upstream: Upstream, tokenizer: Path, config: Path, **flags: Any) -> ServerThread:
-    settings = load_settings(
-        {"upstream.url": url_of(upstream), "model.name": MODEL, "model.tokenizer": str(tokenizer), **flags},
-        environ={}, config_file=config,
-    )  # fmt: skip
-    return ServerThread(guard_app(upstream, settings), **uvicorn_options(settings.server))
 
 
 @pytest.fixture(scope="module")

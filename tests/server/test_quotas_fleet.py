@@ -16,10 +16,9 @@ import httpx
 import pytest
 
 from proxy.server.running import ServerThread
-from tests.server.test_policies import document
-from tests.server.test_quotas import keyed_guard
+from tests.support.documents import document
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
-from tests.support.servers import MODEL, Tap, simulator, wait_healthy
+from tests.support.servers import MODEL, Tap, keyed_guard, simulator, wait_healthy
 
 LIMIT = 2000
 MAX_TOKENS = 150

@@ -20,10 +20,9 @@ import pytest
 from proxy.server.running import ServerThread, bind_socket
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
-from tests.server.test_quotas import keyed_guard
 from tests.support.polling import eventually
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
-from tests.support.servers import MODEL, guard, guard_unchecked, simulator
+from tests.support.servers import MODEL, guard, guard_unchecked, keyed_guard, simulator
 
 WINDOW = 2048
 HUGE = 10**9  # a KV capacity that never slows the simulator down, so that it only records its running cost

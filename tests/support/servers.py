@@ -129,6 +129,15 @@ def guard_app(upstream: Upstream, settings: Settings) -> GuardApp:
     return create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting), transport)
 
 
+def keyed_guard(upstream: Upstream, tokenizer: Path, config: Path, **flags: Any) -> ServerThread:
+    """A guard (not started) configured by `config`, a TOML file of keys and quotas, plus `flags`."""
+    settings = load_settings(
+        {"upstream.url": url_of(upstream), "model.name": MODEL, "model.tokenizer": str(tokenizer), **flags},
+        environ={}, config_file=config,
+    )  # fmt: skip
+    return ServerThread(guard_app(upstream, settings), **uvicorn_options(settings.server))
+
+
 def url_of(upstream: Upstream) -> str:
     return upstream if isinstance(upstream, str) else upstream.url
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from proxy.simulator import SimulatorSettings, SimulatorStats
 from proxy.simulator import create_app as create_simulator
 from proxy.upstream.client import Upstream
 from tests.support.fakehttp import AsgiTransport
+from tests.support.polling import until
 from tests.support.servers import MODEL
 
 BASE = "http://simulator.invalid:8000"
@@ -34,14 +34,6 @@ def simulator(deepseek_dir: Path, **options: Any) -> Starlette:
 def chat(max_tokens: int, stream: bool) -> bytes:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens, "stream": stream}
     return json.dumps(body).encode()
-
-
-async def until(done: Callable[[], bool]) -> bool:
-    for _ in range(1000):
-        if done():
-            return True
-        await asyncio.sleep(0.01)
-    return done()
 
 
 def test_a_stream_arrives_piece_by_piece_and_closing_it_early_aborts_the_generation(deepseek_dir: Path) -> None:

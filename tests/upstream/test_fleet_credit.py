@@ -15,8 +15,9 @@ import pytest
 
 from proxy.errors import FleetStateUnavailable
 from proxy.upstream.fleet_gate import FleetAdmission
+from tests.support.fleet_gate import URL, gate
+from tests.support.polling import until
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
-from tests.upstream.test_fleet_gate import URL, gate, until
 
 SHARE = 0.5  # redis.block_share: half the budget, over the guards sharing it
 
