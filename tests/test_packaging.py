@@ -4,11 +4,8 @@ against the Dockerfile and the settings defaults."""
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,70 +20,12 @@ import pytest
 import yaml
 
 from proxy.settings import ExtprocSettings, ServerSettings, load_settings
+from tests.support.dockerfile import DOCKERFILE, exec_form, final, healthcheck, image_env, image_user, stages
+from tests.support.ports import free_port
 from tests.support.servers import MODEL, simulator
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCKERFILE = ROOT / "Dockerfile"
 MANIFEST = ROOT / "deploy" / "kubernetes" / "token-guard-sidecar.yaml"
-
-
-# --- reading the Dockerfile ---
-
-
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order, continuation lines joined and comments dropped."""
-    found: list[tuple[str, str]] = []
-    current = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped.endswith("\\"):
-            current += stripped[:-1] + " "
-            continue
-        name, _, args = (current + stripped).partition(" ")
-        found.append((name.upper(), args.strip()))
-        current = ""
-    return found
-
-
-def stages() -> list[list[tuple[str, str]]]:
-    """The instructions of each build stage, in order (each list starts with its FROM)."""
-    result: list[list[tuple[str, str]]] = []
-    for instruction in instructions(DOCKERFILE.read_text()):
-        if instruction[0] == "FROM":
-            result.append([])
-        result[-1].append(instruction)
-    return result
-
-
-def final() -> dict[str, list[str]]:
-    """The final stage's arguments by instruction."""
-    by_name: dict[str, list[str]] = {}
-    for name, args in stages()[-1]:
-        by_name.setdefault(name, []).append(args)
-    return by_name
-
-
-def image_env() -> dict[str, str]:
-    return dict(item.split("=", 1) for args in final()["ENV"] for item in shlex.split(args))
-
-
-def exec_form(args: str) -> list[str]:
-    parsed = json.loads(args)
-    assert isinstance(parsed, list) and all(isinstance(a, str) for a in parsed), f"not the exec form: {args}"
-    return parsed
-
-
-def healthcheck() -> tuple[str, list[str]]:
-    (args,) = final()["HEALTHCHECK"]
-    options, _, command = args.partition(" CMD ")
-    return options, exec_form(command)
-
-
-def image_user() -> str:
-    (user,) = final()["USER"]
-    return user
 
 
 # --- the Dockerfile ---
@@ -135,13 +74,6 @@ def test_dockerfile_is_hadolint_clean() -> None:
 
 
 # --- the image's command, run as the image runs it ---
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def entrypoint_command() -> list[str]:

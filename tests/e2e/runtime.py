@@ -14,7 +14,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from proxy.assets import write_demo_tokenizer_dir
+from tests.support.ports import free_port
 
 VERSIONS = ("0.31.0", "0.32.0")
 TORCH_PIN = "torch==2.13.0"  # unpinned, pip picks a multi-GB CUDA build
@@ -148,13 +148,6 @@ def build_model(python: Path, tokenizer_dir: Path, target: Path) -> None:
 
 
 # --- processes -------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def quiet_env(workdir: Path | None = None) -> dict[str, str]:

@@ -15,7 +15,7 @@ from proxy.settings import load_settings
 from tests.extproc.rig import BUDGET, KEYS, MAX_BODY, Gate, Rig, picker, port_of, served, upstream
 from tests.support.counting_upstream import STRICT, fake_vllm
 from tests.support.envoy import ProcessorThread, envoy
-from tests.support.processes import free_port
+from tests.support.ports import free_port
 from tests.support.servers import MODEL, guard
 
 

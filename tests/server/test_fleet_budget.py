@@ -28,7 +28,8 @@ from proxy.fleet.link import RedisLink
 from proxy.fleet.presence import count_instances
 from proxy.upstream.fleet_credit import CHECK_S
 from tests.support.polling import eventually
-from tests.support.processes import free_port, healthy
+from tests.support.ports import free_port
+from tests.support.processes import healthy
 from tests.support.redis import RedisServer, fixture_redis, redis_server  # noqa: F401
 from tests.support.servers import MODEL, guard, simulator
 

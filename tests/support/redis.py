@@ -14,15 +14,9 @@ from contextlib import contextmanager
 import pytest
 
 from tests.support.polling import eventually
+from tests.support.ports import free_port
 
 SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def answers_ping(port: int) -> bool:
