@@ -194,3 +194,18 @@ def test_the_upstream_key_replaces_an_x_api_key_too(
         headers = next(h for p, h in reversed(upstream[1].seen) if p == "/v1/chat/completions")
         assert [k for k, _ in headers if k.lower() == "x-api-key"] == []
         assert upstream[1].authorization("/v1/chat/completions") == ["Bearer up-secret"]
+
+
+def test_a_key_the_guard_checks_never_reaches_the_upstream_without_an_upstream_key(
+    upstream: tuple[InMemorySim, HeaderTap], deepseek_dir: Path
+) -> None:
+    """The client's key and the admin key are the guard's: without upstream.api_key they are removed, not sent on."""
+    flags = {"server.api_keys": "k1", "server.admin_api_keys": "admin-key"}
+    with guard(upstream[0], deepseek_dir, **flags) as server:
+        sent = {"Authorization": "Bearer k1", "x-api-key": "k1"}
+        assert httpx.post(server.url + "/v1/chat/completions", headers=sent, json=CHAT).status_code == 200
+        assert httpx.get(server.url + "/version", headers=sent).status_code == 200
+        assert httpx.get(server.url + "/is_sleeping", headers={"Authorization": "Bearer admin-key"}).status_code < 500
+        for path in ("/v1/chat/completions", "/version", "/is_sleeping"):
+            headers = next(h for p, h in reversed(upstream[1].seen) if p == path)
+            assert [k for k, _ in headers if k.lower() in ("authorization", "x-api-key")] == [], path
