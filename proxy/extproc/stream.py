@@ -92,7 +92,7 @@ class Stream:
         rid = request_id(next((v.decode("latin-1") for k, v in sent if k == REQUEST_ID), None))
         self.tagged = [(REQUEST_ID, rid.encode())]
         refused = target(raw_path, path, query, None, pseudo.get(b":authority"))
-        entered = refused or self.core.door.enter(method, path, sent)
+        entered = refused or self.core.door.enter(method, path, sent, bodiless=message.end_of_stream)
         if isinstance(entered, Refusal):
             return [await self._refused(entered.logged(method, rid))]
         found, self.key = entered.found, entered.key
