@@ -33,8 +33,7 @@ class Gateway:
         removed = core.credentials.removed if trusted else (*core.credentials.removed, DESTINATION.decode())
         self._added = encode_headers(core.credentials.added)
         self.fixed = Upward(self._added, removed)  # a request whose path stays as sent
-        server = core.settings.server
-        self.max_body_bytes, self.read_timeout_s = server.max_body_bytes, server.read_timeout_s
+        self.read_timeout_s = core.settings.server.read_timeout_s  # a guarded body must have come within it
         for prefix in settings.path_prefixes:
             for route in core.routes.routes():
                 if route.path.startswith(prefix + "/"):

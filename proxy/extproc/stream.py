@@ -202,17 +202,17 @@ class Stream:
             if self.ticket.waited_s > 0:
                 self.record.queue_s = self.ticket.waited_s
                 self.extra.append((QUEUE_HEADER, str(round(self.ticket.waited_s * 1000)).encode()))
-        upward = [*self.tagged[:1], *encode_headers(outcome.decision.headers())]
+        decided = [*self.tagged[:1], *encode_headers(outcome.decision.headers())]
         changed = outcome.body is not body
         if at == HEADERS:  # nothing follows the headers
-            return [self._onward(upward)]
+            return [self._onward(decided)]
         if self.request_mode == FULL_DUPLEX:  # the headers were held: they go on now, and the body after them
-            return [self._onward(upward, remove=("content-length",)), *wire.streamed(outcome.body, True)]
+            return [self._onward(decided, remove=("content-length",)), *wire.streamed(outcome.body, True)]
         if at == TRAILERS:  # BUFFERED, no body came: the headers went on already, and there is nothing to replace
             return []
         if changed:
-            upward.append((b"content-length", str(len(outcome.body)).encode()))
-        return [wire.request_body(outcome.body if changed else None, upward)]
+            decided.append((b"content-length", str(len(outcome.body)).encode()))
+        return [wire.request_body(outcome.body if changed else None, decided)]
 
     def _finished(self, outcome: Outcome) -> ProcessingResponse:
         """An answer the guard gives itself: a refusal, or count_tokens' count."""
