@@ -64,16 +64,18 @@ def envoy_binary() -> Path | None:
     return found[0] if found and os.access(found[0], os.X_OK) else None
 
 
-def cluster(name: str, port: int, grpc: bool = False) -> dict[str, Any]:
+def cluster(name: str, port: int, grpc: bool = False, trailers: bool = False) -> dict[str, Any]:
+    """A cluster of one host on loopback: gRPC (HTTP/2), or HTTP/1.1, with `trailers` sent on when Envoy has any."""
     endpoint = {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
     found: dict[str, Any] = {
         "name": name, "type": "STATIC", "connect_timeout": "1s",
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [endpoint]}]},
     }  # fmt: skip
-    if grpc:
+    protocol = {"http2_protocol_options": {}} if grpc else {"http_protocol_options": {"enable_trailers": True}}
+    if grpc or trailers:
         found["typed_extension_protocol_options"] = {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": HTTP_OPTIONS, "explicit_http_config": {"http2_protocol_options": {}}},
+                "@type": HTTP_OPTIONS, "explicit_http_config": protocol},
         }  # fmt: skip
     return found
 
@@ -84,14 +86,12 @@ def processor(
 ) -> dict[str, Any]:  # fmt: skip
     """An ext_proc filter: token-guard's (request headers and body, response headers and body; `headers` False: the
     bodies alone), or, `picker`, an endpoint picker's (request headers and body, nothing of the response: the request
-    body mode as given, the response body's ignored). FULL_DUPLEX_STREAMED needs its trailers sent."""
-
-    def trailers(body: str) -> str:
-        return "SEND" if body == "FULL_DUPLEX_STREAMED" else "SKIP"
-
+    body mode as given, the response body's ignored). A request's trailers are sent: they may end its body (a request
+    of headers then trailers has none); FULL_DUPLEX_STREAMED needs them sent, the response's too."""
+    response_trailers = "SEND" if response_body == "FULL_DUPLEX_STREAMED" else "SKIP"
     mode = {"request_header_mode": "SEND", "response_header_mode": "SEND", "request_body_mode": request_body,
-            "response_body_mode": response_body, "request_trailer_mode": trailers(request_body),
-            "response_trailer_mode": trailers(response_body)}  # fmt: skip
+            "response_body_mode": response_body, "request_trailer_mode": "SEND",
+            "response_trailer_mode": response_trailers}  # fmt: skip
     if not headers:
         mode |= {"request_header_mode": "SKIP", "response_header_mode": "SKIP"}
     if picker:

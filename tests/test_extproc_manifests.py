@@ -31,6 +31,40 @@ def test_every_shipped_envoy_config_passes_envoys_validation(config: Path) -> No
     assert checked.returncode == 0 and "OK" in checked.stdout, checked.stdout + checked.stderr
 
 
+def seconds(duration: str) -> float:
+    assert duration.endswith("s"), duration
+    return float(duration[:-1])
+
+
+def processor_cluster(http_filter: dict[str, Any]) -> str | None:
+    """The cluster an ext_proc filter's gRPC service is, None for another filter."""
+    service = http_filter["typed_config"].get("grpc_service", {})
+    name: str | None = service.get("envoy_grpc", {}).get("cluster_name")
+    return name
+
+
+@pytest.mark.parametrize("config", ENVOY_CONFIGS, ids=[c.name for c in ENVOY_CONFIGS])
+def test_every_shipped_envoy_config_bounds_time_and_room(config: Path) -> None:
+    """The deadlines and limits tests/extproc/test_shipped_envoy.py tries on envoy.yaml, in every shipped file: the
+    headers and the whole request each within a deadline, a small buffer per connection, a connection limit, and a
+    processor that stops answering found out by keepalive before a BUFFERED message would time out."""
+    found = yaml.safe_load(config.read_text())
+    monitors = {monitor["name"]: monitor for monitor in found["overload_manager"]["resource_monitors"]}
+    limit = monitors["envoy.resource_monitors.global_downstream_max_connections"]["typed_config"]
+    assert limit["max_active_downstream_connections"] > 0
+    for listener in found["static_resources"]["listeners"]:
+        assert listener["per_connection_buffer_limit_bytes"] <= 65536
+        manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        assert 0 < seconds(manager["request_headers_timeout"]) <= seconds(manager["request_timeout"])
+        assert manager["http2_protocol_options"]["max_concurrent_streams"] <= 1000
+        (guard,) = [f["typed_config"] for f in manager["http_filters"] if processor_cluster(f) == "token_guard"]
+        assert guard["processing_mode"]["request_trailer_mode"] == "SEND" and guard["failure_mode_allow"] is False
+        (cluster,) = [c for c in found["static_resources"]["clusters"] if c["name"] == "token_guard"]
+        options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        keepalive = options["explicit_http_config"]["http2_protocol_options"]["connection_keepalive"]
+        assert seconds(keepalive["interval"]) + seconds(keepalive["timeout"]) < seconds(guard["message_timeout"])
+
+
 def objects(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
     return {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(path.read_text()) if doc}
 
@@ -77,3 +111,19 @@ def test_the_inference_pool_is_the_routes_backend_and_the_guard_knows_its_pods()
     assert all(url.endswith(f":{target_port['number']}") for url in settings.upstream.urls)
     policy = found["EnvoyExtensionPolicy", "token-guard"]["spec"]["extProc"][0]["processingMode"]
     assert policy["request"]["body"] == "FullDuplexStreamed"  # as the picker sees it: nothing held whole
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=[m.name for m in MANIFESTS])
+def test_the_gateway_bounds_time_and_room_and_holds_no_body(manifest: Path) -> None:
+    """The guard gathers the body (FullDuplexStreamed, which also sends the request's trailers), so the gateway keeps
+    a small buffer per connection, a connection limit and a deadline for the whole request."""
+    found = objects(manifest)
+    (policy,) = [doc for (kind, _), doc in found.items() if kind == "EnvoyExtensionPolicy"]
+    assert policy["spec"]["extProc"][0]["processingMode"]["request"]["body"] == "FullDuplexStreamed"
+    route = found["HTTPRoute", policy["spec"]["targetRefs"][0]["name"]]
+    (gateway,) = [parent["name"] for parent in route["spec"]["parentRefs"]]
+    (limits,) = [doc for (kind, _), doc in found.items() if kind == "ClientTrafficPolicy"]
+    assert [(t["kind"], t["name"]) for t in limits["spec"]["targetRefs"]] == [("Gateway", gateway)]
+    assert seconds(limits["spec"]["timeout"]["http"]["requestReceivedTimeout"]) > 0
+    assert limits["spec"]["connection"]["bufferLimit"] == "32Ki"
+    assert limits["spec"]["connection"]["connectionLimit"]["value"] > 0

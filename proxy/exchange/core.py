@@ -22,6 +22,7 @@ from proxy.policy.guard import Guard
 from proxy.settings import RedisSettings, Settings
 from proxy.upstream.client import Upstream
 from proxy.upstream.discovery import discover
+from proxy.upstream.headers import Credentials
 from proxy.upstream.http import HttpClient
 from proxy.upstream.remote_count import RemoteCounter
 from proxy.upstream.transport import Transport
@@ -42,9 +43,12 @@ class Core:
         policy becomes (policy/guard.py); None: chunking is available."""
         self.settings, self.registry = settings, registry
         self.link = _redis_link(settings.redis)
+        server = settings.server
+        self.keys = ApiKeys(server.api_keys, settings.keys, server.admin_api_keys, server.metrics_api_key)
+        self.credentials = Credentials.of(settings.upstream.api_key, self.keys.any)  # the same for both front ends
         self.upstream = Upstream(
             settings.upstream, transport or HttpClient(settings.upstream), settings.admission,
-            workers=settings.server.workers, link=self.link, redis=settings.redis,
+            workers=server.workers, link=self.link, redis=settings.redis, credentials=self.credentials,
         )  # fmt: skip
         self.metrics = Metrics(
             lambda: {name: registry.resolve(name).counter.stats() for name in registry.names},
@@ -63,14 +67,12 @@ class Core:
         self.quotas = Quotas(settings, self.link)
         self.meter = Meter(self.quotas)
         self.flow = Flow(self.guard, self.meter, self.metrics)
-        server = settings.server
         self.routes = RouteTable(passthrough=server.passthrough_paths)
         for route in self.routes.kept:
             log.warning("server.passthrough_paths: %s is a %s route of the table and stays one", route.path, route.kind)
         for path in self.routes.unguarded:
             log.warning("server.passthrough_paths opens %s unguarded: its requests are relayed without being counted, "
                         "clamped, admitted or charged", path)  # fmt: skip
-        self.keys = ApiKeys(server.api_keys, settings.keys, server.admin_api_keys, server.metrics_api_key)
         self.door = Door(self.routes, self.keys)
 
     async def readiness(self) -> tuple[int, dict[str, object]]:

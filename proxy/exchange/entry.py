@@ -20,10 +20,13 @@ from proxy.settings.sections import KeySettings
 log = logging.getLogger("token_guard.app")
 
 
+PREFLIGHT_HEADERS = (b"origin", b"access-control-request-method")  # what makes an OPTIONS a CORS preflight
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """A request the route table lets through: its route, its named key, and whether it is a CORS preflight (relayed
-    without a key, whatever the route's kind, as vLLM answers it)."""
+    without a key and without a body, whatever the route's kind, as vLLM answers it)."""
 
     found: Found
     key: KeySettings | None = None
@@ -62,14 +65,14 @@ class Door:
     def __init__(self, routes: RouteTable, keys: ApiKeys) -> None:
         self.routes, self.keys = routes, keys
 
-    def enter(self, method: str, path: str, headers: RawHeaders) -> Entry | Refusal:
+    def enter(self, method: str, path: str, headers: RawHeaders, bodiless: bool) -> Entry | Refusal:
         """The request's route and named key, or why it may not use it. `path` is percent-decoded, its target
-        checked (`target()`)."""
+        checked (`target()`); `bodiless`: the request has no body (its front end knows how it ends)."""
         found = self.routes.find(path)
         if found is None:
             return Refusal(_no_route(method, path))
         route = found.route
-        if method == "OPTIONS" and route.who is Access.CLIENT:
+        if method == "OPTIONS" and route.who is Access.CLIENT and bodiless and preflight(headers):
             return Entry(found, None, preflight=True)
         who, key = route.who, None
         if who is Access.CLIENT:
@@ -88,6 +91,19 @@ class Door:
             error = MethodNotAllowed(f"{method} is not allowed on {route.path}; use {allowed_methods}.")
             return Refusal(error, route.envelope, route=route, key=key)
         return Entry(found, key)
+
+
+def preflight(headers: RawHeaders) -> bool:
+    """An OPTIONS request is a CORS preflight when it names its origin and the method it asks for; any other OPTIONS
+    is an ordinary request (a key, then a 405)."""
+    names = {name for name, _ in headers}
+    return all(name in names for name in PREFLIGHT_HEADERS)
+
+
+def bodiless(headers: RawHeaders) -> bool:
+    """HTTP/1.1's framing says there is no body: no Transfer-Encoding, and no Content-Length or a zero one."""
+    framing = {name: value for name, value in headers if name in (b"content-length", b"transfer-encoding")}
+    return b"transfer-encoding" not in framing and framing.get(b"content-length", b"0").strip() == b"0"
 
 
 def target(

@@ -43,6 +43,11 @@ class ApiKeys:
         """True when client keys are configured: then every client route needs one."""
         return bool(self._digests or self._named)
 
+    @property
+    def any(self) -> bool:
+        """True when the guard checks any key (client, admin or metrics): a key a client sends is then the guard's."""
+        return bool(self._digests or self._named or self._admin or self._metrics)
+
     def client(self, headers: RawHeaders) -> tuple[bool, KeySettings | None]:
         """Whether the request may use a client route (no client keys are configured, or it carries one), and its
         named key ([[keys]]) if it carries one."""

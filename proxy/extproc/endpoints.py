@@ -1,9 +1,10 @@
 """Which replica's budget a request behind the Gateway API Inference Extension's endpoint picker is admitted on. The
-picker (an ext_proc server itself) names the pod it chose in `x-gateway-destination-endpoint: ip:port`; when the
-guard runs after it, admission charges that replica's budget (the one of upstream.urls with that address: as
-written, or as its host name resolves, e.g. a StatefulSet's headless Service), and when it runs before it (no header
-yet), or the endpoint is not one of upstream.urls, the whole pool's: the replica with the fewest tokens in flight
-that fits, as serve picks one."""
+picker (an ext_proc server itself) names the pod it chose in `x-gateway-destination-endpoint: ip:port`. Where the
+deployment says the picker runs before the guard and sets it (extproc.picker_sets_destination), admission charges
+that replica's budget (the one of upstream.urls with that address: as written, or as its host name resolves, e.g. a
+StatefulSet's headless Service); otherwise the header can only be the client's, and is ignored (gateway.py removes
+it before the upstream). Without a trusted header, or when the endpoint is not one of upstream.urls, the whole
+pool's: the replica with the fewest tokens in flight that fits, as serve picks one."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ RESOLVE_EVERY_S = 5.0  # an endpoint not known is looked up again at most this o
 
 
 class Endpoints:
-    def __init__(self, urls: tuple[str, ...]) -> None:
+    def __init__(self, urls: tuple[str, ...], trusted: bool) -> None:
+        """`trusted`: the header is the picker's (it runs before the guard); otherwise it is ignored."""
+        self.trusted = trusted
         self._replicas = [_host_port(url) for url in urls]
         self._index = {_address(host, port): i for i, (host, port) in enumerate(self._replicas)}
         self._others = {i: frozenset(range(len(urls))) - {i} for i in range(len(urls))}
@@ -28,6 +31,8 @@ class Endpoints:
 
     async def excluded(self, headers: RawHeaders) -> frozenset[int]:
         """The replicas the request may not be admitted on: all but the picker's choice, when there is one."""
+        if not self.trusted:
+            return POOL
         chosen = next((v for k, v in headers if k == DESTINATION), None)
         if chosen is None:
             return POOL

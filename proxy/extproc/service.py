@@ -3,7 +3,7 @@ grpc.aio), with the same core as serve (exchange/core.py) and its background wor
 probes (SERVING once the guard is ready: the upstream's models known and a replica healthy).
 
 gRPC's message limits are raised to what a body may be (server.max_body_bytes, plus room for headers): a BUFFERED
-body comes whole in one message and a rewritten one goes back whole."""
+body comes whole in one message and a rewritten one goes back whole. Envoy's keepalive PINGs are welcome."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc
 
 from proxy.counting.registry import ModelRegistry
 from proxy.exchange.core import Core
-from proxy.extproc.endpoints import Endpoints
+from proxy.extproc.gateway import Gateway
 from proxy.extproc.stream import Stream
 from proxy.extproc.wire import ProcessingRequest
 from proxy.settings import Settings
@@ -31,22 +31,26 @@ log = logging.getLogger("token_guard.extproc")
 HEADROOM_BYTES = 2**20  # a message's headers and framing, beyond its body
 HEALTH = "grpc.health.v1.Health"
 NEW_LOOP = uvloop.new_event_loop  # the processor's event loop: uvloop, as serve's
+# Envoy's HTTP/2 keepalive (the shipped configurations' connection_keepalive) is how it finds a processor that stopped
+# answering: grpc's default answers a PING more often than every 5 minutes without data with GOAWAY "too many pings",
+# which resets every request on the connection, one held in admission's queue included
+PINGS_WELCOME = [("grpc.http2.max_ping_strikes", 0), ("grpc.keepalive_permit_without_calls", 1)]
 SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # grpc.health.v1.HealthCheckResponse{status: 1 or 2}, encoded
 
 
 class Processor(ext_proc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.endpoints = Endpoints(core.settings.upstream.urls)
+        self.gateway = Gateway(core)
         self.max_body_bytes = core.settings.server.max_body_bytes
 
     async def Process(self, requests: AsyncIterator[ProcessingRequest], context: grpc.aio.ServicerContext) -> None:  # noqa: N802 (gRPC's name)
         """One HTTP exchange: each message answered as it comes; what the request held is given back when Envoy
         closes the stream, or cancels it (its client left)."""
-        stream = Stream(self.core, self.endpoints, self.max_body_bytes)
+        stream = Stream(self.core, self.gateway, self.max_body_bytes)
         try:
-            async for message in requests:
-                for answer in await stream.answer(message):
+            async for answers in stream.run(requests):
+                for answer in answers:
                     await context.write(answer)
         finally:
             await stream.close()
@@ -58,7 +62,7 @@ class Processor(ext_proc.ExternalProcessorServicer):  # type: ignore[misc]
 
 def grpc_server(core: Core) -> grpc.aio.Server:
     size = core.settings.server.max_body_bytes + HEADROOM_BYTES
-    options = [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+    options = [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size), *PINGS_WELCOME]
     server = grpc.aio.server(options=options)
     processor = Processor(core)
     ext_proc.add_ExternalProcessorServicer_to_server(processor, server)

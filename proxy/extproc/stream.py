@@ -1,12 +1,16 @@
 """One HTTP exchange as Envoy streams it to the processor, phase by phase, answered with what the guard decides.
 
 request headers   the route table's verdict (exchange/entry.py): a refusal, the guard's own probes and metrics
-                  are answered here; other routes go on (a guarded one once its body is decided)
+                  are answered here; other routes go on (a guarded one once its body is decided), with the
+                  gateway's changes to their headers (gateway.py: credentials, a client's destination, `:path`)
 request body      BUFFERED: the whole body in one message; FULL_DUPLEX_STREAMED: pieces gathered (at most
                   server.max_body_bytes), the headers held until the body is decided, then the body sent back in
-                  pieces. The guard decides (exchange/flow.py): pass goes on untouched, a rewrite (clamp,
-                  truncate) replaces the body with its content-length, a refusal or count_tokens is answered here;
-                  a forwarded request is first admitted by its KV cost
+                  pieces. Either must come within server.read_timeout_s of the headers (408). The guard decides
+                  (exchange/flow.py): pass goes on untouched, a rewrite (clamp, truncate) replaces the body with
+                  its content-length, a refusal or count_tokens is answered here; a forwarded request is first
+                  admitted by its KV cost
+request trailers  never go on (every one is taken off); they end a body still undecided, an absent one too (an
+                  HTTP/2 request of headers then trailers is decided on its empty body)
 response headers  the x-token-guard-* and x-ratelimit-* headers, the request id, the queue time
 response body     when Envoy sends it: its tail settles the key's charge from the answer's usage
 the stream's end  Envoy closes it when the HTTP exchange ends, completed or aborted: the admission ticket is
@@ -15,21 +19,23 @@ the stream's end  Envoy closes it when the HTTP exchange ends, completed or abor
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from urllib.parse import unquote
 
 from proxy import error_bodies
 from proxy.api.routes import Found, Kind, Route
 from proxy.error_bodies import Envelope
-from proxy.errors import GuardError, InvalidRequest, PayloadTooLarge, internal_error
+from proxy.errors import GuardError, InvalidRequest, PayloadTooLarge, RequestTimeout, internal_error
 from proxy.exchange.core import Core
 from proxy.exchange.entry import Refusal, target
-from proxy.exchange.headers import Headers, encode_headers
+from proxy.exchange.headers import Headers, RawHeaders, encode_headers
 from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
 from proxy.extproc import wire
-from proxy.extproc.endpoints import Endpoints
+from proxy.extproc.gateway import Gateway, Upward
 from proxy.extproc.wire import BUFFERED, FULL_DUPLEX, NONE, HttpHeaders, ProcessingRequest, ProcessingResponse
 from proxy.policy.outcome import Answer, Forward, Outcome, Refuse
 from proxy.settings.sections import KeySettings
@@ -41,11 +47,12 @@ JSON = [(b"content-type", b"application/json")]
 QUEUE_HEADER = b"x-token-guard-queue-ms"
 METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 Answers = list[ProcessingResponse]
+HEADERS, BODY, TRAILERS = "headers", "body", "trailers"  # the message a request's decision answers
 
 
 class Stream:
-    def __init__(self, core: Core, endpoints: Endpoints, max_body_bytes: int) -> None:
-        self.core, self.endpoints, self.max_body_bytes = core, endpoints, max_body_bytes
+    def __init__(self, core: Core, gateway: Gateway, max_body_bytes: int) -> None:
+        self.core, self.gateway, self.max_body_bytes = core, gateway, max_body_bytes
         self.request_mode, self.response_mode = BUFFERED, NONE  # the body modes Envoy says it uses (ProcessingMode)
         self.record: RequestRecord | None = None  # from the route table's pass on
         self.route: Route | None = None
@@ -53,11 +60,34 @@ class Stream:
         self.sent: Headers = []  # the request's headers as received
         self.tagged: Headers = []  # what every answer carries: the request id, the key's x-ratelimit-*
         self.extra: Headers = []  # and the decision's x-token-guard-*, once decided
+        self.upward: Upward = gateway.fixed  # what the request's headers get on their way upstream
+        self.pending = False  # a guarded request whose body is still to come and be decided
+        self.deadline: float | None = None  # by when (the loop's clock) that body must have come
         self.pieces: list[bytes] = []
         self.size = 0
         self.ticket: Ticket | None = None
         self.status: int | None = None
         self.ended = False  # the answer ended: an immediate response, or the response's last byte (or headers)
+
+    async def run(self, requests: AsyncIterator[ProcessingRequest]) -> AsyncIterator[Answers]:
+        """The answers to Envoy's messages, each as it comes. A guarded body still to come at its deadline is
+        answered 408, as serve answers it, and the stream ends."""
+        messages = aiter(requests)
+        while True:
+            try:
+                if self.deadline is None:
+                    message = await anext(messages)
+                else:
+                    async with asyncio.timeout_at(self.deadline):
+                        message = await anext(messages)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                yield await self._failed(RequestTimeout(f"The request body did not arrive within "
+                                                        f"{self.gateway.read_timeout_s:g} s (server.read_timeout_s); "
+                                                        f"got {self.size} bytes."))  # fmt: skip
+                return
+            yield await self.answer(message)
 
     async def answer(self, message: ProcessingRequest) -> Answers:
         phase = message.WhichOneof("request")
@@ -73,26 +103,29 @@ class Stream:
                 return self._response_headers(message.response_headers)
             if phase == "response_body":
                 return self._response_body(message.response_body.body, message.response_body.end_of_stream)
-            if phase == "request_trailers" and self.pieces:  # FULL_DUPLEX: a body whose end came with trailers
-                return [*await self._request_body(b"", True), wire.request_trailers()]
+            if phase == "request_trailers":
+                return await self._request_trailers(message.request_trailers)
         except GuardError as exc:
             return await self._failed(exc)
         except Exception:
             log.exception("unexpected error in the external processor (request %s)",
                           self.record.request_id if self.record else None)  # fmt: skip
             return await self._failed(internal_error())
-        return [wire.request_trailers() if phase == "request_trailers" else wire.response_trailers()]
+        return [wire.response_trailers()]
 
     async def _request_headers(self, message: HttpHeaders) -> Answers:
         self.sent = sent = wire.headers_of(message.headers)
         pseudo = {k: v for k, v in sent if k[:1] == b":"}
         method = pseudo.get(b":method", b"GET").decode("latin-1")
-        raw_path, _, query = pseudo.get(b":path", b"/").partition(b"?")
-        path = unquote(raw_path.decode("latin-1"))  # as uvicorn decodes it for serve
+        raw_path, mark, query = pseudo.get(b":path", b"/").partition(b"?")
         rid = request_id(next((v.decode("latin-1") for k, v in sent if k == REQUEST_ID), None))
         self.tagged = [(REQUEST_ID, rid.encode())]
+        inner = self.gateway.unprefixed(raw_path) if self.gateway.prefixes else None
+        if inner is not None:  # guarded as the path vLLM receives: the processor takes the gateway's prefix off
+            raw_path, self.upward = inner, self.gateway.upward(inner + mark + query)
+        path = unquote(raw_path.decode("latin-1"))  # as uvicorn decodes it for serve
         refused = target(raw_path, path, query, None, pseudo.get(b":authority"))
-        entered = refused or self.core.door.enter(method, path, sent)
+        entered = refused or self.core.door.enter(method, path, sent, bodiless=message.end_of_stream)
         if isinstance(entered, Refusal):
             return [await self._refused(entered.logged(method, rid))]
         found, self.key = entered.found, entered.key
@@ -106,52 +139,80 @@ class Stream:
         self.record.findings.api_key = self.key
         if not guarded:
             await self.core.meter.tell(self.key, self.record, self.tagged)  # a look at a limited key's quota
-            return [wire.request_headers(self.tagged[:1])]
+            return [self._onward(self.tagged[:1])]
         declared = next((v for k, v in sent if k == b"content-length"), b"")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise PayloadTooLarge.over(self.max_body_bytes)
         if self.request_mode not in (BUFFERED, FULL_DUPLEX) and not message.end_of_stream:
             raise GuardError("token-guard extproc takes request bodies BUFFERED or FULL_DUPLEX_STREAMED only.")
         if message.end_of_stream:  # no body: decided now, from nothing (a guarded route answers it 400)
-            return await self._decide(b"")
-        return [] if self.request_mode == FULL_DUPLEX else [wire.request_headers()]  # FULL_DUPLEX: held
+            return await self._decide(b"", HEADERS)
+        self.pending, self.deadline = True, asyncio.get_running_loop().time() + self.gateway.read_timeout_s
+        if self.request_mode == FULL_DUPLEX:
+            return []  # the headers are held until the body is decided
+        # BUFFERED sends no body message for a body of no bytes: without a length, the trailers may be its only end
+        unsized = not declared.isdigit() or int(declared) == 0
+        return [self._onward(trailers_of=self.response_mode if unsized else None)]
 
     async def _request_body(self, piece: bytes, end: bool) -> Answers:
-        if self.record is None or not self.record.guarded:  # a body a relay route carries on unread
+        if not self.pending:  # a body a relay route carries on unread
             return list(wire.streamed(piece, end)) if self.request_mode == FULL_DUPLEX else [wire.request_body()]
         self.size += len(piece)
         if self.size > self.max_body_bytes:
             raise PayloadTooLarge.over(self.max_body_bytes)
         self.pieces.append(piece)
-        if not end:
+        if not end and self.request_mode == FULL_DUPLEX:  # BUFFERED's one message is the whole body, trailers or not
             return []
-        body, self.pieces = b"".join(self.pieces), []
-        return await self._decide(body)
+        return await self._decide(self._gathered(), BODY)
 
-    async def _decide(self, body: bytes) -> Answers:
+    async def _request_trailers(self, message: HttpHeaders) -> Answers:
+        """Trailers never reach the upstream; they end a guarded body still undecided (an empty one if none came)."""
+        cleared = wire.request_trailers([k.decode("latin-1") for k, _ in wire.headers_of(message.trailers)])
+        if not self.pending:
+            return [cleared]
+        answers = await self._decide(self._gathered(), TRAILERS)
+        return answers if self.ended else [*answers, cleared]
+
+    def _gathered(self) -> bytes:
+        body, self.pieces = b"".join(self.pieces), []
+        return body
+
+    def _onward(
+        self, headers: RawHeaders = (), remove: tuple[str, ...] = (), trailers_of: int | None = None
+    ) -> ProcessingResponse:
+        """Go on with the request's headers: the gateway's changes, `headers` set and `remove` taken off."""
+        upward = self.upward
+        return wire.request_headers([*upward.set, *headers], (*upward.removed, *remove), trailers_of)
+
+    async def _decide(self, body: bytes, at: str) -> Answers:
+        """The guard's decision on the whole `body`, answering the message `at` which it ended: HEADERS (it has none),
+        BODY or TRAILERS."""
         assert self.record is not None and self.route is not None
+        self.pending, self.deadline = False, None
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.sent if k[:1] != b":"}
         outcome, self.extra = await self.core.flow.decide(self.route, body, headers, self.record, self.tagged, _here)
         if isinstance(outcome, Forward):
-            return await self._forward(outcome, body)
+            return await self._forward(outcome, body, at)
         return [self._finished(outcome)]
 
-    async def _forward(self, outcome: Forward, body: bytes) -> Answers:
+    async def _forward(self, outcome: Forward, body: bytes, at: str) -> Answers:
         assert self.record is not None
         if outcome.cost is not None:
-            self.ticket = await _admitted(self.core, outcome.cost, await self.endpoints.excluded(self.sent))
+            self.ticket = await _admitted(self.core, outcome.cost, await self.gateway.endpoints.excluded(self.sent))
             if self.ticket.waited_s > 0:
                 self.record.queue_s = self.ticket.waited_s
                 self.extra.append((QUEUE_HEADER, str(round(self.ticket.waited_s * 1000)).encode()))
-        upward = [*self.tagged[:1], *encode_headers(outcome.decision.headers())]
+        decided = [*self.tagged[:1], *encode_headers(outcome.decision.headers())]
         changed = outcome.body is not body
-        if self.request_mode == FULL_DUPLEX:
-            return [wire.request_headers(upward, remove=("content-length",)), *wire.streamed(outcome.body, True)]
-        if not body:  # nothing was buffered: the headers' answer goes on
-            return [wire.request_headers(upward)]
+        if at == HEADERS:  # nothing follows the headers
+            return [self._onward(decided)]
+        if self.request_mode == FULL_DUPLEX:  # the headers were held: they go on now, and the body after them
+            return [self._onward(decided, remove=("content-length",)), *wire.streamed(outcome.body, True)]
+        if at == TRAILERS:  # BUFFERED, no body came: the headers went on already, and there is nothing to replace
+            return []
         if changed:
-            upward.append((b"content-length", str(len(outcome.body)).encode()))
-        return [wire.request_body(outcome.body if changed else None, upward)]
+            decided.append((b"content-length", str(len(outcome.body)).encode()))
+        return [wire.request_body(outcome.body if changed else None, decided)]
 
     def _finished(self, outcome: Outcome) -> ProcessingResponse:
         """An answer the guard gives itself: a refusal, or count_tokens' count."""

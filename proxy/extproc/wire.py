@@ -4,7 +4,7 @@ immediate response to the client. The only module that builds Envoy's protobuf m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValueOption
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -28,6 +28,7 @@ from proxy.exchange.headers import Headers, RawHeaders
 NONE = ProcessingMode.NONE
 BUFFERED = ProcessingMode.BUFFERED
 FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
+SEND, SKIP = ProcessingMode.SEND, ProcessingMode.SKIP
 PIECE_BYTES = 62_000  # a body sent back in FULL_DUPLEX_STREAMED goes in pieces this large (Envoy's own pieces' size)
 OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
@@ -58,13 +59,22 @@ def _fill(mutation: HeaderMutation, headers: RawHeaders) -> None:
         option.header.raw_value = v
 
 
-def request_headers(headers: RawHeaders = (), remove: tuple[str, ...] = ()) -> ProcessingResponse:
-    """Go on with the request's headers, `headers` set on them and `remove` taken off."""
+def request_headers(
+    headers: RawHeaders = (), remove: Sequence[str] = (), trailers_of: int | None = None
+) -> ProcessingResponse:
+    """Go on with the request's headers, `headers` set on them and `remove` taken off. `trailers_of`: the response
+    body mode (ProcessingRequest.protocol_config's) of a BUFFERED request whose trailers the processor must see:
+    asks Envoy to send them (honoured where the filter has `allow_mode_override: true`)."""
     answer = ProcessingResponse(request_headers=HeadersResponse())
     if headers or remove:
         mutation = answer.request_headers.response.header_mutation
         _fill(mutation, headers)
         mutation.remove_headers.extend(remove)
+    if trailers_of is not None:
+        answer.mode_override.CopyFrom(ProcessingMode(
+            request_header_mode=SEND, request_body_mode=BUFFERED, request_trailer_mode=SEND, response_header_mode=SEND,
+            response_body_mode=trailers_of, response_trailer_mode=SEND if trailers_of == FULL_DUPLEX else SKIP,
+        ))  # fmt: skip
     return answer
 
 
@@ -102,8 +112,12 @@ def response_body() -> ProcessingResponse:
     return ProcessingResponse(response_body=BodyResponse())
 
 
-def request_trailers() -> ProcessingResponse:
-    return ProcessingResponse(request_trailers=TrailersResponse())
+def request_trailers(remove: Sequence[str] = ()) -> ProcessingResponse:
+    """Go on with the request's trailers, `remove` taken off them."""
+    answer = ProcessingResponse(request_trailers=TrailersResponse())
+    if remove:
+        answer.request_trailers.header_mutation.remove_headers.extend(remove)
+    return answer
 
 
 def response_trailers() -> ProcessingResponse:

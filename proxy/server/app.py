@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from proxy.api.routes import Kind
 from proxy.counting.registry import ModelRegistry
 from proxy.exchange.core import Core
-from proxy.exchange.entry import Refusal, target
+from proxy.exchange.entry import Refusal, bodiless, target
 from proxy.exchange.headers import encode_headers
 from proxy.exchange.record import REQUEST_ID, request_id
 from proxy.server.asgi import KEY, ROUTE, TARGET, Receive, Reply, Scope, Send
@@ -54,7 +54,8 @@ class GuardApp:
         path = scope["path"]
         refusal = target(scope.get("raw_path") or path.encode(), path, scope["query_string"], scope.get(TARGET),
                          _host(scope))  # fmt: skip
-        entered = self._door.enter(scope["method"], path, scope["headers"]) if refusal is None else refusal
+        headers = scope["headers"]
+        entered = self._door.enter(scope["method"], path, headers, bodiless(headers)) if refusal is None else refusal
         if isinstance(entered, Refusal):
             await self._refuse(scope, send, entered)
             return
@@ -62,7 +63,7 @@ class GuardApp:
         if entered.key is not None:
             scope[KEY] = entered.key
         route = entered.found.route
-        if entered.preflight:
+        if entered.preflight:  # relayed without its body (it has none)
             handler = self._handlers[Kind.RELAY]
         else:
             handler = self._own[route.path] if route.kind is Kind.OWN else self._handlers[route.kind]

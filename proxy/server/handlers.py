@@ -75,7 +75,7 @@ class Handlers:
         key = record.findings.api_key = scope.get(KEY)
         body = b""
         try:
-            if incoming.method != "OPTIONS":  # a CORS preflight, which needs no key, carries nothing upstream
+            if incoming.method != "OPTIONS":  # the only OPTIONS let through is a CORS preflight, which has no body
                 body = await read_body(receive, incoming, self.max_body_bytes, self.read_timeout_s)
             headers = incoming.headers()
             headers["x-request-id"] = record.request_id  # vLLM makes it the response id

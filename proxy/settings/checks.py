@@ -178,6 +178,14 @@ def route_path(value: Any) -> str:
     return text
 
 
+def path_prefix(value: Any) -> str:
+    """A prefix of whole path segments, as a gateway route matches it: a route path, neither / nor ending in one."""
+    text = route_path(value)
+    if text.endswith("/"):
+        raise ValueError("a path prefix starting with / and not ending with one (e.g. /llama)")
+    return text
+
+
 def optional_text(value: Any) -> str | None:
     return None if value in (None, "") else nonempty_text(value)
 

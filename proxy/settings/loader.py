@@ -113,6 +113,8 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "extproc": {
         "port": v.integer(1, 65535),
         "chunk_instead": v.choice("reject", "truncate"),
+        "picker_sets_destination": v.boolean,
+        "path_prefixes": v.list_of(v.path_prefix),
     },
     "counting": {
         "cache_mb": v.non_negative_float,

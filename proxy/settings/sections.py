@@ -70,6 +70,11 @@ class ExtprocSettings:
 
     port: int = 9002
     chunk_instead: str = "reject"  # what the chunk policy becomes there: "reject" (a 400 saying why) or "truncate"
+    # true only where GIE's endpoint picker runs before the guard and sets x-gateway-destination-endpoint: admission
+    # charges the pod it names; false: the header can only be a client's, removed before the upstream and ignored
+    picker_sets_destination: bool = False
+    # gateway path prefixes the processor takes off `:path` itself ("/llama": /llama/v1/models goes up as /v1/models)
+    path_prefixes: tuple[str, ...] = ()
 
 
 REDIS_FAILURE_MODES = ("open", "closed")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.errors import GuardError, TooBusy, UpstreamConnectTimeout, UpstreamRefused, UpstreamUnavailable
 from proxy.settings import AdmissionSettings, RedisSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
-from proxy.upstream.headers import forwardable, outgoing, upstream_auth
+from proxy.upstream.headers import Credentials, forwardable, outgoing, upstream_auth
 from proxy.upstream.transport import GET_BYTES, METRICS_BYTES, Answer, Transport
 
 if TYPE_CHECKING:
@@ -75,10 +75,12 @@ class Upstream:
         workers: int = 1,
         link: RedisLink | None = None,
         redis: RedisSettings | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         """`transport`: the HTTP client toward the replicas (http.HttpClient when serving), closed by aclose().
         `workers`: processes serving the same port, each with its own gate: each takes 1/workers of a budget.
-        `link`: the Redis that guards share budgets through (`redis`, its settings): each reserves from the whole."""
+        `link`: the Redis that guards share budgets through (`redis`, its settings): each reserves from the whole.
+        `credentials`: what becomes of a request's own (None: upstream.api_key replaces them, if set)."""
         admission = admission or AdmissionSettings()
         self.workers = workers
         tokens = admission.max_inflight_tokens if isinstance(admission.max_inflight_tokens, int) else 0
@@ -98,6 +100,7 @@ class Upstream:
             self.admission = FleetAdmission(local, self.urls, wholes, link, admission, redis or RedisSettings())
         self._transport = transport
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
+        self.credentials = credentials or Credentials.of(settings.api_key, checks_keys=False)
 
     @property
     def where(self) -> str:
@@ -115,7 +118,7 @@ class Upstream:
             last = attempt == self.settings.retries or len(tried) + 1 >= len(self.replicas)
             ticket, index = await self._choose(cost, tried)
             replica = self.replicas[index]
-            sent = outgoing(forwardable(headers), self.settings.api_key)
+            sent = outgoing(forwardable(headers), self.credentials)
             try:
                 response = await self._transport.open(method, replica.url, path, query, sent, body)
             except (UpstreamRefused, UpstreamConnectTimeout) as exc:

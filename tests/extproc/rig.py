@@ -1,5 +1,6 @@
-"""What the Envoy tests run against: recorded simulators, a gated upstream, an endpoint picker's stand-in, serve on a
-processor's own settings, and the rig of them all behind one Envoy (tests/extproc/conftest.py builds it)."""
+"""What the Envoy tests run against: recorded simulators, a gated upstream, an upstream that keeps requests whole
+(trailers too), an endpoint picker's stand-in, serve on a processor's own settings, and the rig of them all behind
+one Envoy (tests/extproc/conftest.py builds it)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from proxy.settings import Settings
 from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
 from tests.support.envoy import Envoy, ProcessorThread
+from tests.support.raw_upstream import RawUpstream
 from tests.support.servers import MODEL, wait_checked, wait_healthy
 
 BUDGET = 100_000
@@ -45,6 +47,9 @@ name = "small"
 key = "sk-small"
 tokens_per_minute = 1000
 """
+# the gateway processor's own: keys the guard checks, vLLM's key, a gateway prefix it takes off, a short body deadline
+GATEWAY = {"server.api_keys": "sk-client", "server.admin_api_keys": "sk-admin", "upstream.api_key": "sk-upstream",
+           "extproc.path_prefixes": "/llama", "server.read_timeout_s": 2}  # fmt: skip
 
 
 class Recorder:
@@ -75,7 +80,7 @@ class Recorder:
                 self.seen.append((scope["method"], scope["path"], headers, b"".join(chunks)))
             return message
 
-        if scope["method"] in ("GET", "HEAD"):
+        if scope["method"] in ("GET", "HEAD", "OPTIONS"):  # whose body the app may leave unread
             self.seen.append((scope["method"], scope["path"], headers, b""))
         await self.app(scope, kept, send)
 
@@ -189,6 +194,10 @@ class Rig:
     strict_serve: str  # serve with a chat template stricter than its upstream's, which cannot count either
     gate: Gate
     picker: Picker  # the endpoint picker's stand-in (listeners picker-first and guard-first)
+    trusting: ProcessorThread  # after the picker (picker-first): it trusts the destination the picker names
+    gateway: ProcessorThread  # on GATEWAY's settings (listeners gateway and gateway-buffered)
+    gateway_serve: str  # serve on them
+    raw: RawUpstream  # keeps requests whole, trailers too (listeners raw-duplex and raw-buffered)
 
     def url(self, listener: str) -> str:
         return self.envoy.urls[listener]

@@ -1,4 +1,5 @@
-"""Which replica a request is admitted on behind GIE's endpoint picker: the one it names, else the pool."""
+"""Which replica a request is admitted on behind GIE's endpoint picker: the one it names, else the pool; and only
+where the deployment says the picker sets the header (extproc.picker_sets_destination), else it is a client's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def excluded(endpoints: Endpoints, value: bytes | None) -> frozenset[int]:
 
 
 def test_the_named_endpoint_is_the_only_one_left() -> None:
-    endpoints = Endpoints(URLS)
+    endpoints = Endpoints(URLS, trusted=True)
     assert excluded(endpoints, b"10.0.0.2:8000") == {0, 2, 3}
     assert excluded(endpoints, b"[FD00::3]:8000") == {0, 1, 3}
     assert excluded(endpoints, b"127.0.0.5:443") == {0, 1, 2}
@@ -23,12 +24,18 @@ def test_the_named_endpoint_is_the_only_one_left() -> None:
 
 
 def test_a_host_name_is_matched_by_the_address_it_resolves_to() -> None:
-    endpoints = Endpoints(("http://localhost:8000", "http://10.0.0.2:8000"))
+    endpoints = Endpoints(("http://localhost:8000", "http://10.0.0.2:8000"), trusted=True)
     assert excluded(endpoints, b"127.0.0.1:8000") == {1}
 
 
 def test_no_header_or_an_endpoint_not_configured_is_the_whole_pool() -> None:
-    endpoints = Endpoints(URLS)
+    endpoints = Endpoints(URLS, trusted=True)
     assert excluded(endpoints, None) is POOL
     assert excluded(endpoints, b"10.9.9.9:8000") is POOL
     assert excluded(endpoints, b"10.0.0.1:8001") is POOL
+
+
+def test_a_header_no_picker_set_is_ignored() -> None:
+    endpoints = Endpoints(URLS, trusted=False)
+    assert excluded(endpoints, b"10.0.0.2:8000") is POOL
+    assert excluded(endpoints, b"127.0.0.5:443") is POOL

@@ -19,6 +19,7 @@ from bench.envoy import envoy_binary
 from proxy.api.routes import Kind, RouteTable
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
 from tests.extproc.rig import CHAT, GATE_S, MAX_BODY, MESSAGES, Rig
+from tests.support.h2c import h2c
 from tests.support.polling import eventually
 from tests.support.servers import MODEL
 from tests.support.side_doors import CONTROL, UNDECLARED
@@ -149,8 +150,9 @@ def test_a_client_that_leaves_mid_stream_gives_its_budget_back(rig: Rig) -> None
 def test_behind_the_picker_admission_charges_its_endpoint_before_it_the_pool(
     rig: Rig, listener: str, named: bool
 ) -> None:
-    """Replica 1 of the processor's upstream.urls is the endpoint the picker names."""
-    budgets = [replica.budget for replica in rig.processor.core.upstream.replicas]
+    """Replica 1 of the processor's upstream.urls is the endpoint the picker names; the processor after the picker
+    is told so (extproc.picker_sets_destination)."""
+    budgets = [replica.budget for replica in (rig.trusting if named else rig.processor).core.upstream.replicas]
     held: list[list[int]] = []
 
     def hold() -> None:
@@ -338,3 +340,165 @@ def test_a_prompt_neither_side_can_count_is_forwarded_uncounted_as_serve_forward
         assert answer.headers["x-token-guard-action"] == "uncounted"
         assert "x-token-guard-prompt-tokens" not in answer.headers
     assert tg_headers(through) == tg_headers(served)
+
+
+CREDENTIALS = ("authorization", "x-api-key")
+CLIENT = {"authorization": "Bearer sk-client", "x-api-key": "sk-client"}
+
+
+def credentials_seen(rig: Rig) -> dict[str, str]:
+    """The credential headers of the last request the upstream received."""
+    return {k: v for k, v in rig.fast.last()[2].items() if k in CREDENTIALS}
+
+
+@pytest.mark.parametrize("listener", ["gateway", "gateway-buffered"])
+@pytest.mark.parametrize(("method", "path", "key"), [("POST", CHAT, "sk-client"), ("GET", "/v1/models", "sk-client"),
+                                                     ("GET", "/is_sleeping", "sk-admin")])  # fmt: skip
+def test_the_upstream_key_replaces_the_clients_as_serve_replaces_it(
+    rig: Rig, listener: str, method: str, path: str, key: str
+) -> None:
+    """A guarded, a relay and an administrative route (which the simulator answers 404): the client's key (the admin
+    key too) is the guard's; vLLM gets upstream.api_key, through either front end."""
+    sent = {"authorization": f"Bearer {key}", "x-api-key": key}
+    seen = []
+    for url in (rig.gateway_serve, rig.url(listener)):
+        before = len(rig.fast.seen)
+        answer = httpx.request(method, url + path, json=chat(max_tokens=3) if method == "POST" else None, headers=sent)
+        assert answer.status_code not in (401, 403), answer.text
+        ((_, reached, headers, _),) = rig.fast.since(before)
+        assert reached == path
+        seen.append({k: v for k, v in headers.items() if k in CREDENTIALS})
+    assert seen[1] == seen[0] == {"authorization": "Bearer sk-upstream"}
+
+
+def test_a_key_the_guard_checks_goes_no_further_without_an_upstream_key(rig: Rig) -> None:
+    """[[keys]] and no upstream.api_key: alice's key is for the guard alone, through either front end."""
+    for url in (rig.keyed_serve, rig.url("keyed-streamed")):
+        sent = {"authorization": "Bearer sk-alice", "x-api-key": "sk-alice"}
+        assert httpx.post(url + CHAT, json=chat(max_tokens=3), headers=sent).status_code == 200
+        assert credentials_seen(rig) == {}
+
+
+def test_without_keys_the_clients_credentials_are_vllms_and_go_on(rig: Rig) -> None:
+    """The guard checks no key and holds none: it stands aside, and vLLM's own --api-key checks what the client
+    sent, through either front end."""
+    for url in (rig.serve, rig.url("buffered")):
+        assert httpx.post(url + CHAT, json=chat(max_tokens=3), headers=CLIENT).status_code == 200
+        assert credentials_seen(rig) == CLIENT
+
+
+PREFLIGHT = {"origin": "https://app.example", "access-control-request-method": "POST"}
+
+
+@pytest.mark.parametrize("front", ["serve", "extproc"])
+def test_only_a_cors_preflight_goes_on_without_a_key(rig: Rig, front: str) -> None:
+    """Any other OPTIONS is an ordinary request: a key, then a 405; a preflight carries nothing upstream."""
+    url = rig.keyed_serve if front == "serve" else rig.url("keyed-streamed")
+    alice = {"authorization": "Bearer sk-alice"}
+    before = len(rig.fast.seen)
+    assert httpx.options(url + CHAT).status_code == 401
+    assert httpx.options(url + CHAT, headers={"origin": "https://app.example"}).status_code == 401
+    assert httpx.request("OPTIONS", url + CHAT, headers=PREFLIGHT, content=b"x" * 1000).status_code == 401
+    refused = httpx.options(url + CHAT, headers=alice)
+    assert refused.status_code == 405 and refused.headers["allow"] == "POST" and "error" in refused.json()
+    assert not rig.fast.since(before)
+    assert httpx.options(url + CHAT, headers=PREFLIGHT).status_code not in (401, 403, 404)
+    ((method, path, headers, body),) = rig.fast.since(before)
+    assert (method, path, body) == ("OPTIONS", CHAT, b"") and headers.get("content-length", "0") == "0"
+
+
+JSON_TYPE = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize("listener", ["duplex", "buffered", "buffered-override"])
+@pytest.mark.parametrize("body", [None, b""], ids=["no body", "empty body"])
+def test_headers_then_trailers_are_decided_on_their_empty_body(rig: Rig, listener: str, body: bytes | None) -> None:
+    """HTTP/2 lets a request end with its trailers and no body: the guard decides it on nothing, as serve does a
+    request of no bytes, and nothing reaches the upstream. buffered-override sends no trailers unless asked."""
+    before = len(rig.fast.seen)
+    served = httpx.post(rig.serve + CHAT, content=b"", headers=JSON_TYPE)
+    answer = h2c(rig.url(listener), CHAT, JSON_TYPE, body, trailers={"x-trailer": "1"})
+    assert answer.status == served.status_code == 400
+    assert json.loads(answer.body) == served.json()
+    assert not rig.fast.since(before)
+
+
+@pytest.mark.parametrize("listener", ["raw-duplex", "raw-buffered"])
+@pytest.mark.parametrize("path", [CHAT, "/tokenize"], ids=["guarded", "relayed"])
+def test_no_trailer_a_client_sends_reaches_the_upstream(rig: Rig, listener: str, path: str) -> None:
+    """Envoy sends trailers on to this upstream (enable_trailers); the processor takes off every one."""
+    body = json.dumps(chat(max_tokens=3)).encode()
+    before = len(rig.raw.received)
+    smuggled = {"authorization": "Bearer smuggled", "x-token-guard-action": "pass", "x-smuggled": "1"}
+    answer = h2c(rig.url(listener), path, JSON_TYPE, body, trailers=smuggled)
+    assert answer.status == 200, answer.body
+    (received,) = rig.raw.received[before:]
+    assert (received.target, received.body, received.trailers) == (path, body, {})
+
+
+def raw_exchange(url: str, request: bytes, timeout_s: float = 20) -> bytes:
+    """`request` sent on a connection of its own, and everything answered until the connection closes."""
+    host, port = url.removeprefix("http://").split(":")
+    data = b""
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
+        conn.sendall(request)
+        try:
+            while chunk := conn.recv(65536):
+                data += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return data
+
+
+@pytest.mark.parametrize("listener", ["gateway", "gateway-buffered"])
+def test_a_body_that_does_not_come_is_a_408_as_serve_answers_it(rig: Rig, listener: str) -> None:
+    """The gateway processor's server.read_timeout_s is 2 s; Envoy's listener here has no deadline of its own."""
+    body = json.dumps(chat()).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\nauthorization: Bearer sk-client\r\n"
+               b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body[:10]))  # fmt: skip
+    before = len(rig.fast.seen)
+    answers = [raw_exchange(url, request) for url in (rig.gateway_serve, rig.url(listener))]
+    for answer in answers:
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert b"server.read_timeout_s" in payload and b"RequestTimeoutError" in payload
+    assert not rig.fast.since(before)
+
+
+def test_a_clients_destination_header_is_taken_off_and_admission_ignores_it(rig: Rig) -> None:
+    """No picker runs before this processor (extproc.picker_sets_destination is false): a client naming replica 1
+    is admitted on the pool's turn, as anyone else, and vLLM never sees the header. The slow upstream keeps each
+    stream (and its admission) open for a second while the budgets are read."""
+    budgets = [replica.budget for replica in rig.processor.core.upstream.replicas]
+    named = rig.processor.settings.upstream.urls[1].removeprefix("http://")
+    held: list[list[int]] = []
+    for _ in range(4):
+        sent = {"x-gateway-destination-endpoint": named}
+        with httpx.stream("POST", rig.url("duplex") + CHAT, json=chat(max_tokens=3, stream=True), headers=sent) as s:
+            held.append([b.requests for b in budgets])
+            s.read()
+        assert "x-gateway-destination-endpoint" not in rig.fast.last()[2]
+    assert {tuple(h) for h in held} == {(1, 0), (0, 1)}, held
+
+
+@pytest.mark.parametrize("listener", ["gateway", "gateway-buffered"])
+def test_a_gateway_prefix_is_guarded_as_the_path_vllm_receives(rig: Rig, listener: str) -> None:
+    """extproc.path_prefixes = ["/llama"]: the processor takes the prefix off `:path` itself, so the path it guards
+    is the path vLLM gets, whether the gateway's route for /llama/ rewrites the prefix too (gateway) or only matches
+    (gateway-buffered: the catch-all route). A processor without the setting refuses the prefix as unknown."""
+    key = {"authorization": "Bearer sk-client"}
+    url = rig.url(listener)
+    answer = httpx.post(url + "/llama" + CHAT, json=chat(max_tokens=100_000), headers=key, timeout=30)
+    assert answer.status_code == 200 and answer.headers["x-token-guard-action"] == "clamp", answer.text
+    _, path, _, body = rig.fast.last()
+    assert path == CHAT and json.loads(body)["max_tokens"] == int(answer.headers["x-token-guard-max-tokens"])
+    assert httpx.get(url + "/llama/v1/models", headers=key).status_code == 200 and rig.fast.last()[1] == "/v1/models"
+    assert httpx.post(url + "/llama" + CHAT, json=chat(max_tokens=3)).status_code == 401
+    before = len(rig.fast.seen)
+    for path in ("/llama", "/llamas" + CHAT, "/llama/v1/nope", "/llama//v1/chat/completions", "/llama/llama" + CHAT,
+                 "/llam%61" + CHAT, "/llama" + CHAT + "/"):  # fmt: skip
+        answer = httpx.post(url + path, json=chat(max_tokens=3), headers=key)
+        assert answer.status_code in (400, 404) and "error" in answer.json(), (path, answer.text)
+    assert not rig.fast.since(before)
+    unprefixed = httpx.post(rig.url("duplex") + "/llama" + CHAT, json=chat(max_tokens=3))
+    assert unprefixed.status_code == 404 and not rig.fast.since(before)

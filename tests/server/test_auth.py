@@ -110,14 +110,35 @@ def test_which_paths_need_a_key(keyed: str, method: str, path: str, without: int
     assert call(keyed, method, path, "Bearer k1").status_code == with_key
 
 
+PREFLIGHT = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+
+
 def test_a_cors_preflight_needs_no_key_and_carries_nothing_upstream(
     keyed: str, upstream: tuple[InMemorySim, HeaderTap]
 ) -> None:
-    answer = httpx.request("OPTIONS", keyed + "/v1/chat/completions", content=b"x" * 100_000)
+    answer = httpx.request("OPTIONS", keyed + "/v1/chat/completions", headers=PREFLIGHT)
     assert answer.status_code not in (401, 403, 404)
     path, headers = upstream[1].seen[-1]
     assert path == "/v1/chat/completions" and dict(headers).get("content-length", "0") == "0"
-    assert call(keyed, "OPTIONS", "/sleep", None).status_code == 403  # not on an administrative route
+    assert httpx.request("OPTIONS", keyed + "/sleep", headers=PREFLIGHT).status_code == 403  # not an admin route
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [({}, None), ({"Origin": "https://app.example"}, None), ({"Access-Control-Request-Method": "POST"}, None),
+     (PREFLIGHT, b"x" * 100_000)],
+    ids=["bare", "origin only", "method only", "with a body"],
+)  # fmt: skip
+def test_any_other_options_needs_a_key_then_is_a_405(
+    keyed: str, upstream: tuple[InMemorySim, HeaderTap], headers: dict[str, str], body: bytes | None
+) -> None:
+    before = len(upstream[1].seen)
+    refused = httpx.request("OPTIONS", keyed + "/v1/chat/completions", headers=headers, content=body)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    keyed_headers = {**headers, "Authorization": "Bearer k1"}
+    answer = httpx.request("OPTIONS", keyed + "/v1/chat/completions", headers=keyed_headers, content=body)
+    assert answer.status_code == 405 and answer.headers["allow"] == "POST" and "error" in answer.json()
+    assert len(upstream[1].seen) == before
 
 
 def test_a_refused_request_never_reaches_the_upstream(keyed: str, upstream: tuple[InMemorySim, HeaderTap]) -> None:
@@ -194,3 +215,18 @@ def test_the_upstream_key_replaces_an_x_api_key_too(
         headers = next(h for p, h in reversed(upstream[1].seen) if p == "/v1/chat/completions")
         assert [k for k, _ in headers if k.lower() == "x-api-key"] == []
         assert upstream[1].authorization("/v1/chat/completions") == ["Bearer up-secret"]
+
+
+def test_a_key_the_guard_checks_never_reaches_the_upstream_without_an_upstream_key(
+    upstream: tuple[InMemorySim, HeaderTap], deepseek_dir: Path
+) -> None:
+    """The client's key and the admin key are the guard's: without upstream.api_key they are removed, not sent on."""
+    flags = {"server.api_keys": "k1", "server.admin_api_keys": "admin-key"}
+    with guard(upstream[0], deepseek_dir, **flags) as server:
+        sent = {"Authorization": "Bearer k1", "x-api-key": "k1"}
+        assert httpx.post(server.url + "/v1/chat/completions", headers=sent, json=CHAT).status_code == 200
+        assert httpx.get(server.url + "/version", headers=sent).status_code == 200
+        assert httpx.get(server.url + "/is_sleeping", headers={"Authorization": "Bearer admin-key"}).status_code < 500
+        for path in ("/v1/chat/completions", "/version", "/is_sleeping"):
+            headers = next(h for p, h in reversed(upstream[1].seen) if p == path)
+            assert [k for k, _ in headers if k.lower() in ("authorization", "x-api-key")] == [], path

