@@ -42,7 +42,7 @@ from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from proxy.policy import thinking
 from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
-from proxy.policy.choice import choose_policy
+from proxy.policy.choice import choose_policy, whole_prompt
 from proxy.policy.cohere import settle_cohere
 from proxy.policy.converted import (
     Converted,
@@ -110,10 +110,9 @@ class Guard:
                 outcome = self._uncounted(raw, exc, findings, route.kind is not Kind.COUNT)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
-        if findings.chunk_refused and isinstance(outcome, Refuse) and isinstance(outcome.error, ContextLengthExceeded):
-            error = ContextLengthExceeded(
-                f"{outcome.error.message} {CHUNK_UNAVAILABLE}", param=outcome.error.param or "messages"
-            )
+        why = findings.kept_whole or (CHUNK_UNAVAILABLE if findings.chunk_refused else None)
+        if why is not None and isinstance(outcome, Refuse) and isinstance(outcome.error, ContextLengthExceeded):
+            error = ContextLengthExceeded(f"{outcome.error.message} {why}", param=outcome.error.param or "messages")
             outcome = replace(outcome, error=error)
         findings.decision = outcome.decision
         return outcome
@@ -185,7 +184,7 @@ class Guard:
 
     async def _chat(self, req: ChatRequest, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
         findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
-        model, policy, choice, limits = self._target(req.model, headers, findings)
+        model, policy, choice, limits = self._target(req.model, headers, findings, req.body)
         if not policy.trust_request_chat_template and _brings_template(req):
             raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
         proven = await refuse_by_size(
@@ -206,7 +205,7 @@ class Guard:
         self, req: CompletionRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
         findings.max_tokens_before = req.requested_output[1]
-        model, policy, choice, limits = self._target(req.model, headers, findings)
+        model, policy, choice, limits = self._target(req.model, headers, findings, req.body)
         texts = [[p] for p in req.prompts if isinstance(p, str)]
         proven = await refuse_by_size(model, texts, limits, choice, policy, "prompt", findings)
         if proven is not None:
@@ -223,7 +222,7 @@ class Guard:
         self, req: ResponsesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
         findings.max_tokens_before = req.max_output_tokens
-        model, _, choice, limits = self._target(req.model, headers, findings)
+        model, _, choice, limits = self._target(req.model, headers, findings, req.body)
         newer = self.registry.upstream_newer()
         prompt_tokens = await self._count(model, responses_chat(req, newer), findings)
 
@@ -242,7 +241,7 @@ class Guard:
         self, req: MessagesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
         findings.max_tokens_before = req.max_tokens
-        model, _, choice, limits = self._target(req.model, headers, findings)
+        model, _, choice, limits = self._target(req.model, headers, findings, req.body)
         outcome = await self._settle_messages(model, req, raw, limits, choice, findings)
         if not thinking.needs_off(outcome, req):
             return thinking.noted(outcome, req, disabled=False)
@@ -278,9 +277,8 @@ class Guard:
         else:
             queries, documents = await scoring_tokens(model, req)
             findings.count_source = LOCAL
-            paired = max(queries, default=0) + max(documents, default=0)
             pooled = Pooled(req.kind, req.body, raw, queries + documents, "input", req.truncate_prompt_tokens,
-                            partial=True, paired=paired)  # fmt: skip
+                            partial=True)  # fmt: skip
         findings.count_s = time.perf_counter() - started
         return settle_pooling(pooled, limits, choice, findings.count_source)
 
@@ -338,9 +336,10 @@ class Guard:
         return recount if findings.count_source == LOCAL else None
 
     def _target(
-        self, name: str | None, headers: Mapping[str, str], findings: Findings
+        self, name: str | None, headers: Mapping[str, str], findings: Findings, body: Mapping[str, Any] | None = None
     ) -> tuple[GuardedModel, PolicySettings, str, Limits]:
-        """The model a request is for, its policy, the overflow choice (config or header) and its limits."""
+        """The model a request is for, its policy, the overflow choice (config or header: reject for a `body` whose
+        prompt must reach vLLM whole) and its limits."""
         model = self.registry.resolve(name)
         findings.model = model.name
         key = findings.api_key
@@ -352,6 +351,9 @@ class Guard:
         max_cost = self.ceiling() if self.ceiling is not None else None
         limits = limits_for(model.name, model.max_model_len, policy, max_output, max_cost)
         choice = choose_policy(policy, headers)
+        why = whole_prompt(body) if choice != "reject" and body is not None else None
+        if why is not None:
+            choice, findings.kept_whole = "reject", f"The {choice} policy was not applied: {why}."
         if choice == "chunk" and self.chunk_instead is not None:
             choice, findings.chunk_refused = self.chunk_instead, self.chunk_instead == "reject"
         return model, policy, choice, limits
