@@ -69,6 +69,15 @@ async def batch_tokens(model: GuardedModel, req: BatchChatRequest, remote: Remot
 async def completion_tokens(
     model: GuardedModel, req: CompletionRequest, remote: RemoteCount | None
 ) -> tuple[list[int], str]:
+    """Each prompt's count, in the order vLLM runs them: the prompt_embeds tensors (their rows, read by the guard
+    whoever counts the text), then the text and token-id prompts."""
+    counts, source = await _prompt_tokens(model, req, remote) if req.prompts else ([], LOCAL)
+    return [*req.embeds, *counts], source
+
+
+async def _prompt_tokens(
+    model: GuardedModel, req: CompletionRequest, remote: RemoteCount | None
+) -> tuple[list[int], str]:
     if model.count_source == UPSTREAM and remote is not None:
         try:
             return await remote.completion(model.name, req.body), UPSTREAM

@@ -38,7 +38,7 @@ from proxy.counting.source import (
     chat_tokens,
     completion_tokens,
 )
-from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, PermissionDenied
 from proxy.policy import thinking
 from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
@@ -206,6 +206,8 @@ class Guard:
     ) -> Outcome:
         findings.max_tokens_before = req.requested_output[1]
         model, policy, choice, limits = self._target(req.model, headers, findings, req.body)
+        if req.embeds and findings.api_key is not None and not findings.api_key.prompt_embeds:
+            raise PermissionDenied("This API key may not send prompt_embeds ([[keys]] prompt_embeds = false).")
         texts = [[p] for p in req.prompts if isinstance(p, str)]
         proven = await refuse_by_size(model, texts, limits, choice, policy, "prompt", findings)
         if proven is not None:
@@ -216,7 +218,7 @@ class Guard:
         plan = decide_completion(req, counts, limits)
         if _fits_by_cutting(plan, choice) and findings.count_source == LOCAL:
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
-        return outcome_of(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)), findings.count_source)
+        return outcome_of(plan, req.body, raw, plan.cost(limits, req.sequences), findings.count_source)
 
     async def _responses(
         self, req: ResponsesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings

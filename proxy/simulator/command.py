@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-num-queued-reqs", type=int, default=None, help="as vLLM's: over it, requests get 503 (engine busy)"
     )
+    parser.add_argument("--enable-prompt-embeds", action="store_true", help="as vLLM's: completions take prompt_embeds")
+    parser.add_argument("--hidden-size", type=int, default=64, help="the hidden size prompt_embeds must have")
 
 
 def demo_tokenizer_dir() -> Path:
@@ -56,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
             kv_capacity_tokens=args.kv_capacity,
             reasoning_parser=args.reasoning_parser,
             max_num_queued_reqs=args.max_num_queued_reqs,
+            enable_prompt_embeds=args.enable_prompt_embeds,
+            hidden_size=args.hidden_size,
         )
         app = create_app(settings)
     except (OSError, ValueError) as exc:

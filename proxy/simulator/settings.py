@@ -24,6 +24,8 @@ class SimulatorSettings:
     trust_request_chat_template: bool = False  # as vLLM's --trust-request-chat-template
     reasoning_parser: str | None = None  # as vLLM's --reasoning-parser: without one, a thinking budget is refused
     max_num_queued_reqs: int | None = None  # as vLLM's --max-num-queued-reqs: over it, 503 "the engine is busy"
+    enable_prompt_embeds: bool = False  # as vLLM's --enable-prompt-embeds: completions take prompt_embeds
+    hidden_size: int = 64  # the model's, which each prompt_embeds tensor must have
 
     def __post_init__(self) -> None:
         get_profile(self.profile)
