@@ -21,6 +21,7 @@ import time
 from urllib.parse import unquote
 
 from proxy import error_bodies
+from proxy.api.honoured import header_changes
 from proxy.api.routes import Found, Kind, Route
 from proxy.error_bodies import Envelope
 from proxy.errors import GuardError, InvalidRequest, PayloadTooLarge, internal_error
@@ -130,8 +131,8 @@ class Stream:
 
     async def _decide(self, body: bytes) -> Answers:
         assert self.record is not None and self.route is not None
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.sent if k[:1] != b":"}
-        outcome, self.extra = await self.core.flow.decide(self.route, body, headers, self.record, self.tagged, _here)
+        outcome, self.extra = await self.core.flow.decide(self.route, body, self._headers(), self.record, self.tagged,
+                                                          _here)  # fmt: skip
         if isinstance(outcome, Forward):
             return await self._forward(outcome, body)
         return [self._finished(outcome)]
@@ -143,15 +144,21 @@ class Stream:
             if self.ticket.waited_s > 0:
                 self.record.queue_s = self.ticket.waited_s
                 self.extra.append((QUEUE_HEADER, str(round(self.ticket.waited_s * 1000)).encode()))
-        upward = [*self.tagged[:1], *encode_headers(outcome.decision.headers())]
+        pinned, stripped = header_changes(self.route.reads if self.route else None, self._headers())
+        upward = [*self.tagged[:1], *encode_headers(outcome.decision.headers()), *encode_headers(pinned)]
         changed = outcome.body is not body
         if self.request_mode == FULL_DUPLEX:
-            return [wire.request_headers(upward, remove=("content-length",)), *wire.streamed(outcome.body, True)]
+            return [wire.request_headers(upward, remove=("content-length", *stripped)),
+                    *wire.streamed(outcome.body, True)]  # fmt: skip
         if not body:  # nothing was buffered: the headers' answer goes on
-            return [wire.request_headers(upward)]
+            return [wire.request_headers(upward, remove=stripped)]
         if changed:
             upward.append((b"content-length", str(len(outcome.body)).encode()))
-        return [wire.request_body(outcome.body if changed else None, upward)]
+        return [wire.request_body(outcome.body if changed else None, upward, remove=stripped)]
+
+    def _headers(self) -> dict[str, str]:
+        """The request's headers as the guard reads them: one value each (the last of a repeated one)."""
+        return {k.decode("latin-1"): v.decode("latin-1") for k, v in self.sent if k[:1] != b":"}
 
     def _finished(self, outcome: Outcome) -> ProcessingResponse:
         """An answer the guard gives itself: a refusal, or count_tokens' count."""

@@ -16,7 +16,7 @@ from proxy.api.body import with_changes
 from proxy.api.chat import ChatRequest, chat_request
 from proxy.api.cohere import CohereEmbedRequest, cohere_embed_request
 from proxy.api.completions import CompletionRequest, completion_request
-from proxy.api.invocations import invocation_kind
+from proxy.api.invocations import invocation_kind, invoked_body
 from proxy.api.pooling import Kind as PoolingKind
 from proxy.api.pooling import PoolingRequest, ScoringRequest, pooling_request
 from proxy.api.responses import LIMIT_FIELD, ResponsesRequest, responses_request
@@ -130,8 +130,10 @@ class Guard:
             return await self._responses(responses_request(body, max_messages), raw, headers, findings)
         if reads == "messages":
             return await self._messages(messages_request(body, False, max_messages), raw, headers, findings)
-        if reads == "invocations":  # SageMaker: the endpoint vLLM dispatches the body to
-            return await self._read(invocation_kind(body), body, raw, headers, findings)
+        if reads == "invocations":  # SageMaker: the model its header names, the endpoint vLLM dispatches the body to
+            seen = invoked_body(body, headers)
+            raw = raw if seen is body else with_changes(seen, {})  # what goes upstream names the model checked
+            return await self._read(invocation_kind(seen), seen, raw, headers, findings)
         if reads in POOLING_KINDS:
             return await self._pooling(pooling_request(body, POOLING_KINDS[reads]), raw, headers, findings)
         if reads == "chat_batch":

@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--chat-template", type=Path, default=None, help="Jinja chat template file to use instead")
     parser.add_argument("--model", default="tiny", help="served model name (default: tiny)")
+    parser.add_argument("--alias", action="append", default=[], help="another served name (repeatable), as vLLM's "
+                        "--served-model-name tiny other")  # fmt: skip
     parser.add_argument("--max-model-len", type=int, default=2048, help="context window in tokens (default: 2048)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="0.32", help="vLLM release to imitate")
     parser.add_argument("--ttft", type=float, default=0.0, help="seconds before the first token (default: 0)")
@@ -49,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         settings = SimulatorSettings(
             tokenizer=args.tokenizer or demo_tokenizer_dir(),
             model=args.model,
+            aliases=tuple(args.alias),
             max_model_len=args.max_model_len,
             profile=args.profile,
             chat_template=args.chat_template,

@@ -12,6 +12,7 @@ from proxy.simulator.profiles import get_profile
 class SimulatorSettings:
     tokenizer: Path
     model: str = "tiny"
+    aliases: tuple[str, ...] = ()  # more served names of the model (vLLM's --served-model-name tiny other)
     max_model_len: int = 2048
     profile: str = "0.32"
     chat_template: Path | None = None
@@ -39,6 +40,11 @@ class SimulatorSettings:
             raise ValueError(f"max_num_queued_reqs must not be negative, got {self.max_num_queued_reqs}")
         if not self.model:
             raise ValueError("model must not be empty")
+
+    @property
+    def served(self) -> tuple[str, ...]:
+        """Every name the model answers to; the first is the one answers carry."""
+        return (self.model, *self.aliases)
 
     @property
     def vllm_version(self) -> str:

@@ -338,3 +338,17 @@ def test_a_prompt_neither_side_can_count_is_forwarded_uncounted_as_serve_forward
         assert answer.headers["x-token-guard-action"] == "uncounted"
         assert "x-token-guard-prompt-tokens" not in answer.headers
     assert tg_headers(through) == tg_headers(served)
+
+
+@pytest.mark.parametrize("listener", ["buffered", "duplex"])
+def test_the_headers_vllm_acts_on_reach_it_as_the_guard_read_them(rig: Rig, listener: str) -> None:
+    """Envoy forwards a repeated header whole and vLLM reads its first value; the guard reads one value, so it pins
+    the SageMaker adapter header (the model /invocations runs) to it, and takes the data-parallel rank off."""
+    adapter = "x-amzn-sagemaker-adapter-identifier"
+    headers = [(adapter, "nope"), (adapter, MODEL), ("x-data-parallel-rank", "1"), ("content-type", "application/json")]
+    answer = httpx.post(rig.url(listener) + "/invocations", content=b'{"prompt": "hi", "max_tokens": 2}',
+                        headers=headers, timeout=30)  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    _, path, seen, body = rig.fast.last()
+    assert path == "/invocations" and seen[adapter] == MODEL and "x-data-parallel-rank" not in seen
+    assert json.loads(body)["model"] == MODEL  # the body names the model the guard checked
