@@ -4,7 +4,8 @@ A request whose answer is about its own prompt is never cut, whatever the policy
 of a prompt's tokens (completions' `echo` with `logprobs`, `prompt_logprobs`) answered for a cut prompt are the
 logprobs of another text, and a harness that scores with them (lm-evaluation-harness's loglikelihood, perplexity)
 reports a wrong number and no error. Nor is a prompt the guard cannot cut: `prompt_embeds` tensors, which only vLLM
-reads. Such a request gets the overflow 400, saying why the policy was not applied.
+reads, and the ids of `kv_transfer_params.prompt_token_ids`, which vLLM runs in place of the messages. Such a request
+gets the overflow 400, saying why the policy was not applied.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def whole_prompt(body: Mapping[str, Any]) -> str | None:
         return "the request asks for its prompt's logprobs (echo with logprobs), which a cut prompt would change"
     if body.get("prompt_embeds") not in (None, []):
         return "the request sends prompt_embeds, which only vLLM reads: token-guard cannot cut them"
+    transfer = body.get("kv_transfer_params")
+    if isinstance(transfer, dict) and transfer.get("prompt_token_ids") is not None:
+        return "the request sends its prompt's ids in kv_transfer_params, which vLLM runs in place of the messages"
     return None
 
 

@@ -43,7 +43,8 @@ def test_output_reserve_is_the_request_capped_at_half_the_window() -> None:
      ({"prompt": "x", "prompt_logprobs": 0}, "prompt_logprobs"),
      ({"messages": [], "prompt_logprobs": 5}, "prompt_logprobs"),
      ({"prompt": "x", "prompt_embeds": "UEsD"}, "prompt_embeds"),
-     ({"prompt": "x", "prompt_embeds": ["UEsD"]}, "prompt_embeds")],
+     ({"prompt": "x", "prompt_embeds": ["UEsD"]}, "prompt_embeds"),
+     ({"messages": [], "kv_transfer_params": {"prompt_token_ids": [1]}}, "in place of the messages")],
 )  # fmt: skip
 def test_requests_about_their_own_prompt_are_kept_whole(body: dict[str, object], why: str) -> None:
     reason = whole_prompt(body)
@@ -54,7 +55,8 @@ def test_requests_about_their_own_prompt_are_kept_whole(body: dict[str, object],
     "body",
     [{"prompt": "x"}, {"prompt": "x", "echo": True}, {"prompt": "x", "logprobs": 1},
      {"messages": [], "logprobs": True, "top_logprobs": 5}, {"prompt": "x", "prompt_embeds": []},
-     {"prompt": "x", "prompt_logprobs": None, "prompt_embeds": None}],
+     {"prompt": "x", "prompt_logprobs": None, "prompt_embeds": None},
+     {"messages": [], "kv_transfer_params": {"do_remote_decode": True}}],
 )  # fmt: skip
 def test_other_requests_take_the_policy(body: dict[str, object]) -> None:
     assert whole_prompt(body) is None

@@ -289,3 +289,23 @@ def test_a_prompt_scored_by_its_own_logprobs_is_never_cut(sim: InMemorySim, deep
                                                max_tokens=8, extra_body={"prompt_logprobs": 1})  # fmt: skip
         cut = configured.completions.with_raw_response.create(model=MODEL, prompt=text, max_tokens=1)
         assert cut.headers["x-token-guard-action"] == "truncate"
+
+
+def test_prompt_ids_sent_for_vllm_to_run_are_counted_and_never_cut(proxy: str, sim: InMemorySim) -> None:
+    """kv_transfer_params.prompt_token_ids: vLLM's chat renderer runs them in place of the messages. Counted as the
+    messages alone (2 tokens), a 1,900-id prompt went to vLLM with room for 1,000 tokens of answer."""
+    ids = list(range(1000, 2900))
+    raw = sdk(proxy, "reject").chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1000,
+        extra_body={"kv_transfer_params": {"prompt_token_ids": ids}},
+    )  # fmt: skip
+    usage = raw.parse().usage
+    assert raw.headers["x-token-guard-prompt-tokens"] == "1900" and raw.headers["x-token-guard-max-tokens"] == "148"
+    assert usage is not None and usage.prompt_tokens == 1900
+    before = sim.stats.received
+    with pytest.raises(openai.BadRequestError, match="kv_transfer_params, which vLLM runs in place of the messages"):
+        sdk(proxy, "truncate").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10,
+            extra_body={"kv_transfer_params": {"prompt_token_ids": list(range(1000, 3100))}},
+        )  # fmt: skip
+    assert sim.stats.received == before
