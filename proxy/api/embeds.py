@@ -20,7 +20,8 @@ from proxy.api.torch_zip import Unreadable, member
 from proxy.errors import InvalidRequest
 
 MAX_PROMPTS = 1024  # vLLM's VLLM_MAX_COMPLETION_PROMPTS default: it refuses a longer list
-MAX_PICKLE = 64 * 1024  # a tensor's data.pkl holds 150 to 300 bytes
+MAX_PICKLE = 4096  # a tensor's data.pkl holds 150 to 300 bytes
+MAX_OPCODES = 128  # and about 40 opcodes
 REBUILD = ("torch._utils", "_rebuild_tensor_v2")
 HOOKS = ("collections", "OrderedDict")
 
@@ -103,8 +104,10 @@ def _value(pickled: bytes) -> Any:
     stack: list[Any] = []
     memo: dict[int, Any] = {}
     try:
-        for op, found, _ in pickletools.genops(pickled):
+        for count, (op, found, _) in enumerate(pickletools.genops(pickled)):
             arg: Any = found
+            if count >= MAX_OPCODES:
+                raise Unreadable(f"has a data.pkl of more than {MAX_OPCODES} opcodes; a tensor's has about 40")
             name = op.name
             if name in ("PROTO", "FRAME"):
                 continue

@@ -18,8 +18,8 @@ import zlib
 
 from proxy.errors import InvalidRequest
 
-MAX_MEMBERS = 64  # torch.save writes 7 for one tensor
-MAX_DIRECTORY = 64 * 1024
+MAX_MEMBERS = 16  # torch.save writes 7 for one tensor
+MAX_DIRECTORY = MAX_MEMBERS * 1024
 END = struct.Struct("<4s4H2LH")  # the classic end record: signature, disks, entries, directory size and offset
 LOCATOR = struct.Struct("<4sLQL")  # zip64's locator, just before the end record
 END64 = struct.Struct("<4sQ2H2L4Q")  # zip64's end record
@@ -39,7 +39,7 @@ class Base64Bytes:
         if not text.isascii() or len(text) % 4:
             raise Unreadable("is not base64 text (padded, with no characters outside the base64 alphabet)")
         self.text = text
-        self.size = len(text) // 4 * 3 - (len(text) - len(text.rstrip("=")))
+        self.size = len(text) // 4 * 3 - (2 if text.endswith("==") else 1 if text.endswith("=") else 0)
 
     def read(self, start: int, stop: int) -> bytes:
         if not 0 <= start <= stop <= self.size:
@@ -58,19 +58,19 @@ def member(text: str, name: bytes, limit: int) -> bytes:
     if data.size < END.size or data.read(0, 4) != b"PK\x03\x04":
         raise Unreadable("is not torch.save's zip format (the legacy format, or not a tensor at all)")
     offset, size, entries = _directory(data)
-    folder, found = None, {}
-    position = offset
+    directory = data.read(offset, offset + size)  # decoded once: at most MAX_DIRECTORY bytes
+    folder, found, position = None, {}, 0
     for _ in range(entries):
+        if position + ENTRY.size > size:
+            raise Unreadable("has a central directory longer than it says")
         (sig, _made, _needed, flags, method, _t, _d, crc, packed, unpacked, name_len, extra_len, comment_len,
-         _disk, _ia, _ea, local) = ENTRY.unpack(data.read(position, position + ENTRY.size))  # fmt: skip
-        entry_name = data.read(position + ENTRY.size, position + ENTRY.size + name_len)
+         _disk, _ia, _ea, local) = ENTRY.unpack_from(directory, position)  # fmt: skip
+        entry_name = directory[position + ENTRY.size : position + ENTRY.size + name_len]
         if sig != b"PK\x01\x02" or entry_name in found or flags & 1 or SATURATED[1] in (packed, unpacked, local):
             raise Unreadable("is a zip archive torch.save does not write (an entry repeated, encrypted or zip64)")
         found[entry_name] = (method, crc, packed, unpacked, local)
         folder = folder if folder is not None else entry_name.partition(b"/")[0] if b"/" in entry_name else b""
         position += ENTRY.size + name_len + extra_len + comment_len
-        if position > offset + size:
-            raise Unreadable("has a central directory longer than it says")
     wanted = folder + b"/" + name if folder else None
     if wanted is None or wanted not in found:
         raise Unreadable(f"has no {name.decode()} in its folder, as torch.save writes one")

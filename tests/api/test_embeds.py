@@ -73,11 +73,16 @@ def test_opcodes_a_tensor_does_not_use_are_refused() -> None:
 
 
 def test_a_pickle_that_would_build_exponentially_is_read_in_one_pass() -> None:
-    # each level is a tuple of the previous one twice: unpickled naively, 2**2000 leaves
+    # each level is a tuple of the previous one twice: unpickled naively, 2**30 leaves
     laughs = pickle.PROTO + b"\x02" + pickle.BININT1 + b"\x00" + pickle.BINPUT + b"\x00"
-    for _ in range(2000):
+    for _ in range(30):
         laughs += pickle.BINGET + b"\x00" + pickle.TUPLE2 + pickle.BINPUT + b"\x00"
     assert "other than a plain dense tensor" in refused(sent(laughs + pickle.STOP))
+
+
+def test_a_pickle_longer_than_a_tensors_is_refused_unread() -> None:
+    assert "more than 128 opcodes" in refused(sent(pickle.PROTO + b"\x02" + pickle.NONE * 200 + pickle.STOP))
+    assert "a tensor's takes a few hundred" in refused(sent(pickle.PROTO + b"\x02" + pickle.NONE * 5000 + pickle.STOP))
 
 
 def test_a_size_that_is_not_counts_is_refused() -> None:
