@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -103,3 +104,11 @@ def test_a_key_may_be_refused_prompt_embeds(proxy: str) -> None:
         client(proxy, "sk-text").completions.create(model=MODEL, prompt="x", max_tokens=4,
                                                     extra_body={"prompt_embeds": embeds((3, HIDDEN))})  # fmt: skip
     assert client(proxy, "sk-text").completions.create(model=MODEL, prompt="x", max_tokens=4).usage is not None
+
+
+def test_a_tensor_in_a_chat_message_is_not_counted_so_not_passed(proxy: str, sim: InMemorySim) -> None:
+    before = sim.stats.received
+    message: Any = {"role": "user", "content": [{"type": "prompt_embeds", "data": embeds((900, HIDDEN))}]}
+    with pytest.raises(openai.BadRequestError, match="not a text part"):
+        client(proxy, "sk-open").chat.completions.create(model=MODEL, max_tokens=4, messages=[message])
+    assert sim.stats.received == before
