@@ -25,7 +25,10 @@ def header_changes(reads: str | None, headers: Mapping[str, str]) -> tuple[dict[
     return pinned, tuple(name for name in STRIPPED if name in headers)
 
 
-def for_upstream(reads: str | None, headers: Mapping[str, str]) -> dict[str, str]:
-    """`headers` with the changes applied (the HTTP front end, which forwards one value of each header)."""
+def for_upstream(reads: str | None, headers: dict[str, str]) -> dict[str, str]:
+    """`headers` with the changes applied (the HTTP front end, which forwards one value of each header); `headers`
+    itself when there are none, the usual case."""
     pinned, stripped = header_changes(reads, headers)
+    if not pinned and not stripped:
+        return headers
     return {**{k: v for k, v in headers.items() if k not in stripped}, **pinned}
