@@ -136,7 +136,7 @@ async def _tour(url: str, upstream: str) -> None:
 
         print(
             "\n6. Embeddings (client.embeddings.create) of step 3's text and a short one, with the header "
-            "x-token-guard-overflow: truncate."
+            "x-token-guard-overflow: truncate, then with the client's own truncate_prompt_tokens -1."
         )
         await _embeddings(client, url, upstream, [essay[0]["content"], hello[0]["content"]])
 
@@ -198,20 +198,22 @@ async def _other_api(
 
 
 async def _embeddings(client: httpx.AsyncClient, url: str, upstream: str, inputs: list[str]) -> None:
-    """An input longer than the window: vLLM refuses it; the guard has vLLM cut it to the window."""
+    """An input longer than the window: vLLM refuses it, and so does the guard under truncate (the embedding of a cut
+    input is another input's); asked by the client, vLLM cuts it, and the guard counts what it keeps."""
     body = {"model": MODEL, "input": inputs, "encoding_format": "float"}
     direct = await client.post(f"{upstream}/v1/embeddings", json=body)
     print(f"   straight to vLLM: HTTP {direct.status_code}")
     print(f"   {_message(direct.json())}")
-    response = await client.post(f"{url}/v1/embeddings", json=body, headers={"x-token-guard-overflow": "truncate"})
-    action, prompt, cut = (
-        response.headers.get(f"x-token-guard-{k}") for k in ("action", "prompt-tokens", "truncated-tokens")
-    )
-    print(f"   through token-guard: HTTP {response.status_code}, action {action}, truncate_prompt_tokens -1 sent, "
-          f"{cut} tokens cut, prompt tokens {prompt}")  # fmt: skip
+    refused = await client.post(f"{url}/v1/embeddings", json=body, headers={"x-token-guard-overflow": "truncate"})
+    print(f"   through token-guard: HTTP {refused.status_code}, action {refused.headers.get('x-token-guard-action')}: "
+          "the guard does not cut what an embedding is about")  # fmt: skip
+    asked = {**body, "truncate_prompt_tokens": -1}
+    response = await client.post(f"{url}/v1/embeddings", json=asked)
+    action, prompt = (response.headers.get(f"x-token-guard-{k}") for k in ("action", "prompt-tokens"))
+    print(f"   with truncate_prompt_tokens -1: HTTP {response.status_code}, action {action}, prompt tokens {prompt}")
     answer = response.json()
-    print(f"   usage: prompt {answer['usage']['prompt_tokens']} for {len(answer['data'])} vectors: the long input "
-          f"keeps its first {WINDOW} tokens, the short one is whole")  # fmt: skip
+    print(f"   usage: prompt {answer['usage']['prompt_tokens']} for {len(answer['data'])} vectors: vLLM kept the first "
+          f"{WINDOW} tokens of the long input, the short one whole")  # fmt: skip
 
 
 def _claude_code() -> dict[str, Any]:

@@ -120,11 +120,11 @@ def test_step_5_clamps_a_claude_code_request(demo: Run) -> None:
     assert numbers(r"usage: input (\d+) \+ output (\d+) = (\d+) of", text) == (prompt, limit, WINDOW)
 
 
-def test_step_6_truncates_an_embedding_vllm_refuses(demo: Run) -> None:
+def test_step_6_never_cuts_an_embedding_but_counts_the_clients_own_cut(demo: Run) -> None:
     text = step(demo, 6)
     assert "straight to vLLM: HTTP 400" in text and "maximum context length is 2048 tokens" in text
-    cut, prompt = numbers(r"HTTP 200, action truncate, truncate_prompt_tokens -1 sent, (\d+) tokens cut, prompt tokens "
-                          r"(\d+)", text)  # fmt: skip
+    assert "through token-guard: HTTP 400, action reject" in text
+    (prompt,) = numbers(r"with truncate_prompt_tokens -1: HTTP 200, action pass, prompt tokens (\d+)", text)
     (used,) = numbers(r"usage: prompt (\d+) for 2 vectors", text)
     long = numbers(r"A prompt of (\d+) tokens with max_tokens 16", step(demo, 3))[0]
-    assert used == prompt > WINDOW and cut > 0 and cut < long  # the long input cut to the window, the short one whole
+    assert used == prompt and WINDOW < prompt < long + WINDOW  # the long input cut to the window, the short one whole

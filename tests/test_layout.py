@@ -75,3 +75,14 @@ def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:
     module.write_text("def f():\n    from proxy.server.app import create_app\n    import httpx\n")
     found = imports(module)
     assert "proxy.server.app" in found and "httpx" in found
+
+
+def test_the_guard_never_unpickles() -> None:
+    """prompt_embeds arrive as pickles: the guard reads their opcodes (api/embeds.py), it never loads one, nor torch.
+    The simulator, a stand-in for vLLM, loads them through an unpickler that resolves four names."""
+    loading = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in MODULES if own_part(path) != "simulator"
+        for name in imports(path) if name.split(".")[0] in {"pickle", "torch", "dill", "cloudpickle", "joblib"}
+    ]  # fmt: skip
+    assert not loading, "modules that could load a pickle:\n" + "\n".join(loading)

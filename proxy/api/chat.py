@@ -15,6 +15,7 @@ from proxy.api.body import (
     model_name,
     optional,
     parse_json_object,
+    token_ids,
 )
 from proxy.errors import InvalidRequest
 from proxy.settings import ServerSettings
@@ -47,6 +48,22 @@ class ChatRequest:
         if self.max_tokens is not None:
             return "max_tokens", self.max_tokens
         return None
+
+
+def transferred_prompt(body: dict[str, Any]) -> int | None:
+    """How many token ids vLLM runs in place of the rendered messages, or None. Disaggregated serving forwards the
+    prefill's ids in `kv_transfer_params.prompt_token_ids`, and vLLM 0.31 / 0.32's chat renderer (chat, batch chat,
+    Responses, Messages) feeds them to the engine instead of the template's (`_reused_prompt_token_ids`), with or
+    without a KV connector: 0.31 takes any value that is not empty, 0.32 a non-empty list of ids (and renders the
+    messages under `echo` or media parts). The guard counts the longer of the two and never cuts either."""
+    params = body.get("kv_transfer_params")
+    ids = params.get("prompt_token_ids") if isinstance(params, dict) else None
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not ids or not token_ids(ids):
+        raise InvalidRequest("`kv_transfer_params['prompt_token_ids']` must be a non-empty list of non-negative "
+                             "integers.", param="kv_transfer_params.prompt_token_ids")  # fmt: skip
+    return len(ids)
 
 
 def parse_chat(raw: bytes, max_messages: int = MAX_MESSAGES, max_depth: int = MAX_DEPTH) -> ChatRequest:

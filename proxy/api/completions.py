@@ -1,5 +1,5 @@
-"""The completions request as the guard reads it: its prompts (strings or token ids, one or a batch) and output
-limit; every other field stays in `body` untouched."""
+"""The completions request as the guard reads it: its prompts (strings or token ids, one or a batch, and tensors of
+`prompt_embeds`) and output limit; every other field stays in `body` untouched."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from proxy.api.body import (
     parse_json_object,
     token_ids,
 )
+from proxy.api.embeds import embeds_lengths
 from proxy.errors import InvalidRequest
 
 
@@ -23,12 +24,18 @@ from proxy.errors import InvalidRequest
 class CompletionRequest:
     body: dict[str, Any]
     model: str | None
-    prompts: list[str | list[int]]
+    prompts: list[str | list[int]]  # the text and token-id prompts
     add_special_tokens: bool
     max_tokens: int | None
     min_tokens: int | None
     n: int
     stream: bool
+    embeds: tuple[int, ...] = ()  # each prompt_embeds tensor's num_tokens: vLLM runs them first, each its own prompt
+
+    @property
+    def sequences(self) -> int:
+        """The sequences vLLM runs: n for each prompt, embeds and text alike."""
+        return self.n * (len(self.embeds) + len(self.prompts))
 
     @property
     def requested_output(self) -> tuple[str, int]:
@@ -40,24 +47,30 @@ def parse_completion(raw: bytes, max_depth: int = MAX_DEPTH) -> CompletionReques
 
 
 def completion_request(body: dict[str, Any]) -> CompletionRequest:
+    embeds = tuple(embeds_lengths(body.get("prompt_embeds")))
     req = CompletionRequest(
         body=body,
         model=model_name(body),
-        prompts=_prompts(body.get("prompt")),
+        prompts=_prompts(body.get("prompt"), bool(embeds)),
         add_special_tokens=flag(body, "add_special_tokens", True),
         max_tokens=count_field(body, "max_tokens"),
         min_tokens=count_field(body, "min_tokens"),
         n=choices(body),
         stream=flag(body, "stream", False),
+        embeds=embeds,
     )
     check_min_tokens(req.min_tokens, req.requested_output[1])  # vLLM's default of 16 counts when absent
     return req
 
 
-def _prompts(prompt: Any) -> list[str | list[int]]:
+def _prompts(prompt: Any, embeds: bool) -> list[str | list[int]]:
+    """The text and token-id prompts; none beside prompt_embeds when `prompt` is absent or an empty array, as vLLM
+    reads them (an empty string is a prompt of its own there)."""
     expected = "'prompt' must be a string, an array of strings, an array of token ids, or an array of those."
     if isinstance(prompt, str):
         return [prompt]
+    if embeds and (prompt is None or prompt == []):
+        return []
     if not isinstance(prompt, list):
         raise InvalidRequest(expected, param="prompt")
     if not prompt or prompt == [[]]:

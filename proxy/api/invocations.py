@@ -10,18 +10,32 @@ classify), then rerank, score and pooling: a body with an `input` and no `prompt
 classify and pooling), one with `query` and `documents` rerank, one with a score pair score. The guard cannot see
 which kind of model serves, so a `messages` body stays chat (an embedding model would render it without the generation
 prompt: counted a few tokens high, never low).
+
+The model is not the body's: vLLM's handler is wrapped in model_hosting_container_standards' `inject_adapter_id(
+adapter_path="model")`, which sets the body's `model` to the `X-Amzn-SageMaker-Adapter-Identifier` header (any case;
+the first of a repeated one), and to null when the header is absent, before the body is read. So `{"model": "b"}`
+runs the server's default model, and a header naming a LoRA adapter or another served name runs that one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from proxy.api.body import token_ids
+from proxy.api.honoured import ADAPTER
 from proxy.api.pooling import SCORE_PAIRS
 from proxy.errors import InvalidRequest
 
 NO_HANDLER = "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"
 NO_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)"
+
+
+def invoked_body(body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+    """The body vLLM's handler reads: its `model` the adapter header's value, or null without one (`body` itself
+    when that changes nothing)."""
+    model = headers.get(ADAPTER)
+    return body if body.get("model") == model else {**body, "model": model}
 
 
 def invocation_kind(body: dict[str, Any]) -> Literal["chat", "completion", "embeddings", "rerank", "score"]:

@@ -48,6 +48,8 @@ def to_chat(req: MessagesRequest, newer: bool, merge: bool, disabled_effort: Cal
         body["chat_template_kwargs"] = kwargs
     if req.model is not None:
         body["model"] = req.model
+    if req.body.get("kv_transfer_params") is not None:  # ids vLLM may run in place of the messages
+        body["kv_transfer_params"] = req.body["kv_transfer_params"]
     return ChatRequest(
         body=body, model=req.model, messages=messages, tools=tools, add_generation_prompt=True,
         continue_final_message=False, add_special_tokens=False, chat_template=None, chat_template_kwargs=kwargs or {},

@@ -235,6 +235,8 @@ def _as_chat(
         body["chat_template_kwargs"] = kwargs
     if req.model is not None:
         body["model"] = req.model
+    if req.body.get("kv_transfer_params") is not None:  # ids vLLM may run in place of the messages
+        body["kv_transfer_params"] = req.body["kv_transfer_params"]
     return ChatRequest(
         body=body, model=req.model, messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message, add_special_tokens=True, chat_template=None,

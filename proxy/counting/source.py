@@ -14,7 +14,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar
 
 from proxy.api.batch import BatchChatRequest
-from proxy.api.chat import ChatRequest
+from proxy.api.chat import ChatRequest, transferred_prompt
 from proxy.api.completions import CompletionRequest
 from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
@@ -36,7 +36,14 @@ class RemoteCount(Protocol):
 
 
 async def chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount | None) -> tuple[int, str]:
-    """The prompt's token count, and who counted it."""
+    """The prompt's token count, and who counted it; the ids vLLM would run in place of the messages, when they are
+    more (kv_transfer_params.prompt_token_ids, api/chat.py)."""
+    count, source = await _chat_tokens(model, req, remote)
+    transferred = transferred_prompt(req.body)
+    return max(count, transferred or 0), source
+
+
+async def _chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount | None) -> tuple[int, str]:
     if model.count_source == UPSTREAM and remote is not None:
         try:
             return await remote.chat(model.name, req.body), UPSTREAM
@@ -67,6 +74,15 @@ async def batch_tokens(model: GuardedModel, req: BatchChatRequest, remote: Remot
 
 
 async def completion_tokens(
+    model: GuardedModel, req: CompletionRequest, remote: RemoteCount | None
+) -> tuple[list[int], str]:
+    """Each prompt's count, in the order vLLM runs them: the prompt_embeds tensors (their rows, read by the guard
+    whoever counts the text), then the text and token-id prompts."""
+    counts, source = await _prompt_tokens(model, req, remote) if req.prompts else ([], LOCAL)
+    return [*req.embeds, *counts], source
+
+
+async def _prompt_tokens(
     model: GuardedModel, req: CompletionRequest, remote: RemoteCount | None
 ) -> tuple[list[int], str]:
     if model.count_source == UPSTREAM and remote is not None:

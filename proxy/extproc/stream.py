@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from urllib.parse import unquote
 
 from proxy import error_bodies
+from proxy.api.honoured import header_changes
 from proxy.api.routes import Found, Kind, Route
 from proxy.error_bodies import Envelope
 from proxy.errors import GuardError, InvalidRequest, PayloadTooLarge, RequestTimeout, internal_error
@@ -189,8 +190,8 @@ class Stream:
         BODY or TRAILERS."""
         assert self.record is not None and self.route is not None
         self.pending, self.deadline = False, None
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.sent if k[:1] != b":"}
-        outcome, self.extra = await self.core.flow.decide(self.route, body, headers, self.record, self.tagged, _here)
+        outcome, self.extra = await self.core.flow.decide(self.route, body, self._headers(), self.record, self.tagged,
+                                                          _here)  # fmt: skip
         if isinstance(outcome, Forward):
             return await self._forward(outcome, body, at)
         return [self._finished(outcome)]
@@ -202,17 +203,22 @@ class Stream:
             if self.ticket.waited_s > 0:
                 self.record.queue_s = self.ticket.waited_s
                 self.extra.append((QUEUE_HEADER, str(round(self.ticket.waited_s * 1000)).encode()))
-        decided = [*self.tagged[:1], *encode_headers(outcome.decision.headers())]
+        pinned, stripped = header_changes(self.route.reads if self.route else None, self._headers())
+        decided = [*self.tagged[:1], *encode_headers(outcome.decision.headers()), *encode_headers(pinned)]
         changed = outcome.body is not body
         if at == HEADERS:  # nothing follows the headers
-            return [self._onward(decided)]
+            return [self._onward(decided, remove=stripped)]
         if self.request_mode == FULL_DUPLEX:  # the headers were held: they go on now, and the body after them
-            return [self._onward(decided, remove=("content-length",)), *wire.streamed(outcome.body, True)]
+            return [self._onward(decided, remove=("content-length", *stripped)), *wire.streamed(outcome.body, True)]
         if at == TRAILERS:  # BUFFERED, no body came: the headers went on already, and there is nothing to replace
             return []
         if changed:
             decided.append((b"content-length", str(len(outcome.body)).encode()))
-        return [wire.request_body(outcome.body if changed else None, decided)]
+        return [wire.request_body(outcome.body if changed else None, decided, remove=stripped)]
+
+    def _headers(self) -> dict[str, str]:
+        """The request's headers as the guard reads them: one value each (the last of a repeated one)."""
+        return {k.decode("latin-1"): v.decode("latin-1") for k, v in self.sent if k[:1] != b":"}
 
     def _finished(self, outcome: Outcome) -> ProcessingResponse:
         """An answer the guard gives itself: a refusal, or count_tokens' count."""

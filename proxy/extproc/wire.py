@@ -85,13 +85,18 @@ def response_headers(headers: RawHeaders) -> ProcessingResponse:
     return answer
 
 
-def request_body(body: bytes | None = None, headers: RawHeaders = ()) -> ProcessingResponse:
-    """A buffered body's answer: go on (`body` None) or with `body` in its place, `headers` set on the request."""
+def request_body(
+    body: bytes | None = None, headers: RawHeaders = (), remove: tuple[str, ...] = ()
+) -> ProcessingResponse:
+    """A buffered body's answer: go on (`body` None) or with `body` in its place, `headers` set on the request and
+    `remove` taken off."""
     answer = ProcessingResponse(request_body=BodyResponse())
     if body is not None:
         answer.request_body.response.body_mutation.body = body
-    if headers:
-        _fill(answer.request_body.response.header_mutation, headers)
+    if headers or remove:
+        mutation = answer.request_body.response.header_mutation
+        _fill(mutation, headers)
+        mutation.remove_headers.extend(remove)
     return answer
 
 

@@ -1,8 +1,17 @@
-"""Which overflow policy applies to a request, and how much room a cut or split prompt keeps for the answer."""
+"""Which overflow policy applies to a request, and how much room a cut or split prompt keeps for the answer.
+
+A request whose answer is about its own prompt is never cut, whatever the policy or the client's header: the logprobs
+of a prompt's tokens (completions' `echo` with `logprobs`, `prompt_logprobs`) answered for a cut prompt are the
+logprobs of another text, and a harness that scores with them (lm-evaluation-harness's loglikelihood, perplexity)
+reports a wrong number and no error. Nor is a prompt the guard cannot cut: `prompt_embeds` tensors, which only vLLM
+reads, and the ids of `kv_transfer_params.prompt_token_ids`, which vLLM runs in place of the messages. Such a request
+gets the overflow 400, saying why the policy was not applied.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from proxy.errors import InvalidRequest
 from proxy.policy.decide import Limits
@@ -29,6 +38,20 @@ def choose_policy(policy: PolicySettings, headers: Mapping[str, str]) -> str:
             param=OVERFLOW_HEADER,
         )
     return value
+
+
+def whole_prompt(body: Mapping[str, Any]) -> str | None:
+    """Why a request's prompt must reach vLLM whole (as the reason an overflow policy was not applied), or None."""
+    if body.get("prompt_logprobs") is not None:
+        return "the request asks for its prompt's logprobs (prompt_logprobs), which a cut prompt would change"
+    if body.get("echo") is True and body.get("logprobs") is not None:
+        return "the request asks for its prompt's logprobs (echo with logprobs), which a cut prompt would change"
+    if body.get("prompt_embeds") not in (None, []):
+        return "the request sends prompt_embeds, which only vLLM reads: token-guard cannot cut them"
+    transfer = body.get("kv_transfer_params")
+    if isinstance(transfer, dict) and transfer.get("prompt_token_ids") is not None:
+        return "the request sends its prompt's ids in kv_transfer_params, which vLLM runs in place of the messages"
+    return None
 
 
 def output_reserve(requested: int | None, limits: Limits) -> int:

@@ -6,15 +6,12 @@ for in its own fields.
     reject    `truncate: NONE` and an input over the window (vLLM's 400, before it reaches the GPU); or NONE with
               `max_tokens` (at most the window) and an input over it, which vLLM refuses only after embedding it (its
               words; the client's cap decides, whatever the overflow policy)
-    truncate  the guard's truncate policy on an input over the window under NONE: `truncate` set to END (and a
-              `max_tokens` over the window to the window), vLLM's own cut
+    (the guard's truncate policy never sets `truncate`: NONE is the client's word that its inputs are not cut)
     partial   `input_type`: vLLM puts the model's instruction for it in front of each input, which the guard cannot
               see; its count is a lower bound
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from proxy.api.cohere import CohereEmbedRequest
 from proxy.errors import InvalidRequest
@@ -32,6 +29,5 @@ def settle_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits
             error = InvalidRequest(f"Input of {over} tokens exceeds max_tokens={most} with truncate=NONE. Set "
                                    "truncate to END or START to allow truncation.", param="max_tokens")  # fmt: skip
             return Refuse(error, Decision("reject", sum(counts), count_source=source))
-    cut: dict[str, Any] = {"truncate": "END"} if most is None else {"truncate": "END", "max_tokens": window}
-    pooled = Pooled("embed", req.body, raw, counts, req.param, req.keep, partial=req.input_type is not None, cut=cut)
+    pooled = Pooled("embed", req.body, raw, counts, req.param, req.keep, partial=req.input_type is not None)
     return settle_pooling(pooled, limits, choice, source)

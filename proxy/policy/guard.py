@@ -16,7 +16,7 @@ from proxy.api.body import with_changes
 from proxy.api.chat import ChatRequest, chat_request
 from proxy.api.cohere import CohereEmbedRequest, cohere_embed_request
 from proxy.api.completions import CompletionRequest, completion_request
-from proxy.api.invocations import invocation_kind
+from proxy.api.invocations import invocation_kind, invoked_body
 from proxy.api.pooling import Kind as PoolingKind
 from proxy.api.pooling import PoolingRequest, ScoringRequest, pooling_request
 from proxy.api.responses import LIMIT_FIELD, ResponsesRequest, responses_request
@@ -38,11 +38,11 @@ from proxy.counting.source import (
     chat_tokens,
     completion_tokens,
 )
-from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, PermissionDenied
 from proxy.policy import thinking
 from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
-from proxy.policy.choice import choose_policy
+from proxy.policy.choice import choose_policy, whole_prompt
 from proxy.policy.cohere import settle_cohere
 from proxy.policy.converted import (
     Converted,
@@ -110,10 +110,9 @@ class Guard:
                 outcome = self._uncounted(raw, exc, findings, route.kind is not Kind.COUNT)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
-        if findings.chunk_refused and isinstance(outcome, Refuse) and isinstance(outcome.error, ContextLengthExceeded):
-            error = ContextLengthExceeded(
-                f"{outcome.error.message} {CHUNK_UNAVAILABLE}", param=outcome.error.param or "messages"
-            )
+        why = findings.kept_whole or (CHUNK_UNAVAILABLE if findings.chunk_refused else None)
+        if why is not None and isinstance(outcome, Refuse) and isinstance(outcome.error, ContextLengthExceeded):
+            error = ContextLengthExceeded(f"{outcome.error.message} {why}", param=outcome.error.param or "messages")
             outcome = replace(outcome, error=error)
         findings.decision = outcome.decision
         return outcome
@@ -131,8 +130,10 @@ class Guard:
             return await self._responses(responses_request(body, max_messages), raw, headers, findings)
         if reads == "messages":
             return await self._messages(messages_request(body, False, max_messages), raw, headers, findings)
-        if reads == "invocations":  # SageMaker: the endpoint vLLM dispatches the body to
-            return await self._read(invocation_kind(body), body, raw, headers, findings)
+        if reads == "invocations":  # SageMaker: the model its header names, the endpoint vLLM dispatches the body to
+            seen = invoked_body(body, headers)
+            raw = raw if seen is body else with_changes(seen, {})  # what goes upstream names the model checked
+            return await self._read(invocation_kind(seen), seen, raw, headers, findings)
         if reads in POOLING_KINDS:
             return await self._pooling(pooling_request(body, POOLING_KINDS[reads]), raw, headers, findings)
         if reads == "chat_batch":
@@ -185,7 +186,7 @@ class Guard:
 
     async def _chat(self, req: ChatRequest, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
         findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
-        model, policy, choice, limits = self._target(req.model, headers, findings)
+        model, policy, choice, limits = self._target(req.model, headers, findings, req.body)
         if not policy.trust_request_chat_template and _brings_template(req):
             raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
         proven = await refuse_by_size(
@@ -206,7 +207,9 @@ class Guard:
         self, req: CompletionRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
         findings.max_tokens_before = req.requested_output[1]
-        model, policy, choice, limits = self._target(req.model, headers, findings)
+        model, policy, choice, limits = self._target(req.model, headers, findings, req.body)
+        if req.embeds and findings.api_key is not None and not findings.api_key.prompt_embeds:
+            raise PermissionDenied("This API key may not send prompt_embeds ([[keys]] prompt_embeds = false).")
         texts = [[p] for p in req.prompts if isinstance(p, str)]
         proven = await refuse_by_size(model, texts, limits, choice, policy, "prompt", findings)
         if proven is not None:
@@ -217,13 +220,13 @@ class Guard:
         plan = decide_completion(req, counts, limits)
         if _fits_by_cutting(plan, choice) and findings.count_source == LOCAL:
             return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)
-        return outcome_of(plan, req.body, raw, plan.cost(limits, req.n * len(req.prompts)), findings.count_source)
+        return outcome_of(plan, req.body, raw, plan.cost(limits, req.sequences), findings.count_source)
 
     async def _responses(
         self, req: ResponsesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
         findings.max_tokens_before = req.max_output_tokens
-        model, _, choice, limits = self._target(req.model, headers, findings)
+        model, _, choice, limits = self._target(req.model, headers, findings, req.body)
         newer = self.registry.upstream_newer()
         prompt_tokens = await self._count(model, responses_chat(req, newer), findings)
 
@@ -242,7 +245,7 @@ class Guard:
         self, req: MessagesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
         findings.max_tokens_before = req.max_tokens
-        model, _, choice, limits = self._target(req.model, headers, findings)
+        model, _, choice, limits = self._target(req.model, headers, findings, req.body)
         outcome = await self._settle_messages(model, req, raw, limits, choice, findings)
         if not thinking.needs_off(outcome, req):
             return thinking.noted(outcome, req, disabled=False)
@@ -278,9 +281,8 @@ class Guard:
         else:
             queries, documents = await scoring_tokens(model, req)
             findings.count_source = LOCAL
-            paired = max(queries, default=0) + max(documents, default=0)
             pooled = Pooled(req.kind, req.body, raw, queries + documents, "input", req.truncate_prompt_tokens,
-                            partial=True, paired=paired)  # fmt: skip
+                            partial=True)  # fmt: skip
         findings.count_s = time.perf_counter() - started
         return settle_pooling(pooled, limits, choice, findings.count_source)
 
@@ -338,9 +340,10 @@ class Guard:
         return recount if findings.count_source == LOCAL else None
 
     def _target(
-        self, name: str | None, headers: Mapping[str, str], findings: Findings
+        self, name: str | None, headers: Mapping[str, str], findings: Findings, body: Mapping[str, Any] | None = None
     ) -> tuple[GuardedModel, PolicySettings, str, Limits]:
-        """The model a request is for, its policy, the overflow choice (config or header) and its limits."""
+        """The model a request is for, its policy, the overflow choice (config or header: reject for a `body` whose
+        prompt must reach vLLM whole) and its limits."""
         model = self.registry.resolve(name)
         findings.model = model.name
         key = findings.api_key
@@ -352,6 +355,9 @@ class Guard:
         max_cost = self.ceiling() if self.ceiling is not None else None
         limits = limits_for(model.name, model.max_model_len, policy, max_output, max_cost)
         choice = choose_policy(policy, headers)
+        why = whole_prompt(body) if choice != "reject" and body is not None else None
+        if why is not None:
+            choice, findings.kept_whole = "reject", f"The {choice} policy was not applied: {why}."
         if choice == "chunk" and self.chunk_instead is not None:
             choice, findings.chunk_refused = self.chunk_instead, self.chunk_instead == "reject"
         return model, policy, choice, limits

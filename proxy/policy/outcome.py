@@ -105,6 +105,7 @@ class Findings:
     count_source: str | None = None  # "local" or "upstream"
     decision: Decision | None = None
     chunk_refused: bool = False  # its chunk policy became reject where the guard cannot fan out (Guard.chunk_instead)
+    kept_whole: str | None = None  # why its truncate or chunk policy became reject (policy/choice.py, whole_prompt)
 
 
 def outcome_of(plan: Plan, body: dict[str, Any], raw: bytes, cost: int, source: str | None) -> Outcome:

@@ -2,26 +2,24 @@
 when it is at most the window (vLLM accepts exactly max_model_len tokens here), and each input is its own prompt.
 
     pass      every prompt fits: forwarded as sent; the prompt tokens are their total (vLLM's usage.prompt_tokens)
-    reject    a prompt over the window: vLLM's own wording, answered by the guard
-    truncate  `truncate_prompt_tokens: -1` set: vLLM cuts each over-long prompt to its maximum input (the first
-              tokens: pooling tokenizers truncate on the right), prompts that fit untouched; exact without a re-count
-    chunk     refused with the reason: the embedding (or class, or score) of chunks is not the one of the whole
+    reject    a prompt over the window: vLLM's own wording, answered by the guard, whatever the overflow policy. A
+              pooling answer is about its input (an embedding, a class, a score, one result per token): the guard
+              never cuts it, since the answer for a cut input is another input's. The client may ask vLLM to cut
+              (`truncate_prompt_tokens`, Cohere's `truncate`): its own cut is counted (`_kept`)
     partial   score / rerank: the guard counts each text alone, exact for a bi-encoder and a lower bound of the pair
-              a cross-encoder reads; it refuses only a text that alone overflows, and under truncate sets
-              `truncate_prompt_tokens: -1` whenever a query and a document together might not fit
+              a cross-encoder reads; it refuses only a text that alone overflows
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from proxy.api.body import with_changes
 from proxy.errors import ContextLengthExceeded, RequestTooLarge
 from proxy.policy.decide import Limits
 from proxy.policy.outcome import Decision, Forward, Outcome, Refuse
 
-TRUNCATE = {"truncate_prompt_tokens": -1}  # vLLM's own maximum input: also right where a pooler caps it lower
+CUT_BY = {"embed": "truncate (END or START)"}  # the field a client asks vLLM's cut with, where it is not this one
 
 
 @dataclass(frozen=True)
@@ -33,8 +31,6 @@ class Pooled:
     param: str  # what a rejection names
     truncate_prompt_tokens: int | None  # the client's own
     partial: bool = False  # score / rerank: the counts are lower bounds
-    paired: int = 0  # score / rerank: the longest query and the longest document together
-    cut: dict[str, Any] = field(default_factory=lambda: TRUNCATE)  # what has vLLM cut each prompt to the window
 
 
 def settle_pooling(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outcome:
@@ -55,17 +51,12 @@ def _settled(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outc
     counts = _kept(p.counts, p.truncate_prompt_tokens, window)
     total, longest = sum(counts), max(counts, default=0)
     if longest <= window:
-        if p.partial and choice == "truncate" and p.truncate_prompt_tokens is None and p.paired > window:
-            return Forward(with_changes(p.body, p.cut), Decision("partial", total, count_source=source), total)
         return Forward(p.raw, Decision("partial" if p.partial else "pass", total, count_source=source), total)
-    if choice == "truncate":
-        cut = [min(n, window) for n in counts]
-        decision = Decision("truncate", sum(cut), truncated_tokens=total - sum(cut), count_source=source)
-        return Forward(with_changes(p.body, p.cut), decision, sum(cut))
     error = _too_long(p, counts, window)
-    if choice == "chunk":
-        why = f"The chunk policy was not applied: the result of {p.endpoint} for chunks of an input is not the one " \
-              "for the whole input."  # fmt: skip
+    if choice != "reject":
+        asked = CUT_BY.get(p.endpoint, "truncate_prompt_tokens")
+        why = f"The {choice} policy was not applied: the answer of {p.endpoint} is about the whole input, and " \
+              f"token-guard does not cut it into another input; send {asked} to have vLLM cut it."  # fmt: skip
         error = ContextLengthExceeded(f"{error.message} {why}", param=p.param)
     return Refuse(error, Decision("reject", total, count_source=source))
 

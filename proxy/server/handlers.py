@@ -8,6 +8,7 @@ import json
 import logging
 import time
 
+from proxy.api.honoured import for_upstream
 from proxy.api.routes import Route
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable, internal_error
 from proxy.exchange.core import Core
@@ -116,6 +117,7 @@ class Handlers:
         record: RequestRecord, tagged: Headers,
     ) -> None:  # fmt: skip
         outcome, extra = await self.flow.decide(route, body, headers, record, tagged, incoming.leave_if_gone)
+        headers = for_upstream(route.reads, headers)  # the headers vLLM acts on, as the guard read them
         if isinstance(outcome, Forward):
             await self._forward(reply, incoming, outcome.body, headers, record, extra, route, outcome.cost)
         elif isinstance(outcome, Chunked):

@@ -21,6 +21,7 @@ KEY_SCHEMA: dict[str, Callable[[Any], Any]] = {
     "requests_per_minute": v.integer(1),
     "max_output_tokens": v.integer(1),
     "models": lambda value: _models(value),
+    "prompt_embeds": v.boolean,
 }
 
 

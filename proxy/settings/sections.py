@@ -138,6 +138,7 @@ class KeySettings:
     requests_per_minute: int | None = None
     max_output_tokens: int | None = None  # caps every request's output limit, as the window's room does
     models: tuple[str, ...] | None = None  # the models it may use; None: all
+    prompt_embeds: bool = True  # may send prompt_embeds (tensors vLLM runs in place of text: --enable-prompt-embeds)
 
     @property
     def limited(self) -> bool:

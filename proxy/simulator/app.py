@@ -131,13 +131,18 @@ class Endpoints:
         return await self._generate(request, plan_messages, anthropic=True)
 
     async def invocations(self, request: Request) -> Response:
+        """SageMaker's route, behind model_hosting_container_standards' inject_adapter_id: the body's model becomes
+        the X-Amzn-SageMaker-Adapter-Identifier header's (the first, any case), or null without one."""
+        body = await read_body(request)
+        if isinstance(body, dict):
+            body = {**body, "model": request.headers.get("X-Amzn-SageMaker-Adapter-Identifier")}
         try:
-            kind = pooling_invocation(await read_body(request))
+            kind = pooling_invocation(body)
         except ApiError:
             kind = None  # the generate path answers it
         if kind is not None:
-            return await self._pool(request, kind)
-        return await self._generate(request, plan_invocation)
+            return await self._pool(request, kind, body)
+        return await self._generate(request, plan_invocation, body=body)
 
     def pooled(self, kind: Kind) -> Callable[[Request], Awaitable[Response]]:
         async def route(request: Request) -> Response:
@@ -148,11 +153,11 @@ class Endpoints:
     async def cohere_embed(self, request: Request) -> Response:
         return await self._pool(request, None)
 
-    async def _pool(self, request: Request, kind: Kind | None) -> Response:
-        """A pooling route (`kind`), or Cohere's /v2/embed (None)."""
+    async def _pool(self, request: Request, kind: Kind | None, read: Any = None) -> Response:
+        """A pooling route (`kind`), or Cohere's /v2/embed (None); `read`: the body as a decorator rewrote it."""
         tracker = self.stats.start()
         try:
-            body = await read_body(request)
+            body = await read_body(request) if read is None else read
             self.stats.record_body(body)
             work = partial(cohere_embed, self.ctx, body, dict(request.headers)) if kind is None else \
                 partial(pool, self.ctx, body, kind, dict(request.headers))  # fmt: skip
@@ -173,17 +178,21 @@ class Endpoints:
         except ApiError as error:
             return error_response(error, anthropic=True)
 
-    async def _generate(self, request: Request, planner: Planner, anthropic: bool = False) -> Response:
+    async def _generate(
+        self, request: Request, planner: Planner, anthropic: bool = False, body: Any = None
+    ) -> Response:
         tracker = self.stats.start(request.headers.get("x-request-id"))
         try:
-            return await self._run(request, planner, tracker, anthropic)
+            return await self._run(request, planner, tracker, anthropic, body)
         except BaseException:
             tracker.finish("aborted")  # client gone while the body was read, or server shutdown
             raise
 
-    async def _run(self, request: Request, planner: Planner, tracker: RequestTracker, anthropic: bool) -> Response:
+    async def _run(
+        self, request: Request, planner: Planner, tracker: RequestTracker, anthropic: bool, read: Any
+    ) -> Response:
         try:
-            body = await read_body(request)
+            body = await read_body(request) if read is None else read
             self.stats.record_body(body)
             plan = partial(_outcome, planner, self.ctx, body, request.headers)
             planned = await run_unless_disconnected(request.receive, lambda: self._off_loop(plan))
@@ -274,8 +283,8 @@ def model_list(settings: SimulatorSettings) -> dict[str, Any]:
         "group": None,
         "is_blocking": False,
     }
-    card = {
-        "id": settings.model,
+    cards = [{
+        "id": name,
         "object": "model",
         "created": now,
         "owned_by": "vllm",
@@ -283,8 +292,8 @@ def model_list(settings: SimulatorSettings) -> dict[str, Any]:
         "parent": None,
         "max_model_len": settings.max_model_len,
         "permission": [permission],
-    }
-    return {"object": "list", "data": [card]}
+    } for name in settings.served]  # fmt: skip
+    return {"object": "list", "data": cards}
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -69,9 +69,14 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
     raise_if(check_request(ctx.profile, request))
 
     rendered = render_chat(ctx.tokenizer, options)
-    shape = PromptShape(len(rendered.token_ids), len(rendered.text), ctx.tokenizer.max_chars_per_token)
+    run = transferred_ids(ctx, fields.body, echo)
+    if run is None:
+        run = rendered.token_ids
+        shape = PromptShape(len(run), len(rendered.text), ctx.tokenizer.max_chars_per_token)
+    else:
+        shape = PromptShape(len(run), None, ctx.tokenizer.max_chars_per_token)
     counted = unwrap(check_prompt(ctx.profile, request, shape))
-    token_ids = rendered.token_ids[len(rendered.token_ids) - counted :]
+    token_ids = run[len(run) - counted :]
     generate = unwrap(budget(request, counted))
     raise_if(check_sampling(generate, min_tokens, 1 if n is None else n, temperature))
     check_stops(rules)
@@ -98,6 +103,21 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
         tool_call=ForcedTool(tool[0], tuple(_tool_call_id() for _ in range(choices))) if tool else None,
     )
     return with_endings(generation, ctx.tokenizer, rules)
+
+
+def transferred_ids(ctx: Context, body: Any, echo: bool) -> list[int] | None:
+    """vLLM's decode-side reuse (`_reused_prompt_token_ids`): the ids of kv_transfer_params.prompt_token_ids run in
+    place of the rendered messages, connector or not."""
+    params = body.get("kv_transfer_params") if isinstance(body, dict) else None
+    ids = params.get("prompt_token_ids") if isinstance(params, dict) else None
+    if not ctx.profile.checks_transferred_ids:
+        return ids if ids and isinstance(ids, list) and all(type(i) is int for i in ids) else None
+    if ids is None or echo:
+        return None
+    if not isinstance(ids, list) or not ids or any(type(i) is not int or i < 0 for i in ids):
+        raise validation_error("`kv_transfer_params['prompt_token_ids']` must be a non-empty list of non-negative "
+                               "integers.", parameter="kv_transfer_params.prompt_token_ids")  # fmt: skip
+    return list(ids)
 
 
 def _tool_call_id() -> str:

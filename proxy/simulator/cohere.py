@@ -23,7 +23,7 @@ TYPES = ("float", "binary", "ubinary", "base64")  # the order vLLM's answer list
 
 def cohere_embed(ctx: Context, body: Any, headers: dict[str, str]) -> dict[str, Any]:
     req = _request(body)
-    if req.model and req.model != ctx.settings.model:  # the pooling routes' wording: no aliases, no param
+    if req.model and req.model not in ctx.settings.served:  # the pooling routes' wording: no aliases, no param
         raise ApiError(f"The model `{req.model}` does not exist.", status=404, type="NotFoundError")
     types = _types(body.get("embedding_types"))
     if req.input_type is not None:

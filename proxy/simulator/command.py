@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--chat-template", type=Path, default=None, help="Jinja chat template file to use instead")
     parser.add_argument("--model", default="tiny", help="served model name (default: tiny)")
+    parser.add_argument("--alias", action="append", default=[], help="another served name (repeatable), as vLLM's "
+                        "--served-model-name tiny other")  # fmt: skip
     parser.add_argument("--max-model-len", type=int, default=2048, help="context window in tokens (default: 2048)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="0.32", help="vLLM release to imitate")
     parser.add_argument("--ttft", type=float, default=0.0, help="seconds before the first token (default: 0)")
@@ -31,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-num-queued-reqs", type=int, default=None, help="as vLLM's: over it, requests get 503 (engine busy)"
     )
+    parser.add_argument("--enable-prompt-embeds", action="store_true", help="as vLLM's: completions take prompt_embeds")
+    parser.add_argument("--hidden-size", type=int, default=64, help="the hidden size prompt_embeds must have")
 
 
 def demo_tokenizer_dir() -> Path:
@@ -47,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         settings = SimulatorSettings(
             tokenizer=args.tokenizer or demo_tokenizer_dir(),
             model=args.model,
+            aliases=tuple(args.alias),
             max_model_len=args.max_model_len,
             profile=args.profile,
             chat_template=args.chat_template,
@@ -56,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
             kv_capacity_tokens=args.kv_capacity,
             reasoning_parser=args.reasoning_parser,
             max_num_queued_reqs=args.max_num_queued_reqs,
+            enable_prompt_embeds=args.enable_prompt_embeds,
+            hidden_size=args.hidden_size,
         )
         app = create_app(settings)
     except (OSError, ValueError) as exc:

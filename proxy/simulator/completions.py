@@ -16,6 +16,7 @@ from proxy.simulator.context import (
     unwrap,
     usage_flags,
 )
+from proxy.simulator.embeds import embeds_rows
 from proxy.simulator.endings import check_stops, read_stops, with_endings
 from proxy.simulator.errors import ApiError, validation_error
 from proxy.simulator.generation import Generation, PromptPlan
@@ -35,6 +36,8 @@ class RawPrompt:
 def read_prompts(fields: Fields) -> list[str | list[int]]:
     """str | list[str] | list[int] | list[list[int]], split into one entry per prompt like vLLM's prompt_to_seq."""
     prompt = fields.raw("prompt")
+    if prompt is None:
+        return []
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list):
@@ -54,12 +57,15 @@ def check_prompt_given(body: Mapping[str, Any]) -> None:
         raise validation_error("Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt")
 
 
-def check_suffix(suffix: str | None, echo: bool, truncate: int | None, prompts: list[str | list[int]]) -> None:
+def check_suffix(suffix: str | None, echo: bool, truncate: int | None, prompts: list[str | list[int]],
+                 embeds: bool) -> None:  # fmt: skip
     """No model the simulator serves has FIM rendering, so every suffix is refused the way vLLM refuses it."""
     if suffix is None:
         return
     if echo:
         raise ApiError("Echo is unsupported with suffix.", param="suffix")
+    if embeds:
+        raise ApiError("suffix is not supported with prompt_embeds", param="suffix")
     if truncate is not None:
         raise ApiError("suffix is not supported with truncate_prompt_tokens", param="suffix")
     if all(isinstance(p, str) for p in prompts):
@@ -87,15 +93,25 @@ def plan_completion(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gene
     truncate = fields.int_or_none("truncate_prompt_tokens")
     suffix = fields.str_or_none("suffix")
     body_request_id = fields.str_or_none("request_id")
+    prompt_logprobs = fields.raw("prompt_logprobs")
     fields.check()
 
     ctx.check_model(model)
-    check_suffix(suffix, echo, truncate, prompts)
-    if not prompts:
+    embeds = isinstance(body, dict) and body.get("prompt_embeds") is not None
+    check_suffix(suffix, echo, truncate, prompts, embeds)
+    if embeds and echo:
+        raise ApiError("Echo is unsupported with prompt embeds.")
+    if embeds and prompt_logprobs is not None:
+        raise ApiError("prompt_logprobs is not compatible with prompt embeds.")
+    rows = embeds_rows(body.get("prompt_embeds") if embeds else None, ctx.settings.enable_prompt_embeds,
+                       ctx.settings.hidden_size)  # fmt: skip
+    if not prompts and not rows:
         raise ApiError(NO_PROMPT)
     request = OutputRequest(ctx.settings.max_model_len, max_tokens, "max_tokens", min_tokens, truncate)
     raise_if(check_request(ctx.profile, request))
-    counted = [_counted(ctx, request, p, add_special_tokens) for p in prompts]
+    # the embeds run first, each its own prompt; their rows stand in for token ids (the engine sees no ids)
+    counted = [_counted(ctx, request, [0] * n, add_special_tokens) for n in rows]
+    counted += [_counted(ctx, request, p, add_special_tokens) for p in prompts]
     echo_only = echo and max_tokens == 0
     plans = []
     for raw, ids in counted:

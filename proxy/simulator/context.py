@@ -36,8 +36,8 @@ class Context:
 
     def check_model(self, model: str | None) -> None:
         """An omitted or empty model means the served one; anything else must be its name."""
-        if model and model != self.settings.model:
-            aliases = [self.settings.model] if self.profile.lists_aliases_on_not_found else None
+        if model and model not in self.settings.served:
+            aliases = list(self.settings.served) if self.profile.lists_aliases_on_not_found else None
             raise not_found_model(model, aliases)
 
 

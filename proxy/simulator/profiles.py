@@ -21,6 +21,9 @@ class Profile:
     lists_aliases_on_not_found: bool
     # 0.32's /inference/v1/generate answers carry output_mode, and each choice stop_reason and weight_versions.
     generate_output_mode: bool
+    # 0.32 checks the chat renderer's kv_transfer_params.prompt_token_ids, and renders the messages under echo;
+    # 0.31 runs any value that is not empty.
+    checks_transferred_ids: bool = True
 
 
 PROFILES: dict[str, Profile] = {
@@ -30,6 +33,7 @@ PROFILES: dict[str, Profile] = {
         reserves_output=True,
         lists_aliases_on_not_found=False,
         generate_output_mode=False,
+        checks_transferred_ids=False,
     ),
     "0.32": Profile(
         name="0.32",

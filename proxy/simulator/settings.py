@@ -12,6 +12,7 @@ from proxy.simulator.profiles import get_profile
 class SimulatorSettings:
     tokenizer: Path
     model: str = "tiny"
+    aliases: tuple[str, ...] = ()  # more served names of the model (vLLM's --served-model-name tiny other)
     max_model_len: int = 2048
     profile: str = "0.32"
     chat_template: Path | None = None
@@ -24,6 +25,8 @@ class SimulatorSettings:
     trust_request_chat_template: bool = False  # as vLLM's --trust-request-chat-template
     reasoning_parser: str | None = None  # as vLLM's --reasoning-parser: without one, a thinking budget is refused
     max_num_queued_reqs: int | None = None  # as vLLM's --max-num-queued-reqs: over it, 503 "the engine is busy"
+    enable_prompt_embeds: bool = False  # as vLLM's --enable-prompt-embeds: completions take prompt_embeds
+    hidden_size: int = 64  # the model's, which each prompt_embeds tensor must have
 
     def __post_init__(self) -> None:
         get_profile(self.profile)
@@ -37,6 +40,11 @@ class SimulatorSettings:
             raise ValueError(f"max_num_queued_reqs must not be negative, got {self.max_num_queued_reqs}")
         if not self.model:
             raise ValueError("model must not be empty")
+
+    @property
+    def served(self) -> tuple[str, ...]:
+        """Every name the model answers to; the first is the one answers carry."""
+        return (self.model, *self.aliases)
 
     @property
     def vllm_version(self) -> str:

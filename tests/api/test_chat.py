@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.api.chat import parse_chat
+from proxy.api.chat import parse_chat, transferred_prompt
 from proxy.errors import InvalidRequest
 
 OK_MESSAGES = [{"role": "user", "content": "hi"}]
@@ -45,3 +45,19 @@ def test_bad_chat_bodies(raw: bytes, param: str | None, fragment: str) -> None:
         parse_chat(raw)
     assert info.value.status == 400 and info.value.param == param
     assert fragment in info.value.message
+
+
+@pytest.mark.parametrize(
+    "transfer,ids",
+    [(None, None), ({"do_remote_prefill": True}, None), ({"prompt_token_ids": None}, None),
+     ({"prompt_token_ids": [5, 6, 7]}, 3)],
+)  # fmt: skip
+def test_transferred_prompt_ids_are_what_vllm_runs(transfer: object, ids: int | None) -> None:
+    assert transferred_prompt({"messages": [], "kv_transfer_params": transfer}) == ids
+
+
+@pytest.mark.parametrize("bad", [[], "1 2", [1, -2], [1, True], [[1]], 7])
+def test_transferred_ids_vllm_refuses_are_refused(bad: object) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        transferred_prompt({"kv_transfer_params": {"prompt_token_ids": bad}})
+    assert info.value.param == "kv_transfer_params.prompt_token_ids"

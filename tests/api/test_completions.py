@@ -8,6 +8,7 @@ import pytest
 
 from proxy.api.completions import parse_completion
 from proxy.errors import InvalidRequest
+from tests.support.torch_save import embeds
 
 
 @pytest.mark.parametrize(
@@ -29,3 +30,14 @@ def test_prompt_forms() -> None:
     assert parse_completion(b'{"prompt": [1, 2]}').prompts == [[1, 2]]
     assert parse_completion(b'{"prompt": [[1], [2, 3]]}').prompts == [[1], [2, 3]]
     assert parse_completion(b'{"prompt": [0, 150000]}').prompts == [[0, 150000]]
+
+
+def test_prompt_embeds_are_prompts_of_their_own() -> None:
+    alone = parse_completion(json.dumps({"prompt_embeds": [embeds((4, 8)), embeds((1, 9, 8))], "n": 3}).encode())
+    assert (alone.prompts, alone.embeds, alone.sequences) == ([], (4, 9), 6)
+    both = parse_completion(json.dumps({"prompt": ["a", "b"], "prompt_embeds": embeds((4, 8))}).encode())
+    assert (both.prompts, both.embeds, both.sequences) == (["a", "b"], (4,), 3)
+    empty_text = parse_completion(json.dumps({"prompt": "", "prompt_embeds": embeds((4, 8))}).encode())
+    assert empty_text.prompts == [""]  # vLLM runs "" as a prompt of its own beside the tensor
+    with pytest.raises(InvalidRequest, match="must be a string"):
+        parse_completion(json.dumps({"prompt_embeds": []}).encode())

@@ -1,7 +1,8 @@
 """Embeddings, score and rerank against a real vLLM 0.32.0 serving the tiny model as an embedding model
 (`--runner pooling --convert embed`), with the real `openai` SDK: the guard's count equals vLLM's
 `usage.prompt_tokens` on a corpus of input forms, an input over the window is refused without reaching vLLM, and
-truncate answers where vLLM alone refuses; Cohere's /v2/embed is counted as vLLM bills it (`meta.billed_units`).
+truncate never cuts one (the client's own truncate_prompt_tokens is counted); Cohere's /v2/embed is counted as vLLM
+bills it (`meta.billed_units`).
 
 One version only, in a stack of its own started for this module and stopped after it (about 50 s of `make e2e`, most
 of it vLLM's start-up): the pooling code of 0.31.0 and 0.32.0 is the same apart from the wording of the 400 (read in
@@ -91,18 +92,21 @@ def test_the_sdk_passes_through_and_score_and_rerank_are_counted(pooling: Poolin
         assert int(response.headers[GUARD_PROMPT]) == response.json()["usage"]["prompt_tokens"]
 
 
-def test_truncate_answers_where_vllm_alone_refuses(pooling: Pooling) -> None:
+def test_truncate_never_cuts_an_input_and_the_clients_own_cut_is_counted(pooling: Pooling) -> None:
     too_long = words(3000)
     with pytest.raises(openai.BadRequestError, match="maximum context length is 2048"):
         pooling.direct.embeddings.create(model=SERVED_NAME, input=too_long)
+    before = pooling.seen("/v1/embeddings")
+    with pytest.raises(openai.BadRequestError, match="The truncate policy was not applied"):
+        pooling.guarded.embeddings.create(model=SERVED_NAME, input=[too_long, "short"], extra_headers=TRUNCATE)
+    assert pooling.seen("/v1/embeddings") == before
     raw = pooling.guarded.embeddings.with_raw_response.create(
-        model=SERVED_NAME, input=[too_long, "short"], extra_headers=TRUNCATE
+        model=SERVED_NAME, input=[too_long, "short"], extra_body={"truncate_prompt_tokens": -1}
     )
-    reply = raw.parse()
-    assert raw.headers[GUARD_ACTION] == "truncate"
-    assert int(raw.headers[GUARD_PROMPT]) == reply.usage.prompt_tokens > MAX_MODEL_LEN
-    chat = {"model": SERVED_NAME, "messages": [{"role": "user", "content": too_long}]}
-    cut = pooling.http.post(pooling.proxy + "/v1/embeddings", json=chat, headers=TRUNCATE)
+    assert raw.headers[GUARD_ACTION] == "pass"
+    assert int(raw.headers[GUARD_PROMPT]) == raw.parse().usage.prompt_tokens > MAX_MODEL_LEN
+    chat = {"model": SERVED_NAME, "messages": [{"role": "user", "content": too_long}], "truncate_prompt_tokens": -1}
+    cut = pooling.http.post(pooling.proxy + "/v1/embeddings", json=chat)
     assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == MAX_MODEL_LEN
 
 
@@ -141,7 +145,7 @@ def test_cohere_embed_is_counted_as_vllm_bills_it(pooling: Pooling, body: dict[s
     assert int(response.headers[GUARD_PROMPT]) == response.json()["meta"]["billed_units"]["input_tokens"]
 
 
-def test_cohere_none_is_refused_before_vllm_and_truncate_asks_for_vllms_cut(pooling: Pooling) -> None:
+def test_cohere_none_is_refused_before_vllm_whatever_the_policy(pooling: Pooling) -> None:
     before = pooling.seen("/v2/embed")
     over_body = {"model": SERVED_NAME, "texts": ["a", words(3000)], "truncate": "NONE"}
     over = pooling.http.post(pooling.proxy + "/v2/embed", json=over_body)
@@ -153,7 +157,7 @@ def test_cohere_none_is_refused_before_vllm_and_truncate_asks_for_vllms_cut(pool
     guarded = pooling.http.post(pooling.proxy + "/v2/embed", json=capped)
     assert guarded.status_code == 400 and guarded.json()["error"]["message"] == direct.json()["error"]["message"]
     assert pooling.seen("/v2/embed") == before + 1  # only the direct one
-    cut_body = {"model": SERVED_NAME, "texts": [words(3000)], "truncate": "NONE"}
-    cut = pooling.http.post(pooling.proxy + "/v2/embed", json=cut_body, headers=TRUNCATE)
-    assert cut.status_code == 200 and cut.headers[GUARD_ACTION] == "truncate"
-    assert int(cut.headers[GUARD_PROMPT]) == cut.json()["meta"]["billed_units"]["input_tokens"] == MAX_MODEL_LEN
+    none_body = {"model": SERVED_NAME, "texts": [words(3000)], "truncate": "NONE"}
+    refused = pooling.http.post(pooling.proxy + "/v2/embed", json=none_body, headers=TRUNCATE)  # NONE: not to be cut
+    assert refused.status_code == 400 and "send truncate (END or START)" in refused.json()["error"]["message"]
+    assert pooling.seen("/v2/embed") == before + 1

@@ -473,6 +473,9 @@ def test_a_clients_destination_header_is_taken_off_and_admission_ignores_it(rig:
     named = rig.processor.settings.upstream.urls[1].removeprefix("http://")
     held: list[list[int]] = []
     for _ in range(4):
+        # the last stream's ticket comes back when Envoy ends its stream, a moment after its answer: the pool's turns
+        # alternate only between idle replicas
+        assert eventually(lambda: all(b.requests == 0 for b in budgets))
         sent = {"x-gateway-destination-endpoint": named}
         with httpx.stream("POST", rig.url("duplex") + CHAT, json=chat(max_tokens=3, stream=True), headers=sent) as s:
             held.append([b.requests for b in budgets])
@@ -502,3 +505,17 @@ def test_a_gateway_prefix_is_guarded_as_the_path_vllm_receives(rig: Rig, listene
     assert not rig.fast.since(before)
     unprefixed = httpx.post(rig.url("duplex") + "/llama" + CHAT, json=chat(max_tokens=3))
     assert unprefixed.status_code == 404 and not rig.fast.since(before)
+
+
+@pytest.mark.parametrize("listener", ["buffered", "duplex"])
+def test_the_headers_vllm_acts_on_reach_it_as_the_guard_read_them(rig: Rig, listener: str) -> None:
+    """Envoy forwards a repeated header whole and vLLM reads its first value; the guard reads one value, so it pins
+    the SageMaker adapter header (the model /invocations runs) to it, and takes the data-parallel rank off."""
+    adapter = "x-amzn-sagemaker-adapter-identifier"
+    headers = [(adapter, "nope"), (adapter, MODEL), ("x-data-parallel-rank", "1"), ("content-type", "application/json")]
+    answer = httpx.post(rig.url(listener) + "/invocations", content=b'{"prompt": "hi", "max_tokens": 2}',
+                        headers=headers, timeout=30)  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    _, path, seen, body = rig.fast.last()
+    assert path == "/invocations" and seen[adapter] == MODEL and "x-data-parallel-rank" not in seen
+    assert json.loads(body)["model"] == MODEL  # the body names the model the guard checked

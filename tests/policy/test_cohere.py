@@ -45,17 +45,15 @@ def test_none_with_max_tokens_is_refused_before_vllm_embeds_it_in_its_words() ->
     assert isinstance(settle([5, 10], truncate="NONE", max_tokens=10), Forward)
 
 
-def test_the_truncate_policy_asks_vllm_for_its_own_cut() -> None:
+def test_the_truncate_policy_never_overrides_none() -> None:
+    # NONE is the client's word that its inputs are not cut: an input over the window is refused, saying how to ask
     outcome = settle([150, 3], choice="truncate", truncate="NONE")
-    assert isinstance(outcome, Forward) and json.loads(outcome.body)["truncate"] == "END"
-    assert (outcome.decision.action, outcome.decision.prompt_tokens, outcome.decision.truncated_tokens) == \
-        ("truncate", 103, 50)  # fmt: skip
-    over = settle([150], choice="truncate", truncate="NONE", max_tokens=500)  # END would refuse 500 > the window
-    assert isinstance(over, Forward) and json.loads(over.body) | {"texts": 0} == {
-        "texts": 0,
-        "truncate": "END",
-        "max_tokens": 100,
-    }
+    assert isinstance(outcome, Refuse) and outcome.error.code == "context_length_exceeded"
+    assert "The truncate policy was not applied" in outcome.error.message and "send truncate (END or START)" in \
+        outcome.error.message  # fmt: skip
+    kept = settle([150, 3], choice="truncate", truncate="END")  # the client's own cut: vLLM keeps the window
+    assert isinstance(kept, Forward) and json.loads(kept.body)["truncate"] == "END"
+    assert kept.decision.prompt_tokens == 103
 
 
 def test_input_type_makes_it_partial_and_chunk_is_refused() -> None:

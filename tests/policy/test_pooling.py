@@ -1,4 +1,5 @@
-"""The pooling decision, without a socket: fits at the window, refuses past it, truncation by vLLM's own -1."""
+"""The pooling decision, without a socket: fits at the window, refuses past it whatever the overflow policy (a
+pooling answer is about its whole input), counts the client's own truncate_prompt_tokens."""
 
 from __future__ import annotations
 
@@ -32,17 +33,13 @@ def test_one_prompt_over_the_window_refuses_the_request() -> None:
     assert "contains 101 input tokens" in outcome.error.message and "input 2 of 2" in outcome.error.message
 
 
-def test_truncate_sets_vllms_own_maximum_and_counts_the_cut() -> None:
-    outcome = settle_pooling(pooled([150, 3]), LIMITS, "truncate", "local")
-    assert isinstance(outcome, Forward) and json.loads(outcome.body)["truncate_prompt_tokens"] == -1
-    decision = outcome.decision
-    assert (decision.action, decision.prompt_tokens, decision.truncated_tokens, outcome.cost) == ("truncate", 103, 50,
-                                                                                                  103)  # fmt: skip
-
-
-def test_chunk_is_refused_with_its_reason() -> None:
-    outcome = settle_pooling(pooled([150]), LIMITS, "chunk", "local")
-    assert isinstance(outcome, Refuse) and "chunk policy was not applied" in outcome.error.message
+@pytest.mark.parametrize("endpoint", ["embeddings", "pooling", "classify", "score", "rerank"])
+@pytest.mark.parametrize("choice", ["truncate", "chunk"])
+def test_no_policy_cuts_what_a_pooling_answer_is_about(endpoint: str, choice: str) -> None:
+    outcome = settle_pooling(Pooled(endpoint, BODY, RAW, [150, 3], "input", None), LIMITS, choice, "local")
+    assert isinstance(outcome, Refuse) and outcome.error.code == "context_length_exceeded"
+    assert f"The {choice} policy was not applied: the answer of {endpoint} is about the whole input" in \
+        outcome.error.message and "send truncate_prompt_tokens" in outcome.error.message  # fmt: skip
 
 
 @pytest.mark.parametrize("truncate,action", [(50, "pass"), (-1, "pass"), (120, "reject")])
@@ -53,10 +50,8 @@ def test_the_clients_own_truncation_counts(truncate: int, action: str) -> None:
         assert outcome.decision.prompt_tokens == min(150, 100 if truncate == -1 else truncate)
 
 
-def test_score_is_partial_and_truncate_covers_pairs_that_may_not_fit() -> None:
-    fits = settle_pooling(pooled([60, 30], partial=True, paired=90), LIMITS, "truncate", "local")
-    assert isinstance(fits, Forward) and fits.body == RAW and fits.decision.action == "partial"
-    maybe = settle_pooling(pooled([60, 50], partial=True, paired=110), LIMITS, "truncate", "local")
-    assert isinstance(maybe, Forward) and json.loads(maybe.body)["truncate_prompt_tokens"] == -1
-    refused = settle_pooling(pooled([60, 50], partial=True, paired=110), LIMITS, "reject", "local")
-    assert isinstance(refused, Forward) and refused.body == RAW  # not refused on a guess
+def test_score_is_partial_and_not_refused_on_a_guess() -> None:
+    # each text fits alone; the pair may not: vLLM decides, whatever the policy (a cut pair scores another pair)
+    for choice in ("reject", "truncate"):
+        maybe = settle_pooling(pooled([60, 50], partial=True), LIMITS, choice, "local")
+        assert isinstance(maybe, Forward) and maybe.body == RAW and maybe.decision.action == "partial"

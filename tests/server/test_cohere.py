@@ -66,11 +66,16 @@ def test_none_over_the_window_or_max_tokens_is_refused_without_reaching_vllm(pro
     assert sim.stats.received == before
 
 
-def test_the_truncate_policy_asks_vllm_for_its_own_cut(proxy: str, sim: InMemorySim) -> None:
+def test_the_truncate_policy_never_overrides_none(proxy: str, sim: InMemorySim) -> None:
+    # NONE says the inputs are not to be cut; the embedding of a cut input would be another input's
+    before = sim.stats.received
     response = embed(proxy, {"texts": [LONG, "short"], "truncate": "NONE"}, **{"x-token-guard-overflow": "truncate"})
-    assert response.headers["x-token-guard-action"] == "truncate" and sim.stats.requests[-1]["truncate"] == "END"
-    assert int(response.headers["x-token-guard-prompt-tokens"]) == billed(response)
-    assert int(response.headers["x-token-guard-truncated-tokens"]) == 3001 - WINDOW
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["code"] == "context_length_exceeded"
+    assert "send truncate (END or START)" in error["message"] and sim.stats.received == before
+    asked = embed(proxy, {"texts": [LONG, "short"], "truncate": "END"}, **{"x-token-guard-overflow": "truncate"})
+    assert asked.headers["x-token-guard-action"] == "pass" and int(asked.headers["x-token-guard-prompt-tokens"]) == \
+        billed(asked)  # fmt: skip
 
 
 @pytest.mark.parametrize("body", [{"texts": []}, {"texts": ["a"], "images": ["x"]}, {"texts": ["a"], "truncate": "no"}])

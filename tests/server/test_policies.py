@@ -266,3 +266,46 @@ def test_a_failing_part_cancels_the_others(deepseek_dir: Path, stream: bool) -> 
         # every part that reached the simulator was cancelled, none finished (the failing one never reached it)
         assert eventually(lambda: stats.active == 0 and stats.aborted == stats.received)
         assert stats.completed == 0
+
+
+def test_a_prompt_scored_by_its_own_logprobs_is_never_cut(sim: InMemorySim, deepseek_dir: Path) -> None:
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs, max_tokens 1. Cut, its logprobs would be
+    another text's and the harness's perplexity wrong with no error: the overflow 400 instead, whatever the
+    configured policy or the client's header; the same prompt without logprobs is still cut."""
+    text = document(3000)
+    with guard(sim, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.on_overflow": "truncate"}) as server:
+        for policy in ("truncate", "chunk"):
+            client = sdk(server.url, policy)
+            before = sim.stats.received
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.completions.create(model=MODEL, prompt=text, echo=True, logprobs=1, max_tokens=1)
+            body = caught.value.body
+            assert isinstance(body, dict) and body["code"] == "context_length_exceeded"
+            assert f"The {policy} policy was not applied" in body["message"] and "echo with logprobs" in body["message"]
+            assert caught.value.response.headers["x-token-guard-action"] == "reject" and sim.stats.received == before
+        configured = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+        with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+            configured.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
+                                               max_tokens=8, extra_body={"prompt_logprobs": 1})  # fmt: skip
+        cut = configured.completions.with_raw_response.create(model=MODEL, prompt=text, max_tokens=1)
+        assert cut.headers["x-token-guard-action"] == "truncate"
+
+
+def test_prompt_ids_sent_for_vllm_to_run_are_counted_and_never_cut(proxy: str, sim: InMemorySim) -> None:
+    """kv_transfer_params.prompt_token_ids: vLLM's chat renderer runs them in place of the messages. Counted as the
+    messages alone (2 tokens), a 1,900-id prompt went to vLLM with room for 1,000 tokens of answer."""
+    ids = list(range(1000, 2900))
+    raw = sdk(proxy, "reject").chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1000,
+        extra_body={"kv_transfer_params": {"prompt_token_ids": ids}},
+    )  # fmt: skip
+    usage = raw.parse().usage
+    assert raw.headers["x-token-guard-prompt-tokens"] == "1900" and raw.headers["x-token-guard-max-tokens"] == "148"
+    assert usage is not None and usage.prompt_tokens == 1900
+    before = sim.stats.received
+    with pytest.raises(openai.BadRequestError, match="kv_transfer_params, which vLLM runs in place of the messages"):
+        sdk(proxy, "truncate").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10,
+            extra_body={"kv_transfer_params": {"prompt_token_ids": list(range(1000, 3100))}},
+        )  # fmt: skip
+    assert sim.stats.received == before

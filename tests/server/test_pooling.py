@@ -51,18 +51,19 @@ def test_an_input_over_the_window_is_refused_without_reaching_vllm(oai: openai.O
     assert sim.stats.received == before
 
 
-def test_vllm_alone_refuses_what_truncate_answers(oai: openai.OpenAI, sim: InMemorySim) -> None:
-    direct = openai.OpenAI(base_url=f"{sim.url}/v1", api_key="x", max_retries=0, http_client=sim.client)
-    with pytest.raises(openai.BadRequestError, match="maximum context length"):
-        direct.embeddings.create(model=MODEL, input=essay(3000))
-    raw = oai.embeddings.with_raw_response.create(model=MODEL, input=[essay(3000), "short"], extra_headers=TRUNCATE)
-    reply = raw.parse()
-    assert sim.stats.requests[-1]["truncate_prompt_tokens"] == -1
-    assert raw.headers["x-token-guard-action"] == "truncate"
-    assert int(raw.headers["x-token-guard-prompt-tokens"]) == reply.usage.prompt_tokens
-    assert int(raw.headers["x-token-guard-truncated-tokens"]) > 0
-    short = sim.client.post("/v1/embeddings", json={"model": MODEL, "input": "short"}).json()
-    assert reply.usage.prompt_tokens == WINDOW + short["usage"]["prompt_tokens"]  # each input cut on its own
+def test_truncate_never_cuts_an_input_into_another(oai: openai.OpenAI, sim: InMemorySim) -> None:
+    # the embedding of a cut input is another input's: refused whatever the policy, saying how to ask vLLM's cut
+    before = sim.stats.received
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.embeddings.create(model=MODEL, input=[essay(3000), "short"], extra_headers=TRUNCATE)
+    body = caught.value.body
+    assert isinstance(body, dict) and body["code"] == "context_length_exceeded"
+    assert "The truncate policy was not applied" in body["message"] and "truncate_prompt_tokens" in body["message"]
+    assert sim.stats.received == before
+    raw = oai.embeddings.with_raw_response.create(model=MODEL, input=[essay(3000), "short"],
+                                                   extra_body={"truncate_prompt_tokens": -1})  # fmt: skip
+    assert raw.headers["x-token-guard-action"] == "pass"  # the client's own cut, counted as vLLM makes it
+    assert int(raw.headers["x-token-guard-prompt-tokens"]) == raw.parse().usage.prompt_tokens > WINDOW
 
 
 def test_a_prompt_of_exactly_the_window_fits(proxy: str) -> None:
@@ -101,11 +102,10 @@ def test_each_form_and_route_is_counted_as_vllm_counts_it(proxy: str, path: str,
     assert int(response.headers["x-token-guard-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
 
 
-def test_chat_form_over_the_window_truncates(proxy: str, sim: InMemorySim) -> None:
+def test_chat_form_over_the_window_is_refused_under_truncate(proxy: str) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": essay(3000)}]}
     response = httpx.post(f"{proxy}/v1/embeddings", json=body, headers=TRUNCATE)
-    assert response.status_code == 200 and response.json()["usage"]["prompt_tokens"] == WINDOW
-    assert sim.stats.requests[-1]["truncate_prompt_tokens"] == -1
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
 
 
 @pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank", "/score", "/v1/score"])
@@ -119,14 +119,16 @@ def test_score_and_rerank_count_a_lower_bound(proxy: str, path: str) -> None:
     assert int(response.headers["x-token-guard-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
 
 
-def test_a_document_over_the_window_is_refused_or_truncated(proxy: str, sim: InMemorySim) -> None:
+def test_a_document_over_the_window_is_refused_unless_the_client_cuts(proxy: str, sim: InMemorySim) -> None:
     body = {"model": MODEL, "query": "hello", "documents": ["short", essay(3000)]}
     before = sim.stats.received
     refused = httpx.post(f"{proxy}/rerank", json=body)
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
     assert sim.stats.received == before
-    cut = httpx.post(f"{proxy}/rerank", json=body, headers=TRUNCATE)
-    assert cut.status_code == 200 and sim.stats.requests[-1]["truncate_prompt_tokens"] == -1
+    also = httpx.post(f"{proxy}/rerank", json=body, headers=TRUNCATE)  # the score of a cut document is another's
+    assert also.status_code == 400 and sim.stats.received == before
+    asked = httpx.post(f"{proxy}/rerank", json={**body, "truncate_prompt_tokens": -1})
+    assert asked.status_code == 200 and sim.stats.requests[-1]["truncate_prompt_tokens"] == -1
 
 
 def test_metrics_label_the_pooling_endpoints(proxy: str, oai: openai.OpenAI) -> None:

@@ -35,11 +35,12 @@ models = ["tiny", "other"]
 [[keys]]
 name = "team-b"
 key_sha256 = "{digest.upper()}"
+prompt_embeds = false
 """,
     )
     assert keys == (
         KeySettings("team-a", hashlib.sha256(b"sk-a").hexdigest(), 100000, 60, 512, ("tiny", "other")),
-        KeySettings("team-b", digest),
+        KeySettings("team-b", digest, prompt_embeds=False),
     )
     assert keys[0].limited and not keys[1].limited
 
@@ -60,6 +61,7 @@ def test_no_keys_by_default() -> None:
         ('name = "a"\nkey = "s"\nmodels = []', "keys[0] (a).models: expected a non-empty list"),
         ('name = "a"\nkey = "s"\nmodel = ["x"]', "keys[0] (a).model: unknown key"),
         ('name = "a"\nkey = ""', "keys[0] (a).key: expected a non-empty string, got (hidden)"),
+        ('name = "a"\nkey = "s"\nprompt_embeds = "maybe"', "keys[0] (a).prompt_embeds: expected"),
     ],
 )
 def test_bad_entries_name_the_entry_and_the_field(tmp_path: Path, table: str, message: str) -> None:

@@ -63,3 +63,12 @@ def test_errors_surface_as_sdk_exceptions(sim032: RunningSim) -> None:
         assert "cannot be greater than max_model_len=2048" in str(exc)
     else:
         raise AssertionError("max_tokens above the window was accepted")
+
+
+def test_transferred_prompt_ids_run_in_place_of_the_messages(sim: RunningSim) -> None:
+    """vLLM's chat renderer feeds kv_transfer_params.prompt_token_ids to the engine instead of the rendered messages
+    (disaggregated serving's decode-side reuse), without a KV connector too."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "kv_transfer_params": {"prompt_token_ids": list(range(5, 505))}}  # fmt: skip
+    answer = sim.client.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200 and answer.json()["usage"]["prompt_tokens"] == 500

@@ -30,18 +30,21 @@ IN_MEMORY = "http://simulator.invalid:8000"  # the in-memory simulator's base UR
 
 
 class Tap:
-    """ASGI middleware keeping the response body bytes and the raw query string of every HTTP request, in order."""
+    """ASGI middleware keeping the response body bytes, the raw query string and the headers of every HTTP request, in
+    order."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.bodies: list[bytes] = []
         self.queries: list[bytes] = []
+        self.headers: list[list[tuple[bytes, bytes]]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         self.queries.append(scope["query_string"])
+        self.headers.append(list(scope["headers"]))
         chunks: list[bytes] = []
 
         async def record(message: Message) -> None:
