@@ -12,7 +12,9 @@ A case is `kind:amount`, optionally followed by `xN` for N such bodies posted at
 - `arrays:32`, `objects:4`: a small chat request with an unused field of `[]` (or `{}`) that fills the body to that
   many MiB less 4 KiB (32: just under server.max_body_bytes; 4: just under the size parsed in a child process);
 - `ids:131000`: a completions prompt of that many token ids, in a window 16 tokens longer, with a `max_tokens` that
-  the guard clamps (so it writes the body back).
+  the guard clamps (so it writes the body back);
+- `utf16:31.5`: the `arrays` body in UTF-16-LE, which json.loads reads too, behind a field holding "∀" (U+2200, whose
+  bytes 00 22 hold a quote to a scan of the body as UTF-8 bytes).
 """
 
 from __future__ import annotations
@@ -112,12 +114,16 @@ def _request(kind: str, amount: float) -> tuple[str, bytes, str]:
         head, tail = _chat("hi")[:-1] + b', "unused": [', b"]}"
         count = (int(amount * 2**20) - MARGIN - len(head) - len(tail) + 1) // (len(FILLERS[kind]) + 1)
         return "/v1/chat/completions", head + b",".join([FILLERS[kind]] * count) + tail, "2048"
+    if kind == "utf16":
+        text = _chat("hi")[:-1].decode() + ', "hidden": "\u2200", "unused": ['
+        count = (int(amount * 2**20) // 2 - len(text) - 2 + 1) // 3
+        return "/v1/chat/completions", (text + ",".join(["[]"] * count) + "]}").encode("utf-16-le"), "2048"
     if kind == "ids":
         rng = random.Random(1)
         prompt = [rng.randrange(30_000) for _ in range(int(amount))]
         body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1000}).encode()
         return "/v1/completions", body, str(len(prompt) + 16)
-    raise SystemExit(f"unknown case kind {kind!r}: expected one of {', '.join([*POLICIES, *FILLERS, 'ids'])}")
+    raise SystemExit(f"unknown case kind {kind!r}: expected one of {', '.join([*POLICIES, *FILLERS, 'ids', 'utf16'])}")
 
 
 def _words(megabytes: float) -> str:

@@ -127,6 +127,24 @@ def test_a_body_over_the_limit_is_refused_before_anything_goes_upstream(rig: Rig
     assert not rig.fast.since(before)
 
 
+@pytest.mark.parametrize("listener", ["buffered", "duplex"])
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-32"])
+def test_a_json_body_that_is_not_utf8_is_refused_as_serve_refuses_it(rig: Rig, listener: str, encoding: str) -> None:
+    """json.loads, and so vLLM, reads UTF-16 and UTF-32 too. Scanned as UTF-8 bytes, "∀" (U+2200, a byte 0x22) would
+    be a quote, and the 100 levels of nesting behind it the inside of a string."""
+    before = len(rig.fast.seen)
+    deep: list[Any] = []
+    for _ in range(100):
+        deep = [deep]
+    raw = json.dumps(chat(max_tokens=100_000, hidden="∀", unused=deep), ensure_ascii=False).encode(encoding)
+    kind = {"content-type": "application/json"}
+    answer = httpx.post(rig.url(listener) + CHAT, content=raw, headers=kind, timeout=30)
+    served = httpx.post(rig.serve + CHAT, content=raw, headers=kind, timeout=30)
+    assert answer.status_code == served.status_code == 400 and answer.json() == served.json()
+    assert f"{encoding.upper()} text; a JSON request body must be UTF-8" in answer.json()["error"]["message"]
+    assert not rig.fast.since(before)
+
+
 def test_the_processor_down_fails_closed(rig: Rig) -> None:
     before = len(rig.fast.seen)
     answer = httpx.post(rig.url("down") + CHAT, json=chat(max_tokens=100_000))
