@@ -144,6 +144,8 @@ class Stream:
                 self.record.queue_s = self.ticket.waited_s
                 self.extra.append((QUEUE_HEADER, str(round(self.ticket.waited_s * 1000)).encode()))
         upward = [*self.tagged[:1], *encode_headers(outcome.decision.headers())]
+        if outcome.content_type is not None:  # a form written anew: its own boundary, in place of every one sent
+            upward.append((b"content-type", outcome.content_type.encode("latin-1")))
         changed = outcome.body is not body
         if self.request_mode == FULL_DUPLEX:
             return [wire.request_headers(upward, remove=("content-length",)), *wire.streamed(outcome.body, True)]
