@@ -58,15 +58,33 @@ def test_fields_and_the_file_part_as_httpx_writes_them() -> None:
 def test_written_anew_with_a_boundary_of_its_own_the_form_reads_as_the_guard_read_it() -> None:
     raw, content_type = multipart({"max_completion_tokens": "4000", "model": "w"})
     form = read_form(raw, content_type)
-    same, kind = form.canonical(raw, {})
-    assert kind.startswith("multipart/form-data; boundary=token-guard-") and kind != content_type
-    assert as_starlette_reads(same, kind) == as_guard_reads(form, raw) == as_starlette_reads(raw, content_type)
     changed, kind = form.canonical(raw, {"max_completion_tokens": "7", "language": "en"})
+    assert kind.startswith("multipart/form-data; boundary=token-guard-") and kind != content_type
     again = read_form(changed, kind)
     assert again.fields == {"max_completion_tokens": "7", "model": "w", "language": "en"}
     assert as_starlette_reads(changed, kind) == as_guard_reads(again, changed)
     file = again.part("file")
     assert file is not None and changed[file.start : file.end] == AUDIO
+
+
+def test_a_form_httpx_wrote_is_the_form_written_anew_and_goes_as_it_came() -> None:
+    """httpx (and so the OpenAI SDK) writes parts as the guard writes them: unchanged, the client's bytes are that
+    form already, in the client's boundary, and are not copied."""
+    raw, content_type = multipart({"max_completion_tokens": "4000", "model": "w"})
+    form = read_form(raw, content_type)
+    same, kind = form.canonical(raw, {})
+    assert same is raw and kind == content_type
+    assert as_starlette_reads(same, kind) == as_guard_reads(form, raw)
+    for odd in (
+        b"\r\n" + raw,
+        raw + b"epilogue",
+        raw.replace(b"Content-Type: audio/wav", b"Content-type: audio/wav"),
+        raw.replace(b'name="model"', b"name=model"),
+        raw.replace(b"\r\n\r\nw\r\n", b"\r\nX: y\r\n\r\nw\r\n"),
+    ):
+        anew, kind = read_form(odd, content_type).canonical(odd, {})
+        assert anew != odd and kind.startswith("multipart/form-data; boundary=token-guard-"), odd[:80]
+        assert as_starlette_reads(anew, kind) == as_starlette_reads(raw, content_type)
 
 
 def test_a_part_with_two_content_dispositions_is_refused_by_name() -> None:

@@ -16,11 +16,13 @@ PATH = "/v1/audio/transcriptions"
 
 
 def settle(data: dict[str, str], limits: Limits = WHISPER) -> tuple[Forward, dict[str, str]]:
+    """The outcome, and the fields of the form it forwards. httpx writes a form as the guard writes one anew: unless a
+    field changes, it goes as it came, else written anew in a boundary of the guard's own."""
     request = httpx.Request("POST", "http://x/", data=data, files={"file": ("a.wav", AUDIO, "audio/wav")})
     raw, content_type = request.read(), request.headers["content-type"]
     outcome = settle_audio(audio_request(raw, content_type, PATH), raw, limits)
     assert isinstance(outcome, Forward) and outcome.content_type is not None
-    assert outcome.content_type != content_type  # a boundary of the guard's own
+    assert (outcome.body is raw) == (outcome.content_type == content_type)
     forwarded = audio_request(outcome.body, outcome.content_type, PATH)
     file = forwarded.form.part("file")
     assert file is not None and file.filename == "a.wav" and outcome.body[file.start : file.end] == AUDIO
@@ -29,7 +31,7 @@ def settle(data: dict[str, str], limits: Limits = WHISPER) -> tuple[Forward, dic
 
 def test_a_limit_is_partial_with_no_prompt_tokens_and_costs_the_limit() -> None:
     outcome, fields = settle({"model": "whisper", "max_completion_tokens": "100"})
-    assert fields == {"model": "whisper", "max_completion_tokens": "100"}
+    assert fields == {"model": "whisper", "max_completion_tokens": "100"} and outcome.body.startswith(b"--")
     assert (outcome.decision.action, outcome.decision.prompt_tokens, outcome.decision.max_tokens) == ("partial", 0, 100)
     assert outcome.cost == 100 and outcome.decision.headers()["x-token-guard-prompt-tokens"] == "0"
 
@@ -48,7 +50,7 @@ def test_no_limit_costs_the_window_and_beams_multiply_it() -> None:
 def test_the_keys_cap_changes_only_that_field() -> None:
     outcome, fields = settle({"max_completion_tokens": "300", "language": "en"}, Limits(448, max_output=50))
     assert fields == {"max_completion_tokens": "50", "language": "en"} and outcome.decision.max_tokens == 50
-    assert outcome.cost == 50
+    assert outcome.cost == 50 and b"token-guard-" in outcome.body  # written anew
 
 
 def test_a_default_or_the_keys_cap_is_added_when_none_is_asked_for() -> None:

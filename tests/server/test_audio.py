@@ -33,7 +33,8 @@ def test_a_transcription_is_partial_with_its_limit_and_the_form_as_sent(oai: ope
     assert forwarded["file_bytes"] == len(wav())
 
 
-def test_a_translation_reaches_vllm_as_the_guard_read_it_written_anew(proxy: str, sim: InMemorySim) -> None:
+def test_a_translation_as_httpx_writes_it_reaches_vllm_byte_for_byte(proxy: str, sim: InMemorySim) -> None:
+    """httpx writes a form as the guard writes one anew: nothing to change, it goes as it came."""
     data = {"model": MODEL, "temperature": "0.2"}
     request = httpx.Request("POST", f"{proxy}/v1/audio/translations", data=data,
                             files={"file": ("s.wav", wav(), "audio/wav")})  # fmt: skip
@@ -44,8 +45,8 @@ def test_a_translation_reaches_vllm_as_the_guard_read_it_written_anew(proxy: str
     assert response.headers["x-token-guard-action"] == "partial" and "x-token-guard-max-tokens" not in response.headers
     forwarded = sim.stats.requests[-1]
     assert forwarded["form"] == data and forwarded["file_bytes"] == len(wav())
-    assert forwarded["file_sha256"] == hashlib.sha256(wav()).hexdigest()  # the audio as sent
-    assert forwarded["sha256"] != hashlib.sha256(sent).hexdigest()  # in a form of the guard's own
+    assert forwarded["file_sha256"] == hashlib.sha256(wav()).hexdigest()
+    assert forwarded["sha256"] == hashlib.sha256(sent).hexdigest()
 
 
 def test_a_stream_passes_through_with_vllms_usage_event(oai: openai.OpenAI, sim: InMemorySim) -> None:
@@ -172,11 +173,13 @@ ODD = {  # forms the guard reads, each odd in a way python-multipart could read 
 def test_an_odd_form_reaches_vllm_as_the_guard_read_it(
     capped: str, sim: InMemorySim, raw: bytes, content_type: str
 ) -> None:
-    """The key's cap of 50 is what vLLM reads, and the prompt the guard read: the form goes written anew."""
+    """The key's cap of 50 is what vLLM reads, and the prompt the guard read: the form goes written anew, its audio
+    as sent."""
     before = sim.stats.snapshot()["tokens_generated"]
     response = post_form(capped, raw, content_type)
     assert response.status_code == 200, response.text
     assert response.headers["x-token-guard-max-tokens"] == "50"
     forwarded = sim.stats.requests[-1]["form"]
     assert forwarded["max_completion_tokens"] == "50" and forwarded.get("prompt", "é") == "é"
+    assert sim.stats.requests[-1]["file_sha256"] == hashlib.sha256(wav()).hexdigest()
     assert sim.stats.snapshot()["tokens_generated"] - before == 50
