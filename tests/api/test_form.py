@@ -87,6 +87,17 @@ def test_a_form_httpx_wrote_is_the_form_written_anew_and_goes_as_it_came() -> No
         assert as_starlette_reads(anew, kind) == as_starlette_reads(raw, content_type)
 
 
+def test_a_value_that_begins_with_a_delimiter_line_is_a_value_to_both_readers() -> None:
+    """The CRLF that ends a part's headers is no delimiter's: so the form goes as it came."""
+    body = (b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\n--b\r\nContent-Disposition: form-data; '
+            b'name="n"\r\n\r\n8\r\n--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+            b"Content-Type: audio/wav\r\n\r\nRIFF\r\n--b--\r\n")  # fmt: skip
+    form = read_form(body, "multipart/form-data; boundary=b")
+    assert form.fields == {"model": '--b\r\nContent-Disposition: form-data; name="n"\r\n\r\n8'}
+    assert as_starlette_reads(body, "multipart/form-data; boundary=b") == as_guard_reads(form, body)
+    assert form.canonical(body, {})[0] is body
+
+
 def test_a_part_with_two_content_dispositions_is_refused_by_name() -> None:
     """python-multipart keeps the last of them (vLLM would read `max_completion_tokens`), a reader of the first would
     read a harmless field."""
