@@ -1,7 +1,8 @@
 """The audio requests (`POST /v1/audio/transcriptions` and `/v1/audio/translations`) as the guard reads them: a
 multipart form (api/form.py) whose `file` part is the audio, never decoded here, and whose text fields hold the
-settings. Only the fields that change the output limit or the cost are read; the form goes upstream written anew from
-what was read (Form.canonical), so that vLLM reads what the guard read.
+settings. Only the fields that change the output limit or the cost are read; the form goes upstream as
+Form.canonical gives it (written anew from what was read, or as it came when it already was that form), so that vLLM
+reads what the guard read.
 
 vLLM 0.31 / 0.32 (`speech_to_text/{transcription,translation}/protocol.py`, `base/serving.py`): both forms take
 `file` (a file part), `model`, `max_completion_tokens` (both versions, both routes), `stream`, `use_beam_search` and

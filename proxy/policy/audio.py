@@ -10,7 +10,8 @@ the fact, says what it was). So the guard says `partial`, counts 0 prompt tokens
             A model that splits long audio into 30-second segments runs each segment with that limit; the guard cannot
             know how many there are without decoding the audio.
 
-The form is forwarded written anew (api/form.py, Form.canonical) with the limit set there, whether it changed or not.
+The form is forwarded as Form.canonical gives it (api/form.py): written anew with the limit set there, or as it came
+when nothing changed and the client wrote it as the guard writes one; always with the guard's Content-Type.
 """
 
 from __future__ import annotations
