@@ -12,12 +12,17 @@ A case is `kind:amount`, optionally followed by `xN` for N such bodies posted at
 - `arrays:32`, `objects:4`: a small chat request with an unused field of `[]` (or `{}`) that fills the body to that
   many MiB less 4 KiB (32: just under server.max_body_bytes; 4: just under the size parsed in a child process);
 - `ids:131000`: a completions prompt of that many token ids, in a window 16 tokens longer, with a `max_tokens` that
-  the guard clamps (so it writes the body back).
+  the guard clamps (so it writes the body back);
+- `utf16:31.5`: the `arrays` body in UTF-16-LE, which json.loads reads too, behind a field holding "∀" (U+2200, whose
+  bytes 00 22 hold a quote to a scan of the body as UTF-8 bytes);
+- `audio:25`: a transcription form (multipart) of that many MiB of WAV audio, whose limit the guard passes (the
+  simulator answers 4 tokens), as the OpenAI SDK sends it.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
@@ -26,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import wave
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -60,6 +66,9 @@ def measure(tokenizer: Path, case: str) -> str:
     kind, _, amount = case.partition(":")
     amount, _, times = amount.partition("x")
     path, body, window = _request(kind, float(amount))
+    content_type = "application/json"
+    if kind == "audio":
+        body, content_type = _audio_form(float(amount))
     sim_port, guard_port = _free_port(), _free_port()
     run = [sys.executable, "-m", "proxy"]
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -84,7 +93,7 @@ def measure(tokenizer: Path, case: str) -> str:
             watcher.start()
         started = time.perf_counter()
         with ThreadPoolExecutor(int(times or 1)) as pool:
-            answers = list(pool.map(lambda _: _post(url + path, body), range(int(times or 1))))
+            answers = list(pool.map(lambda _: _post(url + path, body, content_type), range(int(times or 1))))
         took = time.perf_counter() - started
         done.set()
         for watcher in watchers:
@@ -112,12 +121,20 @@ def _request(kind: str, amount: float) -> tuple[str, bytes, str]:
         head, tail = _chat("hi")[:-1] + b', "unused": [', b"]}"
         count = (int(amount * 2**20) - MARGIN - len(head) - len(tail) + 1) // (len(FILLERS[kind]) + 1)
         return "/v1/chat/completions", head + b",".join([FILLERS[kind]] * count) + tail, "2048"
+    if kind == "utf16":
+        text = _chat("hi")[:-1].decode() + ', "hidden": "\u2200", "unused": ['
+        count = (int(amount * 2**20) // 2 - len(text) - 2 + 1) // 3
+        return "/v1/chat/completions", (text + ",".join(["[]"] * count) + "]}").encode("utf-16-le"), "2048"
     if kind == "ids":
         rng = random.Random(1)
         prompt = [rng.randrange(30_000) for _ in range(int(amount))]
         body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1000}).encode()
         return "/v1/completions", body, str(len(prompt) + 16)
-    raise SystemExit(f"unknown case kind {kind!r}: expected one of {', '.join([*POLICIES, *FILLERS, 'ids'])}")
+    if kind == "audio":
+        return "/v1/audio/transcriptions", b"", "2048"
+    raise SystemExit(
+        f"unknown case kind {kind!r}: expected one of {', '.join([*POLICIES, *FILLERS, 'ids', 'utf16', 'audio'])}"
+    )
 
 
 def _words(megabytes: float) -> str:
@@ -130,8 +147,20 @@ def _chat(text: str) -> bytes:
     return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 10}).encode()
 
 
-def _post(url: str, body: bytes) -> httpx.Response:
-    return httpx.post(url, content=body, timeout=600, headers={"content-type": "application/json"})
+def _audio_form(megabytes: float) -> tuple[bytes, str]:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as audio:
+        audio.setnchannels(1)
+        audio.setsampwidth(2)
+        audio.setframerate(16000)
+        audio.writeframes(b"\x01\x00" * int(megabytes * 2**20 / 2))
+    data = {"model": MODEL, "max_completion_tokens": "4"}
+    request = httpx.Request("POST", "http://x/", data=data, files={"file": ("speech.wav", out.getvalue(), "audio/wav")})
+    return request.read(), request.headers["content-type"]
+
+
+def _post(url: str, body: bytes, content_type: str = "application/json") -> httpx.Response:
+    return httpx.post(url, content=body, timeout=600, headers={"content-type": content_type})
 
 
 def _sample(pid: int, peak: list[float], together: list[float], done: threading.Event) -> None:

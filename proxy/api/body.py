@@ -1,6 +1,12 @@
-"""Reading a request body: one JSON object (its nesting and its number of values bounded before it is parsed, in
-api/shape.py), its typed fields, and the body written back with changed fields. Shared by every endpoint's wire
-model."""
+"""Reading a request body: one JSON object in UTF-8 (its nesting and its number of values bounded before it is
+parsed, in api/shape.py), its typed fields, and the body written back with changed fields. Shared by every endpoint's
+wire model.
+
+JSON text on the wire is UTF-8 (RFC 8259, section 8.1). `json.loads` on bytes, which vLLM's FastAPI uses, would also
+read UTF-16 and UTF-32 (it guesses from the first four bytes), and the bounds of api/shape.py count bytes as UTF-8
+text: so any other encoding is refused before anything is scanned, and what the guard reads is what vLLM reads. A
+UTF-8 byte order mark is accepted, as vLLM accepts it (json.loads drops it), and is not sent again in a rewritten
+body."""
 
 from __future__ import annotations
 
@@ -22,10 +28,13 @@ MAX_VALUES = ServerSettings.max_json_values
 
 
 def parse_json_object(raw: bytes, max_depth: int = MAX_DEPTH, max_values: int = MAX_VALUES) -> dict[str, Any]:
+    check_encoding(raw)
     strings_hold_more = check_shape(raw, max_depth, max_values)
     try:
         body = without_gc(json.loads, raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid UTF-8: {exc.reason} at byte {exc.start}.") from None
+    except json.JSONDecodeError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidRequest("The request body is nested too deeply to be read.") from None
@@ -36,11 +45,22 @@ def parse_json_object(raw: bytes, max_depth: int = MAX_DEPTH, max_values: int = 
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, got {kind_of(body)}.")
-    if _SURROGATE_ESCAPE.search(raw):
+    if _SURROGATE_ESCAPE.search(raw) or (b"\xed" in raw and _SURROGATE_BYTES.search(raw)):
         _check_unicode(body)
     if strings_hold_more:
         check_embedded(body, max_values)
     return body
+
+
+def check_encoding(raw: bytes) -> None:
+    """A 400 for a body json.loads would read as UTF-16 or UTF-32. O(1): the encoding is told by the first four bytes
+    alone (a NUL among them, or a byte order mark), exactly as json.detect_encoding tells it."""
+    encoding = json.detect_encoding(raw[:4])
+    if encoding not in _UTF8:
+        raise InvalidRequest(
+            f"The request body is {encoding.upper()} text; a JSON request body must be UTF-8 (RFC 8259), and "
+            "token-guard reads no other encoding."
+        )
 
 
 def json_arguments(text: str) -> Any:
@@ -65,9 +85,12 @@ def without_gc(fn: Callable[..., T], *args: Any) -> T:
         gc.enable()
 
 
-# Only a \uD800-\uDFFF escape can put a lone surrogate in the parsed text (raw bytes must be valid UTF-8); a pair of
-# them makes one character and is fine. A match only means the whole body is checked, which is exact.
+_UTF8 = ("utf-8", "utf-8-sig")  # what json.detect_encoding says of UTF-8 text, without and with a byte order mark
+# A lone surrogate reaches the parsed text by a \uD800-\uDFFF escape (a pair of them makes one character and is
+# fine), or by its three bytes in the raw body (ED A0-BF ..), which json.loads decodes with "surrogatepass" although
+# they are not UTF-8. A match only means the whole body is checked, which is exact.
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+_SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
 
 
 def _check_unicode(body: dict[str, Any]) -> None:

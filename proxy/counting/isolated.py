@@ -24,7 +24,7 @@ import resource
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from proxy.api.body import MAX_VALUES, parse_json_object, without_gc
+from proxy.api.body import MAX_VALUES, check_encoding, parse_json_object, without_gc
 from proxy.api.shape import values_bound
 from proxy.counting.templates import RenderArgs, TemplateError, render
 from proxy.errors import InvalidRequest
@@ -124,7 +124,9 @@ class BodyParser:
         self.child = ChildProcess(memory_limit_mb)
 
     async def parse(self, raw: bytes, max_depth: int, max_values: int = MAX_VALUES) -> dict[str, Any]:
-        """As api/body.parse_json_object: small bodies of few values here, the others in the child."""
+        """As api/body.parse_json_object: small bodies of few values here, the others in the child. A body that is not
+        UTF-8 is refused here, before it is scanned or sent to the child."""
+        check_encoding(raw)
         if len(raw) <= LOOP_VALUES or (len(raw) < LARGE_BODY_BYTES and values_bound(raw) <= LOOP_VALUES):
             return parse_json_object(raw, max_depth, max_values)
         try:

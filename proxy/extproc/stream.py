@@ -205,6 +205,8 @@ class Stream:
                 self.extra.append((QUEUE_HEADER, str(round(self.ticket.waited_s * 1000)).encode()))
         pinned, stripped = header_changes(self.route.reads if self.route else None, self._headers())
         decided = [*self.tagged[:1], *encode_headers(outcome.decision.headers()), *encode_headers(pinned)]
+        if outcome.content_type is not None:  # a form written anew: its own boundary, in place of every one sent
+            decided.append((b"content-type", outcome.content_type.encode("latin-1")))
         changed = outcome.body is not body
         if at == HEADERS:  # nothing follows the headers
             return [self._onward(decided, remove=stripped)]

@@ -96,7 +96,8 @@ class Guard:
         it). `findings.api_key`, when set, is the client's named key: its models and output cap apply."""
         server = self.settings.server
         if route.reads == "audio":  # a multipart form, not JSON
-            outcome = self._audio(audio_request(raw, headers.get("content-type", "")), raw, headers, findings)
+            req = audio_request(raw, headers.get("content-type", ""), route.path)
+            outcome = self._audio(req, raw, headers, findings)
         else:
             body = await PARSER.parse(raw, server.max_json_depth, server.max_json_values)  # large: in a child process
             try:

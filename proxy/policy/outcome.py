@@ -61,6 +61,7 @@ class Forward:
     body: bytes
     decision: Decision
     cost: int | None = None  # KV tokens it holds while running, for admission
+    content_type: str | None = None  # the body's own, in place of the client's (a form written anew)
 
 
 @dataclass(frozen=True)

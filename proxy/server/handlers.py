@@ -119,6 +119,8 @@ class Handlers:
         outcome, extra = await self.flow.decide(route, body, headers, record, tagged, incoming.leave_if_gone)
         headers = for_upstream(route.reads, headers)  # the headers vLLM acts on, as the guard read them
         if isinstance(outcome, Forward):
+            if outcome.content_type is not None:  # a form written anew: its own boundary
+                headers["content-type"] = outcome.content_type
             await self._forward(reply, incoming, outcome.body, headers, record, extra, route, outcome.cost)
         elif isinstance(outcome, Chunked):
             incoming.leave_if_gone()  # counting and cutting took a while: no chunks for a client that left meanwhile

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from proxy.api.pooling import KINDS as POOLING_KINDS
 from proxy.api.pooling import Kind
-from proxy.simulator.audio import Task, plan_audio
+from proxy.simulator.audio import Task, hear, plan_audio
 from proxy.simulator.audio import answer as spoken_answer
 from proxy.simulator.audio import events as spoken_events
 from proxy.simulator.batch import plan_batch
@@ -112,13 +112,16 @@ class Endpoints:
         async def route(request: Request) -> Response:
             tracker = self.stats.start(request.headers.get("x-request-id"))
             try:
-                raw, kind = await request.body(), request.headers.get("content-type", "")
-                spoken = plan_audio(self.ctx, raw, kind, task, request.headers)
+                raw = await request.body()
+                heard = await hear(request, task)
+                spoken = plan_audio(self.ctx, heard, task, request.headers)
             except ApiError as error:
                 tracker.finish("rejected")
                 return error_response(error)
-            digest = hashlib.sha256(raw).hexdigest()  # a form is recorded by its fields and the hash of its bytes
-            self.stats.record_body({"form": spoken.fields, "file_bytes": spoken.file_bytes, "sha256": digest})
+            # a form is recorded by the fields vLLM's model holds, and the hashes of its audio and of its bytes
+            self.stats.record_body({"form": spoken.fields, "file_bytes": spoken.file_bytes,
+                                    "file_sha256": hashlib.sha256(heard.audio).hexdigest(),
+                                    "sha256": hashlib.sha256(raw).hexdigest()})  # fmt: skip
             tracker.generated(len(spoken.output))
             if spoken.stream:
                 return TrackedStream(_async(spoken_events(spoken)), tracker)

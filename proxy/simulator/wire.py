@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.simulator.errors import request_validation_error
+from proxy.simulator.errors import ApiError, request_validation_error
 
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
 _FALSE = {"0", "off", "f", "false", "n", "no"}
@@ -14,22 +14,26 @@ _MAX_INPUT_CHARS = 200
 
 
 def parse_json_body(raw: bytes, content_type: str) -> Any:
-    """What FastAPI does before validation: insist on application/json, then decode."""
+    """What vLLM does before validation: insist on application/json (validate_json_request), then FastAPI's
+    `json.loads` of the bytes, which reads UTF-8 (a byte order mark too), UTF-16 and UTF-32 alike, and decodes a
+    surrogate's bytes; a JSON error is a validation error, any other one (bytes no encoding reads, an integer too
+    long) FastAPI's 400 "There was an error parsing the body"."""
     media_type = content_type.lower().split(";", maxsplit=1)[0].strip()
     if media_type != "application/json":
         raise request_validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+    except json.JSONDecodeError as exc:
         error = {
             "type": "json_invalid",
-            "loc": "body.0",
+            "loc": f"body.{exc.pos}",
             "msg": "JSON decode error",
             "input": "<dict of 0 items>",
-            "ctx": {"error": reason},
+            "ctx": {"error": exc.msg},
         }
-        raise request_validation_error([str(error)], param="body.0") from None
+        raise request_validation_error([str(error)], param=f"body.{exc.pos}") from None
+    except ValueError:
+        raise ApiError("There was an error parsing the body", type="Bad Request") from None
 
 
 def _summary(value: Any) -> str:

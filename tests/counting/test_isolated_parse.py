@@ -75,6 +75,9 @@ def test_the_loop_keeps_turning_while_the_child_parses(parser: BodyParser, raw: 
          InvalidRequest),
         (many_values().replace(b'"prompt": [0,', b'"prompt": [1' + b"0" * 5000 + b","), "more than 4300 digits",
          InvalidRequest),
+        (large().decode().encode("utf-16"), "The request body is UTF-16 text", InvalidRequest),
+        (large("a\udc00b" * (LARGE_BODY_BYTES // 5)).decode().encode("utf-8", "surrogatepass").replace(
+            b"\\udc00", b"\xed\xb0\x80"), "lone surrogate", InvalidRequest),
     ],
 )  # fmt: skip
 def test_a_large_body_the_child_refuses_is_refused_with_the_same_error(
@@ -87,3 +90,15 @@ def test_a_large_body_the_child_refuses_is_refused_with_the_same_error(
     assert message in there.value.args[0]
     assert isinstance(there.value, GuardError) and isinstance(here.value, GuardError)
     assert (type(there.value), error_bodies.body(there.value)) == (type(here.value), error_bodies.body(here.value))
+
+
+def test_a_body_that_is_not_utf8_never_reaches_the_child() -> None:
+    """A 31.5 MiB UTF-16 body of `[]`: refused from its first bytes, before it is scanned or sent to be parsed."""
+    fresh = BodyParser()
+    try:
+        raw = ('{"unused": [' + ",".join(["[]"] * (31 * 2**20 // 6)) + "]}").encode("utf-16-le")
+        with pytest.raises(InvalidRequest, match="UTF-16-LE text; a JSON request body must be UTF-8"):
+            asyncio.run(fresh.parse(raw, 64))
+        assert fresh.child._pool is None  # no child process was started for it
+    finally:
+        fresh.close()

@@ -19,6 +19,7 @@ from bench.envoy import envoy_binary
 from proxy.api.routes import Kind, RouteTable
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
 from tests.extproc.rig import CHAT, GATE_S, MAX_BODY, MESSAGES, Rig
+from tests.support.audio import wav
 from tests.support.h2c import h2c
 from tests.support.polling import eventually
 from tests.support.servers import MODEL
@@ -126,6 +127,93 @@ def test_a_body_over_the_limit_is_refused_before_anything_goes_upstream(rig: Rig
                         timeout=60)  # fmt: skip
     assert answer.status_code == 413 and "server.max_body_bytes" in answer.json()["error"]["message"]
     assert not rig.fast.since(before)
+
+
+@pytest.mark.parametrize("listener", ["buffered", "duplex"])
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-32"])
+def test_a_json_body_that_is_not_utf8_is_refused_as_serve_refuses_it(rig: Rig, listener: str, encoding: str) -> None:
+    """json.loads, and so vLLM, reads UTF-16 and UTF-32 too. Scanned as UTF-8 bytes, "∀" (U+2200, a byte 0x22) would
+    be a quote, and the 100 levels of nesting behind it the inside of a string."""
+    before = len(rig.fast.seen)
+    deep: list[Any] = []
+    for _ in range(100):
+        deep = [deep]
+    raw = json.dumps(chat(max_tokens=100_000, hidden="∀", unused=deep), ensure_ascii=False).encode(encoding)
+    kind = {"content-type": "application/json"}
+    answer = httpx.post(rig.url(listener) + CHAT, content=raw, headers=kind, timeout=30)
+    served = httpx.post(rig.serve + CHAT, content=raw, headers=kind, timeout=30)
+    assert answer.status_code == served.status_code == 400 and answer.json() == served.json()
+    assert f"{encoding.upper()} text; a JSON request body must be UTF-8" in answer.json()["error"]["message"]
+    assert not rig.fast.since(before)
+
+
+TRANSCRIPTIONS = "/v1/audio/transcriptions"
+
+
+def part(boundary: bytes, name: bytes, value: bytes, filename: bytes | None = None, twice: bytes = b"") -> bytes:
+    """A form part; `twice`: a second Content-Disposition naming it so, after its own."""
+    extra = b'; filename="%s"' % filename if filename is not None else b""
+    second = b'\r\nContent-Disposition: form-data; name="%s"' % twice if twice else b""
+    return b'--%s\r\nContent-Disposition: form-data; name="%s"%s%s\r\n\r\n%s\r\n' % (
+        boundary, name, extra, second, value)  # fmt: skip
+
+
+def audio_form(boundary: bytes, *parts: bytes) -> bytes:
+    return b"".join([*parts, part(boundary, b"file", wav(), b"a.wav"), b"--%s--\r\n" % boundary])
+
+
+def heard(rig: Rig) -> dict[str, Any]:
+    """What the fast simulator, which reads a form as vLLM does, read of the last one it got."""
+    stats = rig.fast.app.state.stats  # type: ignore[attr-defined]
+    form: dict[str, Any] = stats.requests[-1]["form"]
+    return form
+
+
+@pytest.mark.parametrize("listener", ["buffered", "duplex"])
+def test_a_form_part_with_two_content_dispositions_is_refused_as_serve_refuses_it(rig: Rig, listener: str) -> None:
+    """A reader of a part's first header would check `temperature` and max_completion_tokens=50; vLLM reads the
+    last: max_completion_tokens=100000."""
+    before = len(rig.fast.seen)
+    raw = audio_form(b"b", part(b"b", b"max_completion_tokens", b"50"),
+                     part(b"b", b"temperature", b"100000", twice=b"max_completion_tokens"))  # fmt: skip
+    kind = {"content-type": "multipart/form-data; boundary=b"}
+    answer = httpx.post(rig.url(listener) + TRANSCRIPTIONS, content=raw, headers=kind, timeout=30)
+    served = httpx.post(rig.serve + TRANSCRIPTIONS, content=raw, headers=kind, timeout=30)
+    assert answer.status_code == served.status_code == 400 and answer.json() == served.json()
+    assert "part 'temperature' has 2 Content-Disposition headers" in answer.json()["error"]["message"]
+    assert not rig.fast.since(before)
+
+
+@pytest.mark.parametrize("listener", ["buffered", "duplex"])
+def test_a_form_reaches_vllm_as_the_guard_read_it_written_anew(rig: Rig, listener: str) -> None:
+    """python-multipart keeps the backslash of `max_completion\\_tokens` (a field vLLM does not know) and decodes
+    with the request's charset; the guard unescapes the name and reads UTF-8. Written anew, vLLM reads the guard's."""
+    raw = audio_form(b"b", part(b"b", b"max_completion\\_tokens", b"7"), part(b"b", b"prompt", "é".encode()))
+    kind = {"content-type": "multipart/form-data; boundary=b; charset=latin-1"}
+    answer = httpx.post(rig.url(listener) + TRANSCRIPTIONS, content=raw, headers=kind, timeout=30)
+    assert answer.status_code == 200 and answer.headers["x-token-guard-max-tokens"] == "7", answer.text
+    assert heard(rig) == {"max_completion_tokens": "7", "prompt": "é"}
+
+
+@pytest.mark.parametrize("listener", ["buffered", "duplex"])
+def test_the_form_goes_upstream_with_the_guards_own_content_type(rig: Rig, listener: str) -> None:
+    """Two Content-Type headers, which Envoy joins into one (`...boundary=a,multipart/form-data; boundary=z`, the last
+    boundary to both readers) and a form in each boundary: the guard reads the second, after the first as its
+    preamble; python-multipart takes no preamble. At e63017a vLLM refused what was forwarded ("Invalid multipart
+    data."); the form written anew goes with a Content-Type of its own in place of the joined one."""
+    first = audio_form(b"a", part(b"a", b"max_completion_tokens", b"100000"))
+    last = audio_form(b"z", part(b"z", b"max_completion_tokens", b"5"))
+    host, port = rig.url(listener).removeprefix("http://").split(":")
+    body = first + b"\r\n" + last
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"POST %s HTTP/1.1\r\nhost: g\r\ncontent-type: multipart/form-data; boundary=a\r\n"
+                     b"content-type: multipart/form-data; boundary=z\r\ncontent-length: %d\r\nconnection: close"
+                     b"\r\n\r\n%s" % (TRANSCRIPTIONS.encode(), len(body), body))  # fmt: skip
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and b"x-token-guard-max-tokens: 5" in answer, answer[:300]
+    assert heard(rig)["max_completion_tokens"] == "5"
 
 
 def test_the_processor_down_fails_closed(rig: Rig) -> None:

@@ -104,6 +104,24 @@ def test_a_body_of_millions_of_values_is_refused_before_any_is_built(stack: Stac
     assert post(stack, "still there?").status_code == 200
 
 
+def test_a_utf16_body_of_millions_of_values_is_refused_from_its_first_bytes(stack: Stack) -> None:
+    """json.loads reads UTF-16 too, and "∀" (U+2200, bytes 00 22) is a quote to a scan of the body as UTF-8 bytes: at
+    e63017a this 31.5 MiB body passed the bounds, was parsed and forwarded, the guard and its parser at 724 MB."""
+    head = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "hidden": "∀"}, ensure_ascii=False
+    )[:-1]
+    text = head + ', "unused": [' + ",".join(["[]"] * ((63 * 2**20 // 4 - len(head) - 14) // 3)) + "]}"
+    raw = text.encode("utf-16-le")
+    assert 31 * 2**20 < len(raw) < MAX_BODY
+    reset_peaks(stack.guard_pid)
+    before = peak_with_children_mb(stack.guard_pid)
+    response = httpx.post(stack.url + CHAT, content=raw, timeout=300, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text[:300]
+    assert response.json()["error"]["message"].startswith("The request body is UTF-16-LE text; a JSON request body")
+    assert peak_with_children_mb(stack.guard_pid) - before < 2 * len(raw) / 2**20 + 32  # the body, held at most twice
+    assert post(stack, "still there?").status_code == 200
+
+
 def test_json_of_millions_of_values_in_tool_call_arguments_is_refused_too(deepseek_dir: Path, tmp_path: Path) -> None:
     """On a guard of its own: what the module's earlier 31 MB prompts leave in the shared guard (250-350 MB of RSS
     the allocator keeps, varying from run to run) would count in this request's peak."""

@@ -112,6 +112,7 @@ RAW_BODIES = {
     "a string": b'"hi"', "null": b"null", "trailing comma": b'{"a": 1,}', "single quotes": b"{'a': 1}",
     "invalid utf-8": b'{"model": "\xff\xfe"}',
     "lone surrogate": json.dumps(chat(messages=[{"role": "user", "content": "a\ud800b"}])).encode(),
+    "lone surrogate's bytes": b'{"model": "tiny", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}',
     "lone low surrogate": b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}], "max_tokens": 2}',
     "NaN max_tokens": b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": NaN}',
     "Infinity n": b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": Infinity}',
@@ -156,6 +157,40 @@ def test_parsing_bombs_are_a_400_that_says_why(proxy: str, sim: InMemorySim, raw
     assert message in error["message"] and error["param"] is None
     assert sim.stats.received == before  # refused at the door
     assert_still_serving(proxy)
+
+
+def not_utf8(encoding: str) -> dict[str, bytes]:
+    """Chat bodies json.loads reads in `encoding` (it guesses from the first four bytes), as vLLM's FastAPI reads them:
+    nested 100 deep, of 200,000 values, with a lone surrogate. The bounds scan bytes as UTF-8, and "∀" (U+2200) holds
+    a byte 0x22 in UTF-16 and UTF-32, a quote to that scan: the bombs behind it looked like the inside of a string."""
+    bodies = {
+        "depth 100": chat(hidden="∀", unused=nested(100)),
+        "200,000 values": chat(hidden="∀", unused=[[]] * 200_000),
+        "lone surrogate": chat(messages=[{"role": "user", "content": "a\ud800b"}]),
+    }
+    return {f"{encoding} {what}": json.dumps(body, ensure_ascii=False).encode(encoding, "surrogatepass")
+            for what, body in bodies.items()}  # fmt: skip
+
+
+NOT_UTF8 = {**not_utf8("utf-16-le"), **not_utf8("utf-16-be"), **not_utf8("utf-16"), **not_utf8("utf-32")}
+
+
+@pytest.mark.parametrize("raw", NOT_UTF8.values(), ids=NOT_UTF8.keys())
+def test_a_json_body_that_is_not_utf8_is_refused_at_the_door(proxy: str, sim: InMemorySim, raw: bytes) -> None:
+    before = sim.stats.received
+    error = assert_clean_error(httpx.post(proxy + CHAT, content=raw, headers=JSON_HEADERS, timeout=30), 400, sim.url)
+    assert " text; a JSON request body must be UTF-8 (RFC 8259)" in error["message"] and error["param"] is None
+    assert sim.stats.received == before
+    assert_still_serving(proxy)
+
+
+def test_a_utf8_byte_order_mark_is_read_past_as_vllm_reads_it(proxy: str, sim: InMemorySim) -> None:
+    plain = json.dumps(chat(messages=[{"role": "user", "content": "東京"}], max_tokens=100_000)).encode()
+    answers = [httpx.post(proxy + CHAT, content=raw, headers=JSON_HEADERS, timeout=30)
+               for raw in (plain, b"\xef\xbb\xbf" + plain)]  # fmt: skip
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].headers["x-token-guard-prompt-tokens"] == answers[1].headers["x-token-guard-prompt-tokens"]
+    assert sim.stats.requests[-1] == sim.stats.requests[-2] and sim.stats.requests[-1]["max_tokens"] < 2048
 
 
 def test_tool_call_arguments_with_an_integer_too_long_to_read_count_as_empty(proxy: str) -> None:

@@ -70,4 +70,57 @@ def test_a_form_without_a_file_is_refused(sim032: RunningSim) -> None:
     response = sim032.client.post("/v1/audio/transcriptions", data={"model": "tiny"}, files={"x": ("a", b"", "a/b")})
     assert response.status_code == 400 and "'loc': 'body.file', 'msg': 'Field required'" in response.text
     body: dict[str, Any] = sim032.client.post("/v1/audio/transcriptions", json={"file": "x"}).json()
-    assert "multipart/form-data" in body["error"]["message"]
+    assert "'loc': 'body.file', 'msg': 'Field required'" in body["error"]["message"]  # Starlette: no form in JSON
+    text = sim032.client.post("/v1/audio/transcriptions", data={"file": "x"}).json()  # urlencoded: read as a form
+    assert text["error"]["message"] == "Expected 'file' to be a file-like object, not 'str'."
+
+
+def sent(sim: RunningSim, raw: bytes, content_type: str, path: str = "/v1/audio/transcriptions") -> httpx.Response:
+    return sim.client.post(path, content=raw, headers={"content-type": content_type})
+
+
+def part(name: str, value: bytes, head: bytes = b"", filename: str | None = None) -> bytes:
+    extra = b'; filename="%s"' % filename.encode() if filename is not None else b""
+    return b'--b\r\n%sContent-Disposition: form-data; name="%s"%s\r\n\r\n%s\r\n' % (head, name.encode(), extra, value)
+
+
+def test_the_form_is_read_as_vllm_reads_it_the_last_header_and_the_last_repeated_field(sim032: RunningSim) -> None:
+    """python-multipart keeps a part's last Content-Disposition; FastAPI binds a field to its last part, a list field
+    to all of them, and keeps aside the parts the model does not name."""
+    raw = b"".join([
+        part("temperature", b"7", b'Content-Disposition: form-data; name="temperature"\r\n'.replace(b"temperature",
+             b"max_completion_tokens")),
+        part("n", b"1"), part("n", b"3"), part("timestamp_granularities[]", b"word"),
+        part("timestamp_granularities[]", b"segment"), part("max_tokens", b"99"),
+        part("file", wav(0.5), filename="a.wav"), b"--b--\r\n",
+    ])  # fmt: skip
+    before = sim032.stats.snapshot()["tokens_generated"]
+    response = sent(sim032, raw, "multipart/form-data; boundary=b")
+    assert response.status_code == 200, response.text
+    recorded = sim032.stats.snapshot()["requests"][-1]
+    assert recorded["form"] == {"temperature": "7", "n": "3", "timestamp_granularities[]": ["word", "segment"]}
+    assert sim032.stats.snapshot()["tokens_generated"] - before == 2048  # 7 was the limit of no field vLLM reads
+    assert recorded["file_bytes"] == len(wav(0.5))
+
+
+def test_a_charset_in_the_content_type_decides_how_vllm_decodes_the_fields(sim032: RunningSim) -> None:
+    raw = part("prompt", "é".encode()) + part("file", wav(0.5), filename="a.wav") + b"--b--\r\n"
+    assert sent(sim032, raw, "multipart/form-data; boundary=b; charset=latin-1").status_code == 200
+    assert sim032.stats.snapshot()["requests"][-1]["form"] == {"prompt": "Ã©"}  # UTF-8 bytes read as Latin-1
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "fragment"),
+    [
+        ({"max_completion_tokens": "1_0"}, 200, ""),  # pydantic's int: underscores, and "3.0" is 3
+        ({"max_completion_tokens": "3.0"}, 200, ""),
+        ({"max_completion_tokens": ""}, 400, "unable to parse string as an integer"),  # "" is no absent field
+        ({"stream": " true"}, 400, "Input should be a valid boolean"),  # no whitespace around a boolean
+        ({"stream": "false", "stream_include_usage": "true"}, 200, ""),  # vLLM's check reads "false" as set
+    ],
+)
+def test_field_values_are_read_as_pydantic_reads_them(
+    sim032: RunningSim, data: dict[str, str], status: int, fragment: str
+) -> None:
+    response = post(sim032, "/v1/audio/transcriptions", data)
+    assert response.status_code == status and fragment in response.text

@@ -371,3 +371,20 @@ def test_tokenize_errors(sim032: RunningSim) -> None:
     assert unknown.status_code == 404
     both = {"messages": HELLO, "continue_final_message": True, "add_generation_prompt": True}
     assert sim032.client.post("/tokenize", json=both).status_code == 400
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le", "utf-32-be"])
+def test_a_json_body_is_read_in_every_encoding_json_loads_reads_as_vllm_reads_it(
+    sim032: RunningSim, encoding: str
+) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "東京"}], "max_tokens": 3}
+    raw = json.dumps(body, ensure_ascii=False).encode(encoding)
+    response = sim032.client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
+    assert sim032.stats.snapshot()["requests"][-1] == body
+
+
+def test_bytes_json_loads_cannot_decode_are_fastapis_400(sim032: RunningSim) -> None:
+    raw = b'{"model": "tiny", "messages": [{"role": "user", "content": "\xff"}]}'
+    response = sim032.client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["message"] == "There was an error parsing the body"
