@@ -61,6 +61,7 @@ class Forward:
     body: bytes
     decision: Decision
     cost: int | None = None  # KV tokens it holds while running, for admission
+    usage_asked: bool = False  # the body asks vLLM for a usage event its client did not ask for (usage_event.py)
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,10 @@ class Handlers:
             if not reply.started:
                 await send_error(reply, internal_error(), tagged, route.envelope)
         finally:
+            cut = reply.started and not reply.finished
             if record.charge is not None:  # no coroutine for requests without a quota: the hot path
-                await self.meter.settle(record.charge, record, reply.status)
-            self.flow.done(record, reply.status, reply.started and not reply.finished)
+                await self.meter.settle(record.charge, record, reply.status, record.client_gone or cut)
+            self.flow.done(record, reply.status, cut)
             size, body = len(body), b""  # dropped here, so that the trim finds its pages free
             give_back_after(size)
 
@@ -115,13 +116,14 @@ class Handlers:
         self, route: Route, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str],
         record: RequestRecord, tagged: Headers,
     ) -> None:  # fmt: skip
-        outcome, extra = await self.flow.decide(route, body, headers, record, tagged, incoming.leave_if_gone)
+        outcome, extra = await self.flow.decide(route, body, headers, record, tagged, incoming.leave_if_gone, True)
         if isinstance(outcome, Forward):
             await self._forward(reply, incoming, outcome.body, headers, record, extra, route, outcome.cost)
         elif isinstance(outcome, Chunked):
             incoming.leave_if_gone()  # counting and cutting took a while: no chunks for a client that left meanwhile
             fanout = outcome.policy.max_fanout
-            runner = ChunkRunner(self.upstream, incoming.forward, headers, fanout, self.metrics.fanout)
+            handed = record.charge.hand if record.charge is not None else None
+            runner = ChunkRunner(self.upstream, incoming.forward, headers, fanout, self.metrics.fanout, handed)
             await answer_chunked(reply, outcome, runner, self.guard, extra, record.charge)
         elif isinstance(outcome, Answer):  # answered by the guard itself (count_tokens)
             await reply.whole(200, extra, outcome.body)
@@ -133,10 +135,10 @@ class Handlers:
         extra: Headers, route: Route, cost: int | None, listed: tuple[str, ...] | None = None,
     ) -> None:  # fmt: skip
         incoming.leave_if_gone()  # nor sent upstream, where vLLM would start on it only to be told to abort
-        opened = await self.upstream.open(incoming.method, incoming.forward, headers, body, cost, incoming.query)
+        handed = record.charge.hand if record.charge is not None else None  # once admitted: the key pays from then
+        opened = await self.upstream.open(incoming.method, incoming.forward, headers, body, cost, incoming.query,
+                                          handed)  # fmt: skip
         upstream = opened.response
-        if record.charge is not None:
-            record.charge.forwarded = True
         try:
             record.upstream_first_byte_s = time.perf_counter() - record.started
             if upstream.status >= 500:

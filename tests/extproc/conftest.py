@@ -62,6 +62,8 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 "picker-first": [stand_in, guarded["duplex"]], "guard-first": [guarded["duplex"], stand_in],
                 "keyed-streamed": [processor("keyed", "BUFFERED", "STREAMED")],
                 "keyed-none": [processor("keyed", "BUFFERED", "NONE")],
+                "keyed-slow": [processor("keyed", "BUFFERED", "STREAMED")],
+                "keyed-duplex": [processor("keyed", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")],
                 "tight": [processor("tight", "BUFFERED", "NONE")],
                 "gated-streamed": [guarded["buffered"]], "gated-duplex": [guarded["duplex"]],
                 "strict": [processor("strict", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")],
@@ -76,7 +78,8 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             for url in (fast_url, slow_url):  # what the checks sent is forgotten: each test sees its own
                 httpx.post(f"{url}/sim/reset", timeout=5)
             routes = {"slow": "slow", "picker-first": "slow", "guard-first": "slow", "tight": "slow",
-                      "gated-streamed": "gated", "gated-duplex": "gated", "strict": "refusing"}  # fmt: skip
+                      "keyed-slow": "slow", "gated-streamed": "gated", "gated-duplex": "gated",
+                      "strict": "refusing"}  # fmt: skip
             with envoy(work, port_of(fast_url), listeners, clusters, routes=routes) as running:
                 yield Rig(
                     running,
@@ -91,5 +94,6 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                     strict_serve.url,
                     gate,
                     stand_in_picker,
+                    fast_url,
                 )
             gate.open.set()

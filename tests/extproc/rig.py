@@ -189,6 +189,7 @@ class Rig:
     strict_serve: str  # serve with a chat template stricter than its upstream's, which cannot count either
     gate: Gate
     picker: Picker  # the endpoint picker's stand-in (listeners picker-first and guard-first)
+    fast_url: str = ""  # the simulator behind most listeners, to ask directly
 
     def url(self, listener: str) -> str:
         return self.envoy.urls[listener]

@@ -14,12 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
+import redis as redis_client
 
 from proxy.api.routes import Kind, RouteTable
 from proxy.counting.registry import ModelRegistry
 from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
+from tests.support.leaving import leave_before_the_headers
 from tests.support.polling import eventually
 from tests.support.redis import RedisServer, redis_server
 from tests.support.servers import MODEL, simulator, wait_checked, wait_healthy
@@ -63,6 +65,11 @@ name = "bob"
 key = "sk-bob"
 tokens_per_minute = 100000
 models = ["other"]
+
+[[keys]]
+name = "dave"
+key = "sk-dave"
+tokens_per_minute = 3000
 """
 
 
@@ -85,6 +92,21 @@ def doors(deepseek_dir: Path, redis: RedisServer, tmp_path_factory: pytest.TempP
             wait_healthy(guard.url)
             wait_checked(guard, sim.url)  # the start-up check's requests go through the tap too
             yield guard.url, tap, forbidden, stats
+
+
+@pytest.fixture(scope="module")
+def paced(deepseek_dir: Path, redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """(guard URL, the simulator's stats): the guard, with the same keys and Redis, in front of a simulator that
+    takes 20 ms a token, so that a non-streamed answer's headers come only once its generation is done."""
+    config = tmp_path_factory.mktemp("paced") / "guard.toml"
+    config.write_text(CONFIG.format(tokenizer=deepseek_dir))
+    with simulator(deepseek_dir, max_model_len=2048, itl_s=0.02) as (sim, stats, _):
+        settings = load_settings({"upstream.url": sim.url, "redis.url": redis.url}, environ={}, config_file=config)
+        app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
+        with ServerThread(app, **uvicorn_options(settings.server)) as guard:
+            wait_healthy(guard.url)
+            wait_checked(guard, sim.url)
+            yield guard.url, stats
 
 
 def _quiet(tap: TcpTap) -> bool:
@@ -293,6 +315,40 @@ def test_a_count_route_does_not_count_what_its_size_proves_too_long(doors: Any, 
     answer = httpx.post(url + path, headers=CAROL, json=body, timeout=60)
     assert answer.status_code == 400 and answer.headers["x-token-guard-count-source"] == "size"
     assert "at least" in answer.text and untouched(tap, before)
+
+
+def quota_left(redis: RedisServer, name: str, limit: int) -> float:
+    """A key's tokens left now, read from its bucket in Redis (fleet/quotas.py) on Redis's clock."""
+    client = redis_client.Redis.from_url(redis.url)
+    try:
+        level, at = client.hmget(f"token-guard:quota:{name}", "tokens", "tokens_at")
+        seconds, micros = client.time()
+    finally:
+        client.close()
+    if not isinstance(level, bytes) or not isinstance(at, bytes):
+        return float(limit)
+    now = seconds * 1000 + micros / 1000
+    return min(float(limit), float(level) + max(0.0, now - float(at)) * limit / 60000)
+
+
+def test_clients_that_leave_before_the_answers_headers_pay_for_what_ran(paced: Any, redis: RedisServer) -> None:
+    """Twelve non-streamed requests whose clients leave while vLLM generates: each reached the upstream, which
+    worked on it until the abort, so the key pays at least its prompt and what was generated (the guard charges
+    what it reserved: it cannot see how far vLLM got), never nothing."""
+    url, stats = paced
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}
+    prompt = int(httpx.post(url + "/v1/chat/completions", headers=CAROL, json={**body, "max_tokens": 1},
+                            timeout=30).headers["x-token-guard-prompt-tokens"])  # fmt: skip
+    assert eventually(lambda: stats.active == 0)
+    stats.reset()
+    started = time.monotonic()
+    leave_before_the_headers(url, "/v1/chat/completions", body, "sk-dave", 12, lambda: stats.received)
+    assert eventually(lambda: stats.aborted == 12 and stats.active == 0, timeout_s=20)  # the guard let go of them
+    ran = 12 * prompt + stats.tokens_generated  # what the upstream did for them
+    assert stats.completed == 0 and stats.tokens_generated > 0
+    refill = 3000 * (time.monotonic() - started) / 60 + 1
+    assert eventually(lambda: 3000 - quota_left(redis, "dave", 3000) + refill >= ran, timeout_s=10)
+    assert 3000 - quota_left(redis, "dave", 3000) <= 12 * (prompt + 200)  # never more than it reserved
 
 
 def test_nothing_reached_the_upstream_that_the_table_does_not_allow(doors: Any) -> None:

@@ -5,8 +5,10 @@ tokens given back from the answer's usage, a key's model list and output cap, a 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,7 +192,7 @@ def test_unused_tokens_come_back_from_the_usage(proxy: str) -> None:
     assert 1_000_000 - remaining(proxy, "sk-hashed") <= usage.total_tokens
 
 
-def test_streams_give_back_by_their_usage_event_or_events(proxy: str) -> None:
+def test_streams_give_back_by_their_usage_event(proxy: str) -> None:
     oai = client(proxy, "sk-hashed")
     for options in ({"include_usage": True}, None):
         body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1000,
@@ -202,6 +204,42 @@ def test_streams_give_back_by_their_usage_event_or_events(proxy: str) -> None:
             events = sum(1 for line in stream.iter_lines() if line.startswith("data:"))
         spent = 1_000_000 - remaining(proxy, "sk-hashed")
         assert spent < 100 + events  # far below the 1000 reserved
+
+
+STREAMS = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 2,
+                              "response_format": {"type": "json_object"}}),
+    ("/v1/completions", {"prompt": "Once upon a time", "n": 2, "max_tokens": 7}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "fields"), STREAMS, ids=["chat", "completions"])
+@pytest.mark.parametrize("options", [None, {"include_usage": False, "continuous_usage_stats": True}],
+                         ids=["no options", "usage off"])  # fmt: skip
+def test_a_stream_that_asks_no_usage_pays_exactly_and_gets_the_stream_it_asked_for(
+    proxy: str, sim: InMemorySim, frozen: None, path: str, fields: dict[str, Any], options: dict[str, Any] | None
+) -> None:
+    """The guard asks vLLM for the usage event of a limited key's stream: the key pays what vLLM says it used, not
+    a count of events, and the client gets the bytes vLLM sends a stream that did not ask (the usage event taken
+    out, the fingerprint back on each finish event)."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 1000, "stream": True, **fields}
+    if options is not None:
+        body["stream_options"] = options
+    headers = {"x-request-id": f"exact-{path}-{options is None}"}  # vLLM makes it the answer's id
+    before = remaining(proxy, "sk-hashed")
+    guarded = httpx.post(proxy + path, json=body, headers={**headers, "Authorization": "Bearer sk-hashed"})
+    assert sim.stats.requests[-1]["stream_options"]["include_usage"] is True  # what the guard sent
+    direct = sim.client.post(path, json=body, headers=headers)
+    assert guarded.status_code == direct.status_code == 200
+    assert unstamped(guarded.content) == unstamped(direct.content) and b'"usage"' not in guarded.content
+    asked = sim.client.post(path, json={**body, "stream_options": {"include_usage": True}}).text
+    usage = json.loads(asked.split("data: ")[-2])["usage"]
+    assert before - remaining(proxy, "sk-hashed") == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def unstamped(stream: bytes) -> bytes:
+    """A stream without its events' creation times (each request's own second)."""
+    return re.sub(rb'"created":\d+', b'"created":0', stream)
 
 
 def test_the_keys_output_cap_clamps(proxy: str, sim: InMemorySim) -> None:
