@@ -40,6 +40,7 @@ from proxy.extproc.wire import (
     ProcessingResponse,
 )
 from proxy.policy.outcome import Answer, Forward, Outcome, Refuse
+from proxy.policy.quota import CHARGE
 from proxy.policy.usage import Charge, TokenEvents
 from proxy.policy.usage_event import HiddenUsage
 from proxy.settings.sections import KeySettings
@@ -116,7 +117,8 @@ class Stream:
         self.record = RequestRecord(rid, method, route.path, guarded)
         self.record.findings.api_key = self.key
         if not guarded:
-            await self.core.meter.tell(self.key, self.record, self.tagged)  # a look at a limited key's quota
+            if self.key is not None and self.key.limited:  # a request of its minute's, no token (as serve)
+                await self.core.meter.charge(self.key, 0, CHARGE, self.record, self.tagged)
             return [wire.request_headers(self.tagged[:1])]
         declared = next((v for k, v in sent if k == b"content-length"), b"")
         if declared.isdigit() and int(declared) > self.max_body_bytes:

@@ -14,6 +14,7 @@ from proxy.exchange.core import Core
 from proxy.exchange.headers import Headers
 from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
 from proxy.policy.outcome import Answer, Chunked, Forward
+from proxy.policy.quota import CHARGE
 from proxy.server.asgi import KEY, ROUTE, ClientGone, Incoming, Receive, Reply, Scope, Send, read_body
 from proxy.server.chunked import answer_chunked
 from proxy.server.disconnect import ClientWatch
@@ -41,9 +42,9 @@ class Handlers:
 
     async def relayed(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A relay route: forwarded unchanged; except that a key held to some models ([[keys]] models) sees only
-        those in GET /v1/models, as OpenAI lists the models a key may use, and that a limited key's answer carries its
-        x-ratelimit-* headers from a look at its buckets: relay requests are not metered (nor counted in
-        requests_per_minute), as OpenAI counts only requests to its metered endpoints."""
+        those in GET /v1/models, as OpenAI lists the models a key may use, and that a limited key is charged one
+        request (no token) before it goes: vLLM works on it (a /tokenize of megabytes costs it as much as a
+        prompt's), so it counts against requests_per_minute, a 429 past it."""
         key = scope.get(KEY)
         listed = key.models if key is not None and scope[ROUTE].route.path == "/v1/models" else None
         await self._handle(scope, receive, send, guarded=False, listed=listed)
@@ -83,8 +84,8 @@ class Handlers:
                 if guarded:
                     await self._guard(route, reply, incoming, body, headers, record, tagged)
                 else:
-                    if key is not None and key.limited:  # a look at its quota, charged nothing; none for the rest
-                        await self.meter.tell(key, record, tagged)
+                    if key is not None and key.limited:  # a request of its minute's, no token; nothing for the rest
+                        await self.meter.charge(key, 0, CHARGE, record, tagged)
                     await self._forward(reply, incoming, body, headers, record, tagged, route, None, listed)
         except ClientGone:  # its upstream request, chunks or place in the queue are given up by now
             record.client_gone = True

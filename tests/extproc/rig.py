@@ -44,6 +44,11 @@ tokens_per_minute = 1000000
 name = "small"
 key = "sk-small"
 tokens_per_minute = 1000
+
+[[keys]]
+name = "few"
+key = "sk-few"
+requests_per_minute = 5
 """
 
 
@@ -182,7 +187,7 @@ class Rig:
     fast: Recorder
     slow: Recorder
     processor: ProcessorThread
-    keyed: ProcessorThread  # with limited keys: alice, and small (1,000 tokens a minute)
+    keyed: ProcessorThread  # with limited keys: alice, small (1,000 tokens a minute), few (5 requests a minute)
     keyed_serve: str  # serve on the keyed processor's settings
     tight: ProcessorThread  # room for one request at a time and no queue, in front of the slow simulator
     tight_serve: str  # serve on the tight processor's settings

@@ -331,6 +331,21 @@ def charged(core: Any, key: str) -> float:
     return float(core.metrics._counters["key_tokens", (key,)])
 
 
+def test_relay_requests_count_against_the_keys_requests_per_minute_as_under_serve(rig: Rig) -> None:
+    """Eight /tokenize from a key allowed five requests a minute: five reach vLLM, three are 429s, under serve and
+    behind Envoy alike (each with buckets of its own)."""
+    few = {"authorization": "Bearer sk-few"}
+    for url in (rig.keyed_serve, rig.url("keyed-streamed")):
+        before = len(rig.fast.seen)
+        answers = [httpx.post(url + "/tokenize", json={"model": MODEL, "prompt": "hi"}, headers=few) for _ in range(8)]
+        assert [a.status_code for a in answers] == [200] * 5 + [429] * 3, url
+        assert [path for _, path, _, _ in rig.fast.since(before)] == ["/tokenize"] * 5
+        refused = answers[-1]
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded" and int(refused.headers["retry-after"]) >= 1
+        assert "requests per min (RPM): Limit 5" in refused.json()["error"]["message"]
+        assert answers[4].headers["x-ratelimit-remaining-requests"] == "0"
+
+
 def refusals(url: str, key: str, chat_max: int, messages_max: int) -> tuple[Any, Any]:
     """The 429s a client gets on the chat route (the openai SDK) and on the Messages route (the anthropic SDK): the
     SDKs' own HTTP responses (one of them is anthropic's httpx2)."""

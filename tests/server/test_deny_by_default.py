@@ -70,6 +70,11 @@ models = ["other"]
 name = "dave"
 key = "sk-dave"
 tokens_per_minute = 3000
+
+[[keys]]
+name = "erin"
+key = "sk-erin"
+requests_per_minute = 60
 """
 
 
@@ -315,6 +320,24 @@ def test_a_count_route_does_not_count_what_its_size_proves_too_long(doors: Any, 
     answer = httpx.post(url + path, headers=CAROL, json=body, timeout=60)
     assert answer.status_code == 400 and answer.headers["x-token-guard-count-source"] == "size"
     assert "at least" in answer.text and untouched(tap, before)
+
+
+def test_relay_requests_count_against_the_keys_requests_per_minute(doors: Any) -> None:
+    """80 /tokenize of a megabyte each from a key allowed 60 requests a minute: vLLM reads each one it gets, so the
+    key's minute runs out on them as on any route, and the rest are 429s that never reach it."""
+    url, tap, _, _ = doors
+    body = json.dumps({"model": MODEL, "prompt": "hi", "padding": "x" * 2**20}).encode()
+    headers = {"Authorization": "Bearer sk-erin", "content-type": "application/json"}
+    before, started = len(tap.requests), time.monotonic()
+    answers = [httpx.post(url + "/tokenize", content=body, headers=headers, timeout=30) for _ in range(80)]
+    refill = (time.monotonic() - started) + 1  # a request a second comes back to a 60-a-minute key
+    reached = tap.requests[before:].count(("POST", "/tokenize"))
+    served = [a for a in answers if a.status_code != 429]
+    assert reached == len(served) <= 60 + refill
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(refused) >= 20 - refill and all(a.json()["error"]["code"] == "rate_limit_exceeded" for a in refused)
+    assert "requests per min (RPM): Limit 60" in refused[0].json()["error"]["message"]
+    assert int(refused[0].headers["retry-after"]) >= 1 and refused[0].headers["x-ratelimit-remaining-requests"] == "0"
 
 
 def quota_left(redis: RedisServer, name: str, limit: int) -> float:

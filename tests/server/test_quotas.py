@@ -382,9 +382,9 @@ def told(answer: httpx.Response | Any) -> dict[str, str]:
     return {name: answer.headers[name] for name in RATE_HEADERS if name in answer.headers}
 
 
-def test_pass_through_answers_tell_the_quota_and_charge_nothing(proxy: str, frozen: None) -> None:
-    """GET /v1/models, /tokenize (relay routes) and a method a guarded route does not take: all carry the six
-    headers, from a look that charges neither tokens nor a request."""
+def test_relay_requests_cost_a_request_and_no_token_and_a_405_costs_nothing(proxy: str, frozen: None) -> None:
+    """GET /v1/models and /tokenize (relay routes) are charged one request each, no token; a method a guarded route
+    does not take is answered from a look that charges nothing. All carry the six headers."""
     auth = {"Authorization": "Bearer sk-peeked"}
     charged = chat(client(proxy, "sk-peeked"), 10)
     total = charged.parse().usage.total_tokens  # what the key pays once the answer ended: its usage
@@ -393,13 +393,15 @@ def test_pass_through_answers_tell_the_quota_and_charge_nothing(proxy: str, froz
     wrong_method = httpx.get(f"{proxy}/v1/chat/completions", headers=auth)  # the guard's own 405
     statuses = [a.status_code for a in (models, tokenize, wrong_method)]
     assert statuses == [200, 200, 405]
-    bucket = {**told(charged), "x-ratelimit-remaining-tokens": str(50000 - total),
+    tokens = {"x-ratelimit-limit-tokens": "50000", "x-ratelimit-remaining-tokens": str(50000 - total),
               "x-ratelimit-reset-tokens": duration(math.ceil(total * 60000 / 50000))}  # fmt: skip
-    assert len(bucket) == 6 and bucket["x-ratelimit-remaining-requests"] == "49"
-    for answer in (models, tokenize, wrong_method):
-        assert told(answer) == bucket
+    for answer, left in ((models, 48), (tokenize, 47), (wrong_method, 47)):
+        reset = duration(math.ceil((50 - left) * 60000 / 50))
+        requests = {"x-ratelimit-limit-requests": "50", "x-ratelimit-remaining-requests": str(left),
+                    "x-ratelimit-reset-requests": reset}  # fmt: skip
+        assert told(answer) == {**tokens, **requests}
     again = chat(client(proxy, "sk-peeked"), 10)
-    assert again.headers["x-ratelimit-remaining-requests"] == "48"  # the looks took no request of the 50
+    assert again.headers["x-ratelimit-remaining-requests"] == "46"  # the 405's look took none of the 50
     listed = httpx.get(f"{proxy}/v1/models", headers={"Authorization": "Bearer sk-capped"})  # its list, filtered
     assert listed.json()["data"] and told(listed)["x-ratelimit-limit-tokens"] == "1000000"
 
@@ -426,8 +428,8 @@ def test_clients_without_a_limited_key_get_no_quota_headers_and_cost_no_look(
         assert all(told(answer) == {} for answer in answers)
     assert told(httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": "Hi"})) == {}  # no key at all
     assert looks == []
-    assert told(httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sk-peeked"}))
-    assert looks == ["peeked"]  # one look for a limited key
+    assert told(httpx.get(f"{url}/v1/chat/completions", headers={"Authorization": "Bearer sk-peeked"}))
+    assert looks == ["peeked"]  # one look for a limited key's 405
 
 
 def filler_word(proxy: str) -> str:
@@ -443,7 +445,8 @@ def filler_word(proxy: str) -> str:
 
 
 def remaining(proxy: str, key: str) -> int:
-    return int(httpx.get(f"{proxy}/v1/models", headers={"Authorization": f"Bearer {key}"}).headers[
+    """A key's tokens left, from a look that charges nothing (the 405 of a method the chat route does not take)."""
+    return int(httpx.get(f"{proxy}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}).headers[
         "x-ratelimit-remaining-tokens"])  # fmt: skip
 
 
