@@ -28,6 +28,7 @@ from proxy.upstream.transport import Transport
 
 if TYPE_CHECKING:
     from proxy.fleet.link import RedisLink
+    from proxy.fleet.presence import Presence
 
 log = logging.getLogger("token_guard.app")
 
@@ -53,14 +54,19 @@ class Core:
                 {str(i): r.budget.tokens for i, r in enumerate(self.upstream.replicas)},
             ),  # fmt: skip
         )
+        self.presence: Presence | None = None  # this process's heartbeat in Redis: how many guards share it
         if self.link is not None:
             from proxy.exchange.fleet_metrics import FleetState
+            from proxy.fleet.presence import Presence
             from proxy.upstream.fleet_gate import FleetAdmission
 
             gate = self.upstream.admission
-            self.metrics.register(FleetState(self.link, gate if isinstance(gate, FleetAdmission) else None))
+            fleet_gate = gate if isinstance(gate, FleetAdmission) else None
+            self.presence = fleet_gate.presence if fleet_gate else Presence(self.link, settings.redis.lease_s)
+            self.metrics.register(FleetState(self.link, fleet_gate))
         self.guard = Guard(settings, registry, RemoteCounter(self.upstream), self.upstream.ceiling, chunk_instead)
-        self.quotas = Quotas(settings, self.link)
+        presence = self.presence
+        self.quotas = Quotas(settings, self.link, (lambda: presence.alive) if presence is not None else None)
         self.meter = Meter(self.quotas)
         self.flow = Flow(self.guard, self.meter, self.metrics)
         server = settings.server
@@ -87,8 +93,8 @@ class Core:
         jobs = [_learn_models(self.settings, self.registry, self.upstream), self.upstream.watch_health()]
         if self.upstream.auto_budget:
             jobs.append(self.upstream.learn_budgets())
-        if self.link is not None:
-            jobs += [self.link.watch(), *(self.upstream.fleet_jobs() or [_heartbeat(self.link, self.settings)])]
+        if self.link is not None and self.presence is not None:
+            jobs += [self.link.watch(), *(self.upstream.fleet_jobs() or [self.presence.run()])]
         return [_logged(job) for job in jobs]
 
     async def aclose(self) -> None:
@@ -104,13 +110,6 @@ def _redis_link(redis: RedisSettings) -> RedisLink | None:
     from proxy.fleet.link import RedisLink
 
     return RedisLink(redis.url, redis.timeout_ms)
-
-
-async def _heartbeat(link: RedisLink, settings: Settings) -> None:
-    """This instance's heartbeat in Redis when no fleet budget keeps one (`token-guard doctor` counts them)."""
-    from proxy.fleet.presence import Presence
-
-    await Presence(link, settings.redis.lease_s).run()
 
 
 async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: Upstream) -> None:
