@@ -22,6 +22,7 @@ import pytest
 from proxy.policy.quota import duration
 from proxy.server.running import ServerThread
 from tests.support.documents import document
+from tests.support.leaving import leave_before_the_headers
 from tests.support.polling import eventually
 from tests.support.servers import (
     MODEL,
@@ -513,6 +514,29 @@ def test_a_combining_request_its_client_left_pays_its_cost(deepseek_dir: Path, c
             assert stream.headers["x-token-guard-merge"] == "reduce"
             next(line for line in stream.iter_lines() if line.startswith("data:"))  # ~1.2 s of tokens still to come
         assert eventually(lambda: remaining(server.url, "sk-chunky") == before - 2 * used)
+
+
+def test_a_chunked_request_whose_client_left_while_its_chunks_queued_pays_nothing(
+    deepseek_dir: Path, config: Path, frozen: None
+) -> None:
+    """While another request's stream holds the whole KV budget, a chunked request's chunks wait in admission's
+    queue; its client leaves: no chunk ever reached the upstream, and its key gets its whole reservation back."""
+    flags = {"admission.max_inflight_tokens": 4000, "admission.queue_timeout_s": 60}
+    with simulator(deepseek_dir, max_model_len=2048, itl_s=0.05) as (sim, stats, _), \
+            keyed_guard(sim.url, deepseek_dir, config, **flags) as server:  # fmt: skip
+        wait_healthy(server.url)
+        before, gate = remaining(server.url, "sk-chunky"), server.app.upstream.admission
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3900, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=AUTH_PLAIN) as holder:
+            lines = holder.iter_lines()  # kept: the holder reads on while the chunked request waits
+            assert holder.status_code == 200 and next(lines).startswith("data:")
+            received = stats.received
+            chunked = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}], "max_tokens": 100}
+            path = "/v1/chat/completions"
+            leave_before_the_headers(server.url, path, chunked, "sk-chunky", 1, lambda: gate.queued, overflow="chunk")
+            assert eventually(lambda: gate.queued == 0)
+            assert stats.received == received  # no chunk went upstream
+        assert eventually(lambda: remaining(server.url, "sk-chunky") == before)
 
 
 REDUCED: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}], "max_tokens": 24}

@@ -12,19 +12,21 @@ from tests.support.polling import eventually
 
 
 def leave_before_the_headers(
-    url: str, path: str, body: dict[str, Any], key: str, clients: int, received: Callable[[], int]
-) -> None:
-    """`clients` connections send `body` with `key` at once, and close once the upstream says it `received` every
-    one of them (and a moment more, for it to work on them), before their answers' headers."""
+    url: str, path: str, body: dict[str, Any], key: str, clients: int, received: Callable[[], int],
+    overflow: str | None = None,
+) -> None:  # fmt: skip
+    """`clients` connections send `body` with `key` (and an `x-token-guard-overflow` choice) at once, and close once
+    `received` says every one of them got where the test wants it (and a moment more), before their answers' headers."""
     payload = json.dumps(body).encode()
+    choice = f"x-token-guard-overflow: {overflow}\r\n" if overflow else ""
     request = (f"POST {path} HTTP/1.1\r\nhost: guard\r\ncontent-type: application/json\r\nauthorization: Bearer {key}"
-               f"\r\ncontent-length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
+               f"\r\n{choice}content-length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
     port = int(url.rsplit(":", 1)[1])
     conns = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(clients)]
     try:
         for conn in conns:
             conn.sendall(request)
-        assert eventually(lambda: received() >= clients, timeout_s=20), "the upstream never got every request"
+        assert eventually(lambda: received() >= clients, timeout_s=20), "the requests never got there"
         time.sleep(0.3)
     finally:
         for conn in conns:
