@@ -14,6 +14,7 @@ from proxy.doctor.run import drift_warnings
 from proxy.errors import GuardError
 from proxy.exchange.entry import Door
 from proxy.exchange.flow import Flow
+from proxy.exchange.headers import RawHeaders
 from proxy.exchange.keys import ApiKeys
 from proxy.exchange.metering import Meter
 from proxy.exchange.metrics import Metrics
@@ -79,14 +80,27 @@ class Core:
         self.keys = ApiKeys(server.api_keys, settings.keys, server.admin_api_keys, server.metrics_api_key)
         self.door = Door(self.routes, self.keys)
 
-    async def readiness(self) -> tuple[int, dict[str, object]]:
-        """/health's answer: ready once the models are known and an upstream replica answers its own /health."""
+    def sight(self, headers: RawHeaders) -> tuple[bool, bool]:
+        """What the guard's own /health and /metrics show a request: (key names and per-key usage, model names). An
+        operator's key (server.metrics_api_key or an admin key) sees both; anyone else sees the models only where any
+        client may list them (no client keys configured), so that a key learns nothing of models it may not use."""
+        operator = self.keys.operator(headers)
+        return operator, operator or not self.keys
+
+    async def readiness(self, models: bool = False) -> tuple[int, dict[str, object]]:
+        """/health's answer: ready once the models are known and an upstream replica answers its own /health; the
+        models' names only when `models` (Core.sight)."""
         if self.registry.discovering:
             return 503, {"status": "starting", "detail": "learning the upstream's models"}
         if not await self.upstream.is_healthy():
             return 503, {"status": "unhealthy", "detail": "no upstream replica answers its /health"}
         # checked: the start-up check has run, so each model's count source is decided
-        return 200, {"status": "ok", "models": self.registry.names, "checked": self.registry.checked}
+        shown = {"models": self.registry.names} if models else {}
+        return 200, {"status": "ok", **shown, "checked": self.registry.checked}
+
+    def exposition(self, headers: RawHeaders) -> bytes:
+        """/metrics' answer, as much of it as the request may see (Core.sight)."""
+        return self.metrics.exposition(*self.sight(headers))
 
     def jobs(self) -> list[Coroutine[Any, Any, None]]:
         """The background work of the front end's lifetime, each logged if it fails (never taking the server down)."""

@@ -231,11 +231,11 @@ class Stream:
     async def _own(self, route: Route) -> ProcessingResponse:
         """The guard's own probes and metrics, answered by the processor rather than by vLLM."""
         if route.path == "/metrics":
-            text = self.core.metrics.exposition(self.core.keys.metrics(self.sent))
+            text = self.core.exposition(self.sent)
             return self._immediate(200, [(b"content-type", METRICS_TYPE)], text, "token_guard_metrics")
         if route.path == "/livez":
             return self._immediate(200, JSON, b'{"status":"alive"}', "token_guard_alive")
-        status, body = await self.core.readiness()
+        status, body = await self.core.readiness(self.core.sight(self.sent)[1])
         return self._immediate(status, JSON, json.dumps(body).encode(), "token_guard_health")
 
     def _immediate(self, status: int, headers: Headers, body: bytes, details: str) -> ProcessingResponse:

@@ -38,7 +38,7 @@ from proxy.counting.source import (
     chat_tokens,
     completion_tokens,
 )
-from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from proxy.errors import ContextLengthExceeded, InvalidRequest
 from proxy.policy import thinking
 from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
@@ -348,12 +348,9 @@ class Guard:
         self, name: str | None, headers: Mapping[str, str], findings: Findings
     ) -> tuple[GuardedModel, PolicySettings, str, Limits]:
         """The model a request is for, its policy, the overflow choice (config or header) and its limits."""
-        model = self.registry.resolve(name)
-        findings.model = model.name
         key = findings.api_key
-        if key is not None and key.models is not None and model.name not in key.models:
-            # OpenAI's answer for a model a key may not use: the same 404 as for one that does not exist
-            raise ModelNotFound(f"The model `{name or model.name}` does not exist or you do not have access to it.")
+        model = self.registry.resolve(name, key.models if key is not None else None)  # a 404 for one it may not use
+        findings.model = model.name
         policy = self.policy_for(model.name)
         max_output = key.max_output_tokens if key is not None else None
         max_cost = self.ceiling() if self.ceiling is not None else None

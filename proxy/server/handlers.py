@@ -54,17 +54,18 @@ class Handlers:
         await self._handle(scope, receive, send, guarded=False)
 
     async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Readiness: the models are known and an upstream replica answers its own /health."""
-        status, body = await self.core.readiness()
+        """Readiness: the models are known and an upstream replica answers its own /health (which models: only to
+        whom may see them, Core.sight)."""
+        status, body = await self.core.readiness(self.core.sight(scope["headers"])[1])
         await Reply(send).whole(status, [], json.dumps(body).encode())
 
     async def alive(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Liveness: the process serves requests, whatever the upstream's state (that is /health's job)."""
         await Reply(send).whole(200, [], b'{"status":"alive"}')
 
-    async def metrics_text(self, scope: Scope, receive: Receive, send: Send, full: bool = False) -> None:
-        """Prometheus text; key names and per-key usage only when `full` (server.metrics_api_key)."""
-        await Reply(send).whole(200, [], self.metrics.exposition(full), METRICS_TYPE)
+    async def metrics_text(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Prometheus text; key names, per-key usage and model names only to whom may see them (Core.sight)."""
+        await Reply(send).whole(200, [], self.core.exposition(scope["headers"]), METRICS_TYPE)
 
     async def _handle(
         self, scope: Scope, receive: Receive, send: Send, guarded: bool, listed: tuple[str, ...] | None = None

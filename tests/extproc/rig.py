@@ -35,6 +35,10 @@ MAX_BODY = 8 * 2**20
 CHAT, MESSAGES = "/v1/chat/completions", "/v1/messages"
 GATE_S = 20  # the gated upstream's longest hold: a client that got nothing by then was held by a buffer
 KEYS = """
+[server]
+metrics_api_key = "sk-scrape"
+admin_api_keys = ["sk-admin"]
+
 [[keys]]
 name = "alice"
 key = "sk-alice"

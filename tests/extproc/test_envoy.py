@@ -346,6 +346,28 @@ def test_relay_requests_count_against_the_keys_requests_per_minute_as_under_serv
         assert answers[4].headers["x-ratelimit-remaining-requests"] == "0"
 
 
+def test_health_and_metrics_name_no_model_but_to_an_operator_as_under_serve(rig: Rig) -> None:
+    """With client keys configured, /health and /metrics (answered by the processor itself) name no model to a
+    client with or without a key; to the metrics key or an admin key they do. Without client keys anyone may list the
+    models, and /health names them to anyone."""
+    alice = {"authorization": "Bearer sk-alice"}
+    httpx.post(rig.url("keyed-streamed") + CHAT, json=chat(max_tokens=1), headers=alice)
+    httpx.post(rig.keyed_serve + CHAT, json=chat(max_tokens=1), headers=alice)
+    for url in (rig.keyed_serve, rig.url("keyed-streamed")):
+        for headers in ({}, alice):
+            assert httpx.get(url + "/health", headers=headers).json() == {"status": "ok", "checked": True}, url
+            metrics = httpx.get(url + "/metrics", headers=headers).text
+            assert "token_guard_requests_total" in metrics and not re.search(r'model="|"tiny"', metrics), url
+            assert "alice" not in metrics and "127.0.0.1" not in metrics
+        for operator in ("sk-scrape", "sk-admin"):
+            headers = {"authorization": f"Bearer {operator}"}
+            assert httpx.get(url + "/health", headers=headers).json()["models"] == [MODEL]
+            assert 'model="tiny"' in (metrics := httpx.get(url + "/metrics", headers=headers).text)
+            assert 'key="alice"' in metrics
+    for url in (rig.serve, rig.url("buffered")):  # no client keys: the models are anyone's to list
+        assert httpx.get(url + "/health").json()["models"] == [MODEL]
+
+
 def refusals(url: str, key: str, chat_max: int, messages_max: int) -> tuple[Any, Any]:
     """The 429s a client gets on the chat route (the openai SDK) and on the Messages route (the anthropic SDK): the
     SDKs' own HTTP responses (one of them is anthropic's httpx2)."""

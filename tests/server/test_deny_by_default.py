@@ -6,6 +6,7 @@ configured upstream; nothing here may answer a 5xx."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ ALICE = {"Authorization": "Bearer sk-alice"}  # limited to the model `tiny`, 3,0
 BOB = {"Authorization": "Bearer sk-bob"}  # limited to the model `other`
 CAROL = {"Authorization": "Bearer sk-carol"}  # any model, a million tokens a minute
 ADMIN = {"Authorization": "Bearer sk-admin"}
+SCRAPE = {"Authorization": "Bearer sk-scrape"}  # the metrics key
 BUDGET = 16384
 CONFIG = """
 [server]
@@ -274,21 +276,48 @@ def test_a_request_without_a_model_is_checked_against_the_model_that_answers(doo
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     before = len(tap.requests)
     refused = httpx.post(url + "/v1/chat/completions", headers=BOB, json=body)  # bob may use `other`; vLLM serves
-    assert refused.status_code == 404 and "tiny" in refused.json()["error"]["message"]  # `tiny` when none is named
+    message = refused.json()["error"]["message"]  # `tiny` when none is named, which bob may not even learn of
+    assert refused.status_code == 404 and "tiny" not in message and message.endswith("access to: other.")
     assert untouched(tap, before)
     served = httpx.post(url + "/v1/chat/completions", headers=ALICE, json=body)
     assert served.status_code == 200 and served.json()["model"] == MODEL
 
 
-def test_metrics_name_no_key_and_no_upstream_without_the_metrics_key(doors: Any) -> None:
+def test_metrics_name_no_key_and_no_upstream_without_an_operators_key(doors: Any) -> None:
     url, tap, _, _ = doors
     httpx.post(url + "/v1/chat/completions", headers=ALICE, json={"model": MODEL, "messages": [
         {"role": "user", "content": "hi"}], "max_tokens": 1})  # fmt: skip
-    for headers in ({}, ALICE, ADMIN):
+    for headers in ({}, ALICE, BOB):
         text = httpx.get(url + "/metrics", headers=headers).text
         assert "token_guard_requests_total" in text and "alice" not in text and "bob" not in text
-    full = httpx.get(url + "/metrics", headers={"Authorization": "Bearer sk-scrape"}).text
-    assert 'key="alice"' in full
+        assert "127.0.0.1" not in text
+    for operator in (SCRAPE, ADMIN):  # the metrics key, and an admin key
+        assert 'key="alice"' in httpx.get(url + "/metrics", headers=operator).text
+
+
+def test_nothing_names_a_model_to_a_key_that_may_not_use_it(doors: Any) -> None:
+    """alice may use `tiny`: asking for a model that does not exist and for one she may not use (`other`) get the same
+    404, naming only `tiny`; /health and /metrics name no model to her, to bob or to a client without a key (they
+    name them to an operator's key). vLLM never hears of any of it."""
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    words = []
+    for model in ("zzz", "other"):
+        refused = httpx.post(url + "/v1/chat/completions", headers=ALICE, json={**chat, "model": model})
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+        words.append(refused.json()["error"]["message"].replace(f"`{model}`", "`x`"))
+    assert words[0] == words[1]  # whether `other` exists is not told either
+    assert words[0] == "The model `x` does not exist or you do not have access to it. Models you have access to: tiny."
+    assert untouched(tap, before)
+    for headers in ({}, ALICE, BOB):
+        health = httpx.get(url + "/health", headers=headers)
+        assert health.json() == {"status": "ok", "checked": True}
+        metrics = httpx.get(url + "/metrics", headers=headers).text
+        assert "token_guard_prompt_tokens_count" in metrics and not re.search(r'model="|"tiny"|"other"', metrics)
+    for operator in (SCRAPE, ADMIN):
+        assert httpx.get(url + "/health", headers=operator).json()["models"] == ["other", "tiny"]
+        assert 'model="tiny"' in httpx.get(url + "/metrics", headers=operator).text
 
 
 def test_path_tricks_still_land_on_the_declared_route(doors: Any) -> None:
