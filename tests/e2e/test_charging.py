@@ -53,6 +53,17 @@ def paid(guard: str) -> float:
     return metric(scraped, "token_guard_key_tokens_charged_total", key="team")
 
 
+def first_difference(got: dict[int | None, list[bytes]], sent: dict[int | None, list[bytes]]) -> str:
+    for index in sorted(set(got) | set(sent), key=str):
+        pairs = zip(got.get(index, []), sent.get(index, []), strict=False)
+        for mine, theirs in pairs:
+            if mine != theirs:
+                return f"choice {index}: through the guard {mine!r}, from vLLM {theirs!r}"
+        if len(got.get(index, [])) != len(sent.get(index, [])):
+            return f"choice {index}: {len(got.get(index, []))} events through the guard, {len(sent.get(index, []))}"
+    return "no difference"
+
+
 def by_choice(stream: bytes) -> dict[int | None, list[bytes]]:
     """A stream's events, each choice's in its order (vLLM interleaves the choices of `n` > 1 in no fixed order),
     without their creation times (each request's own second)."""
@@ -75,13 +86,14 @@ def test_a_stream_that_asks_no_usage_pays_exactly_and_gets_vllms_bytes(
 ) -> None:
     # n = 2 samples (vLLM refuses it greedy); the seed makes both requests draw the same tokens
     body = {"model": "tiny", "max_tokens": 12, "n": 2, "temperature": 1.0, "seed": 1234, "stream": True, **fields}
-    headers = {"x-request-id": f"charging-{stack.version}-{path.rsplit('/', 1)[-1]}"}  # vLLM makes it the id
+    headers = {"x-request-id": f"charging-{stack.version}-{path.strip('/').replace('/', '-')}"}  # vLLM: the id
     before = paid(keyed_guard)
     guarded = httpx.post(keyed_guard + path, json=body, headers={**headers, **TEAM}, timeout=120)
     direct = httpx.post(stack.vllm_url + path, json=body, headers=headers, timeout=120)
     assert guarded.status_code == direct.status_code == 200, guarded.text
     assert b'"system_fingerprint"' in direct.content  # the field the guard has to put back
-    assert by_choice(guarded.content) == by_choice(direct.content)
+    got, sent = by_choice(guarded.content), by_choice(direct.content)
+    assert got == sent, first_difference(got, sent)
     assert guarded.content.endswith(b"data: [DONE]\n\n") and b'"usage"' not in guarded.content
     prompt = int(guarded.headers["x-token-guard-prompt-tokens"])
     completion = 2 * 12  # random weights: every choice runs to max_tokens
