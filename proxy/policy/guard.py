@@ -97,8 +97,8 @@ class Guard:
     ) -> Outcome:
         """What to do with a request to a guarded `route` (api/routes.py: its kind, and the wire model that reads
         it). `findings.api_key`, when set, is the client's named key: its models and output cap apply. `ask_usage`:
-        a chat or completions stream that does not ask vLLM for its usage event asks for it (usage_event.py), for a
-        front end that takes the event out of the answer again."""
+        a chat, completions or token-in stream that does not ask vLLM for its usage event asks for it
+        (usage_event.py), for a front end that takes the event out of the answer again."""
         server = self.settings.server
         if route.reads == "audio":  # a multipart form, not JSON
             outcome = self._audio(audio_request(raw, headers.get("content-type", "")), raw, headers, findings)
@@ -370,10 +370,10 @@ class Guard:
         return Forward(raw, Decision("uncounted", 0, count_source=UNCOUNTED), window if generates else None)
 
     async def _asking_usage(self, outcome: Forward, route: Route, body: dict[str, Any], raw: bytes) -> Forward:
-        """The forwarded body asking for its stream's usage event, when it is a chat or completions stream that does
-        not (the body as forwarded: the client's, or the clamp's or the cut's rewrite of it)."""
+        """The forwarded body asking for its stream's usage event, when it is a chat, completions or token-in stream
+        that does not (the body as forwarded: the client's, or the clamp's or the cut's rewrite of it)."""
         kind = invocation_kind(body) if route.reads == "invocations" else route.reads
-        options = usage_options(body) if kind in ("chat", "completion") else None
+        options = usage_options(body) if kind in ("chat", "completion", "tokens") else None
         if options is None:
             return outcome
         server = self.settings.server

@@ -35,10 +35,11 @@ TAIL_BYTES = 16384
 INPUT = re.compile(rb'"(?:prompt_tokens|input_tokens)":\s*(\d+)')
 OUTPUT = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
 # An event that carries generated output, in each shape vLLM streams: a chat (or transcription) chunk's delta that is
-# not the role event's, a completion chunk's choice, a Responses delta event, an Anthropic content_block_delta. The
-# role events, the usage event, Anthropic's message_delta and [DONE] carry none.
+# not the role event's, a completion chunk's choice, a token-in chunk's token ids, a Responses delta event, an
+# Anthropic content_block_delta. The role events, the usage event, Anthropic's message_delta and [DONE] carry none.
 TOKEN_EVENT = re.compile(
-    rb'"delta":\{(?!"role"|"stop_reason")|"choices":\[\{"index":\d+,"text":|"type":"response\.[a-z_.]+\.delta"'
+    rb'"delta":\{(?!"role"|"stop_reason")|"choices":\[\{"index":\d+,"text":|"token_ids":\[\d'
+    rb'|"type":"response\.[a-z_.]+\.delta"'
 )
 EVENT_BYTES = 2**20  # an event longer than this is not looked into (it is not counted: the count stays a floor)
 

@@ -1,6 +1,6 @@
-"""The usage event of a stream whose client did not ask for it: a limited key's chat or completions stream asks vLLM
-for it (`stream_options.include_usage`), so that the key pays exactly what vLLM generated, and the client gets the
-stream it asked for, without that event.
+"""The usage event of a stream whose client did not ask for it: a limited key's chat, completions or token-in
+(`/inference/v1/generate`) stream asks vLLM for it (`stream_options.include_usage`), so that the key pays exactly
+what vLLM generated, and the client gets the stream it asked for, without that event.
 
 vLLM 0.31 and 0.32 write the same events either way but for two: the usage event (`"choices":[]`, after the last
 choice's finish event and before `data: [DONE]`), and the server's `system_fingerprint`, which without the usage

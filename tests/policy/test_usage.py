@@ -71,8 +71,10 @@ def test_a_chat_stream_without_usage_counts_the_events_that_carry_output() -> No
         b'"sequence_number":4}\n\n',
         b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta",'
         b'"text":" a"}}\n\n',
+        b'data: {"request_id":"r","usage":null,"output_mode":"tokens","choices":[{"index":0,"finish_reason":null,'
+        b'"stop_reason":null,"token_ids":[1201],"logprobs":null}],"prompt_token_ids":[1,2]}\n\n',
     ],
-    ids=["completions", "responses", "anthropic"],
+    ids=["completions", "responses", "anthropic", "token-in"],
 )
 def test_each_shape_of_output_event_counts_once(event: bytes) -> None:
     assert charged(event * 3, stream=True).used(200) == 40 + 3
