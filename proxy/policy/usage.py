@@ -34,14 +34,8 @@ TAIL_BYTES = 16384
 # A key is a JSON string right before a colon; inside a string a quote is escaped, so text cannot match.
 INPUT = re.compile(rb'"(?:prompt_tokens|input_tokens)":\s*(\d+)')
 OUTPUT = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
-# An event that carries generated output, in each shape vLLM streams: a chat (or transcription) chunk's delta that is
-# not the role event's, a completion chunk's choice, a token-in chunk's token ids, a Responses delta event, an
-# Anthropic content_block_delta. The role events, the usage event, Anthropic's message_delta and [DONE] carry none.
-TOKEN_EVENT = re.compile(
-    rb'"delta":\{(?!"role"|"stop_reason")|"choices":\[\{"index":\d+,"text":|"token_ids":\[\d'
-    rb'|"type":"response\.[a-z_.]+\.delta"'
-)
 EVENT_BYTES = 2**20  # an event longer than this is not looked into (it is not counted: the count stays a floor)
+DIGITS = b"0123456789"
 
 
 class TokenEvents:
@@ -55,14 +49,30 @@ class TokenEvents:
         self.count = 0
 
     def feed(self, piece: bytes) -> None:
-        data = self._pending + piece if self._pending else piece
+        if not self._pending and piece.endswith(b"\n\n") and piece.find(b"\n\n") == len(piece) - 2:  # one event
+            self.count += carries_output(piece)
+            return
+        data = self._pending + piece
         end = data.rfind(b"\n\n")
         if end < 0:
             self._pending = data if len(data) <= EVENT_BYTES else b""
             return
         self._pending = data[end + 2 :] if len(data) - end - 2 <= EVENT_BYTES else b""
-        search = TOKEN_EVENT.search
-        self.count += sum(1 for event in data[:end].split(b"\n\n") if search(event))
+        self.count += sum(map(carries_output, data[:end].split(b"\n\n")))
+
+
+def carries_output(event: bytes) -> bool:
+    """Whether an event carries generated output, in each shape vLLM streams: a chat (or transcription, or Anthropic
+    content_block_delta) delta that is not the role event's (nor Anthropic's message_delta), a Responses delta event,
+    a completion chunk's choice, a token-in chunk's token ids. A key is a JSON string right before a colon; inside a
+    string a quote is escaped, so text cannot pass for one."""
+    at = event.find(b'"delta":')
+    if at >= 0:
+        return not event.startswith((b'{"role"', b'{"stop_reason"'), at + 8)
+    if b'"object":"text_completion"' in event:
+        return b'"choices":[{' in event
+    at = event.find(b'"token_ids":[')
+    return at >= 0 and at + 13 < len(event) and event[at + 13] in DIGITS
 
 
 class AnswerTail:

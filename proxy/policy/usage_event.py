@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-FINISH = re.compile(rb'"finish_reason":"')  # a string, not null: a choice's last event
+FINISH = b'"finish_reason":"'  # a string, not null: a choice's last event
 FINGERPRINT = re.compile(rb'"system_fingerprint":("(?:[^"\\]|\\.)*")')
 DONE = b"data: [DONE]"
 HOLD_BYTES = 2**22  # an event longer than this is not looked into: the rest of the stream is relayed as it comes
@@ -53,13 +53,15 @@ class HiddenUsage:
         """What of the stream goes to the client now."""
         if self._through:
             return piece
-        data = self._pending + piece if self._pending else piece
+        if not self._pending and piece.endswith(b"\n\n") and piece.find(b"\n\n") == len(piece) - 2:  # one event
+            return self._event(piece[:-2], piece)
+        data = self._pending + piece
         end = data.rfind(b"\n\n")
         if end < 0:
             self._pending = data
             return self._overlong()
         self._pending = data[end + 2 :]
-        out = [self._event(event) for event in data[:end].split(b"\n\n")]
+        out = [self._event(event, event + b"\n\n") for event in data[:end].split(b"\n\n")]
         if self._through:
             out.append(self._pending)
             self._pending = b""
@@ -74,8 +76,8 @@ class HiddenUsage:
         held, self._held = self._held, []
         return b"".join(held)
 
-    def _event(self, event: bytes) -> bytes:
-        whole = event + b"\n\n"
+    def _event(self, event: bytes, whole: bytes) -> bytes:
+        """What goes out for one `event` (`whole`: with its blank line)."""
         if self._through:
             return whole
         if event == DONE:
@@ -88,7 +90,7 @@ class HiddenUsage:
                 return b"".join(_with(e, found.group(1)) if found else e for e in held)
             self._through = True  # usage in other events too: forced by the server, the client gets it all
             return self._released() + whole
-        if FINISH.search(event):
+        if FINISH in event:
             self._held.append(whole)
             return b""
         return whole

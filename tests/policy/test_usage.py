@@ -85,6 +85,7 @@ def test_an_event_cut_between_pieces_counts_once_and_a_role_event_never() -> Non
     stream = role + token * 3
     for at in range(1, len(stream)):  # every place a piece boundary can fall
         assert charged(stream[:at], stream[at:], stream=True).used(200) == 40 + 3, at
+    assert charged(*(stream[i : i + 1] for i in range(len(stream))), stream=True).used(200) == 40 + 3  # bytewise
 
 
 def test_text_that_looks_like_an_event_inside_a_string_does_not_count() -> None:
