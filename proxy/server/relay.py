@@ -77,15 +77,13 @@ async def _relay_charged(
             if out:
                 await reply.write(out)
     except GuardError as exc:
-        if hidden is not None:
+        if hidden is not None:  # what it held (a finish event, the start of the next): the client's all the same
             await reply.write(hidden.end())
         await _broken(reply, upstream, record, exc, envelope)
         return
     finally:
         record.upstream_s = time.perf_counter() - record.started
-    if hidden is not None:
-        await reply.write(hidden.end())
-    await reply.end()
+    await reply.end(hidden.end() if hidden is not None else b"")
 
 
 def _hidden(upstream: Answer, charge: Charge) -> HiddenUsage | None:
