@@ -7,7 +7,7 @@ charges and its error envelope. A path that is not here is a 404 and never reach
     pool        count each input, decide, admit by input tokens         client key    its input tokens, one request
     count       count only: answered by the guard (count_tokens) or     client key    the tokens counted, one request
                 forwarded to vLLM's renderer unchanged
-    relay       read-only utilities, forwarded unchanged                client key    nothing (its quota is told)
+    relay       read-only utilities, forwarded unchanged                client key    one request, no token
     own         the guard's own probes and metrics                      none          nothing
     control     vLLM's administrative routes (sleep, RPCs, LoRA, ...)   admin key     nothing
     unguarded   vLLM generates here in a form the guard cannot count    nobody        (closed: 404 with the reason)

@@ -96,30 +96,46 @@ class ModelRegistry:
             level = logging.WARNING if source == "upstream" else logging.INFO
             log.log(level, "model %s: count source %s: %s", name, source, reason)
 
-    def resolve(self, name: str | None) -> GuardedModel:
-        """The model a request is for. One that names none is the upstream's default, as vLLM serves it (its first
-        served name), whatever order the guard's own [[models]] are in: a key held to some models is checked
-        against the model that will answer."""
+    def resolve(self, name: str | None, allowed: tuple[str, ...] | None = None) -> GuardedModel:
+        """The model a request is for, of those `allowed` (a key's [[keys]] models; None: any). One that names none
+        is the upstream's default, as vLLM serves it (its first served name), whatever order the guard's own
+        [[models]] are in: a key held to some models is checked against the model that will answer. A model it may
+        not use is a 404 worded as for one that does not exist, as OpenAI answers it, naming only models it may use."""
         if name is None:
-            return self._default()
-        if name in self._models:
-            return self._models[name]
-        if self.discovering:
+            return self._default(allowed)
+        model = self._models.get(name)
+        if model is not None and (allowed is None or name in allowed):
+            return model
+        if model is None and self.discovering:
             raise NotReady("token-guard is starting: it is still learning the upstream's models.")
-        valid = ", ".join(self._order) or "none"
-        raise ModelNotFound(f"The model `{name}` does not exist. Models this guard serves: {valid}.")
+        if allowed is None:
+            raise ModelNotFound(f"The model `{name}` does not exist. Models this guard serves: {self._listed(None)}.")
+        raise ModelNotFound(
+            f"The model `{name}` does not exist or you do not have access to it.{self._usable(allowed)}"
+        )
 
-    def _default(self) -> GuardedModel:
+    def _default(self, allowed: tuple[str, ...] | None) -> GuardedModel:
         if not self._discovered:
             raise NotReady("token-guard is starting: it does not know yet which model the upstream serves to a request "
                            "that names none; name the model, or try again shortly.")  # fmt: skip
         if self.default is None:
             raise ModelNotFound("The request names no model, and the upstream lists none.")
         model = self._models.get(self.default)
+        if allowed is not None and (model is None or model.name not in allowed):  # whose name it may not learn
+            raise ModelNotFound("The request names no model, and the model the upstream serves to such a request is "
+                                f"not one you have access to; name the model.{self._usable(allowed)}")  # fmt: skip
         if model is None:
             raise ModelNotFound(f"The request names no model, and the upstream's default model `{self.default}` is "
                                 "not one this guard serves; name the model.")  # fmt: skip
         return model
+
+    def _listed(self, allowed: tuple[str, ...] | None) -> str:
+        return ", ".join(n for n in self._order if allowed is None or n in allowed) or "none"
+
+    def _usable(self, allowed: tuple[str, ...]) -> str:
+        """The models a key may use that the guard serves, as the end of its 404's message (nothing when none)."""
+        listed = self._listed(allowed)
+        return "" if listed == "none" else f" Models you have access to: {listed}."
 
     def apply_discovery(self, cards: list[ModelCard]) -> None:
         self.default = cards[0].id if cards else None

@@ -14,6 +14,7 @@ from proxy.doctor.run import drift_warnings
 from proxy.errors import GuardError
 from proxy.exchange.entry import Door
 from proxy.exchange.flow import Flow
+from proxy.exchange.headers import RawHeaders
 from proxy.exchange.keys import ApiKeys
 from proxy.exchange.metering import Meter
 from proxy.exchange.metrics import Metrics
@@ -29,6 +30,7 @@ from proxy.upstream.transport import Transport
 
 if TYPE_CHECKING:
     from proxy.fleet.link import RedisLink
+    from proxy.fleet.presence import Presence
 
 log = logging.getLogger("token_guard.app")
 
@@ -57,14 +59,19 @@ class Core:
                 {str(i): r.budget.tokens for i, r in enumerate(self.upstream.replicas)},
             ),  # fmt: skip
         )
+        self.presence: Presence | None = None  # this process's heartbeat in Redis: how many guards share it
         if self.link is not None:
             from proxy.exchange.fleet_metrics import FleetState
+            from proxy.fleet.presence import Presence
             from proxy.upstream.fleet_gate import FleetAdmission
 
             gate = self.upstream.admission
-            self.metrics.register(FleetState(self.link, gate if isinstance(gate, FleetAdmission) else None))
+            fleet_gate = gate if isinstance(gate, FleetAdmission) else None
+            self.presence = fleet_gate.presence if fleet_gate else Presence(self.link, settings.redis.lease_s)
+            self.metrics.register(FleetState(self.link, fleet_gate))
         self.guard = Guard(settings, registry, RemoteCounter(self.upstream), self.upstream.ceiling, chunk_instead)
-        self.quotas = Quotas(settings, self.link)
+        presence = self.presence
+        self.quotas = Quotas(settings, self.link, (lambda: presence.alive) if presence is not None else None)
         self.meter = Meter(self.quotas)
         self.flow = Flow(self.guard, self.meter, self.metrics)
         self.routes = RouteTable(passthrough=server.passthrough_paths)
@@ -75,22 +82,35 @@ class Core:
                         "clamped, admitted or charged", path)  # fmt: skip
         self.door = Door(self.routes, self.keys)
 
-    async def readiness(self) -> tuple[int, dict[str, object]]:
-        """/health's answer: ready once the models are known and an upstream replica answers its own /health."""
+    def sight(self, headers: RawHeaders) -> tuple[bool, bool]:
+        """What the guard's own /health and /metrics show a request: (key names and per-key usage, model names). An
+        operator's key (server.metrics_api_key or an admin key) sees both; anyone else sees the models only where any
+        client may list them (no client keys configured), so that a key learns nothing of models it may not use."""
+        operator = self.keys.operator(headers)
+        return operator, operator or not self.keys
+
+    async def readiness(self, models: bool = False) -> tuple[int, dict[str, object]]:
+        """/health's answer: ready once the models are known and an upstream replica answers its own /health; the
+        models' names only when `models` (Core.sight)."""
         if self.registry.discovering:
             return 503, {"status": "starting", "detail": "learning the upstream's models"}
         if not await self.upstream.is_healthy():
             return 503, {"status": "unhealthy", "detail": "no upstream replica answers its /health"}
         # checked: the start-up check has run, so each model's count source is decided
-        return 200, {"status": "ok", "models": self.registry.names, "checked": self.registry.checked}
+        shown = {"models": self.registry.names} if models else {}
+        return 200, {"status": "ok", **shown, "checked": self.registry.checked}
+
+    def exposition(self, headers: RawHeaders) -> bytes:
+        """/metrics' answer, as much of it as the request may see (Core.sight)."""
+        return self.metrics.exposition(*self.sight(headers))
 
     def jobs(self) -> list[Coroutine[Any, Any, None]]:
         """The background work of the front end's lifetime, each logged if it fails (never taking the server down)."""
         jobs = [_learn_models(self.settings, self.registry, self.upstream), self.upstream.watch_health()]
         if self.upstream.auto_budget:
             jobs.append(self.upstream.learn_budgets())
-        if self.link is not None:
-            jobs += [self.link.watch(), *(self.upstream.fleet_jobs() or [_heartbeat(self.link, self.settings)])]
+        if self.link is not None and self.presence is not None:
+            jobs += [self.link.watch(), *(self.upstream.fleet_jobs() or [self.presence.run()])]
         return [_logged(job) for job in jobs]
 
     async def aclose(self) -> None:
@@ -106,13 +126,6 @@ def _redis_link(redis: RedisSettings) -> RedisLink | None:
     from proxy.fleet.link import RedisLink
 
     return RedisLink(redis.url, redis.timeout_ms)
-
-
-async def _heartbeat(link: RedisLink, settings: Settings) -> None:
-    """This instance's heartbeat in Redis when no fleet budget keeps one (`token-guard doctor` counts them)."""
-    from proxy.fleet.presence import Presence
-
-    await Presence(link, settings.redis.lease_s).run()
 
 
 async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: Upstream) -> None:

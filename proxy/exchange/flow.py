@@ -32,11 +32,12 @@ class Flow:
 
     async def decide(
         self, route: Route, body: bytes, headers: Mapping[str, str], record: RequestRecord, tagged: Headers,
-        still_there: Callable[[], None],
+        still_there: Callable[[], None], hides_usage: bool = False,
     ) -> tuple[Outcome, Headers]:  # fmt: skip
         """The guard's outcome for a guarded request, charged to its key, and the headers its answer carries (`tagged`
         and the decision's x-token-guard-*). `still_there` raises when the client has left: nothing is counted for a
-        client that left while its request waited its turn."""
+        client that left while its request waited its turn. `hides_usage`: the front end can take a usage event out
+        of the answer, so a limited key's stream asks vLLM for one (policy/usage_event.py) to settle exactly."""
         key = record.findings.api_key
         limited = key is not None and key.limited
         if len(body) > HEAVY_BYTES:  # a large prompt's counting holds the loop for milliseconds: take turns
@@ -45,7 +46,7 @@ class Flow:
             await self.turnstile.enter()
         still_there()
         try:
-            outcome = await self.guard.handle(route, body, headers, record.findings)
+            outcome = await self.guard.handle(route, body, headers, record.findings, hides_usage and limited)
         except GuardError as exc:
             if key is not None and limited and exc.status < 500:
                 await self.meter.charge(key, 0, TAKE, record, tagged)  # a request refused unread still is a request

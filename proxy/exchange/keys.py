@@ -1,8 +1,8 @@
 """API keys, checked as each route of the table requires (api/routes.py): client keys (`server.api_keys`, and the named
 keys of `[[keys]]`, whose settings the request carries on for its quotas),
 admin keys (`server.admin_api_keys`, the only keys that reach vLLM's administrative routes) and the metrics key
-(`server.metrics_api_key`, which shows key names and usage in /metrics). Read from a request's headers as every front
-end has them: (name, value) byte pairs, names in lower case.
+(`server.metrics_api_key`); either of the last two shows key names, usage and models in /metrics and /health. Read
+from a request's headers as every front end has them: (name, value) byte pairs, names in lower case.
 
 A key comes as `Authorization: Bearer <key>` (the scheme in any case, as vLLM 0.11+ reads it) or as `x-api-key: <key>`
 (Anthropic's SDKs and Claude Code); only SHA-256 digests are kept, compared in constant time, every one of them, so
@@ -64,10 +64,11 @@ class ApiKeys:
         given = given_key(headers)
         return given is not None and _any(given, self._admin)
 
-    def metrics(self, headers: RawHeaders) -> bool:
-        """True when the request carries server.metrics_api_key: /metrics then shows key names and usage."""
+    def operator(self, headers: RawHeaders) -> bool:
+        """True when the request carries server.metrics_api_key or a key of server.admin_api_keys: the guard's own
+        /metrics and /health then show what only operators see (key names and usage, the models)."""
         given = given_key(headers)
-        return given is not None and _any(given, self._metrics)
+        return given is not None and (_any(given, self._metrics) | _any(given, self._admin))
 
     def _named_key(self, given: bytes) -> KeySettings | None:
         """The named key whose digest is `given`, if any (every digest is compared)."""

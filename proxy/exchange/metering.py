@@ -29,8 +29,8 @@ class Meter:
             await self.charge(key, outcome.decision.prompt_tokens, TAKE, record, tagged)
             return
         verdict = await self.charge(key, tokens, CHARGE, record, tagged)
-        forwarded = isinstance(outcome, Chunked)  # its chunks' summed usage settles it once the merged answer ends
-        record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, forwarded, verdict.fleet)
+        asked = isinstance(outcome, Forward) and outcome.usage_asked
+        record.charge = Charge(key, tokens, outcome.decision.prompt_tokens, verdict.fleet, asked)
 
     async def charge(self, key: KeySettings, tokens: int, mode: int, record: RequestRecord, tagged: Headers) -> Verdict:
         """One charge of a key's quotas (policy/quota.py: CHARGE, TAKE or CHECK); 429 when refused. The answer
@@ -52,9 +52,10 @@ class Meter:
         tagged.extend(encode_headers(told))
         record.quota_told = bool(told)
 
-    async def settle(self, charge: Charge, record: RequestRecord, status: int | None) -> None:
-        """Give back what the request did not use, once its answer ended with `status` (None: none began)."""
-        unused = charge.unused(status)
+    async def settle(self, charge: Charge, record: RequestRecord, status: int | None, gone: bool) -> None:
+        """Give back what the request did not use, once its answer ended with `status` (None: none began); `gone`:
+        its client left before the answer's end (policy/usage.py says what it pays then)."""
+        unused = charge.unused(status, gone)
         record.charged_tokens = charge.tokens - unused
         if unused:
             await self.quotas.give_back(charge.key, unused, charge.fleet)

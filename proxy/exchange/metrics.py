@@ -1,7 +1,13 @@
 """Prometheus metrics for one app instance, fed by finished request records.
 
 The hot path only adds to plain numbers in dicts (no locks, no metric objects per request); the Prometheus families
-are built from them when /metrics is scraped. Each instance has its own registry: nothing global.
+are built from them when /metrics is scraped. Each instance has its own registries: nothing global.
+
+What a scrape shows depends on who asks (exchange/core.py `Core.sight`): key names and per-key usage only to an
+operator's key; model names only to an operator's key, or to anyone where any client may list the models (no client
+keys configured). A scrape that may not see them gets the same families summed over the models, without the `model`
+label: a client learns no model a key of its own may not use. A replica is its place in upstream.urls, never its
+address.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ import bisect
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -27,6 +33,7 @@ CHUNK_BUCKETS = (2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
 CANCEL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 ME = ("model", "endpoint")
+Labels = tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -122,11 +129,11 @@ class Metrics:
         self._counters: defaultdict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
         self._histograms: dict[tuple[str, tuple[str, ...]], _Histogram] = {}
         self.fanout = InFlight()
-        self.registry = CollectorRegistry()  # everything: with server.metrics_api_key
-        self.public = CollectorRegistry()  # without key names and per-key usage
-        for registry, keys in ((self.registry, True), (self.public, False)):
-            registry.register(_Families(self, keys))
-            registry.register(_CounterCaches(counters))
+        # (key names and usage, model names) -> what a scrape that may see them gets
+        self.registries = {sight: CollectorRegistry() for sight in ((True, True), (False, True), (False, False))}
+        for (keys, models), registry in self.registries.items():
+            registry.register(_Families(self, keys, models))
+            registry.register(_CounterCaches(counters, models))
             registry.register(_Gate(gate))
 
     def add(self, metric: str, labels: tuple[str, ...], value: float = 1) -> None:
@@ -182,28 +189,30 @@ class Metrics:
             self.observe_value("chunks", labels, decision.chunks)
 
     def register(self, collector: Collector) -> None:
-        """A collector of metrics that name no key, for both expositions."""
-        self.registry.register(collector)
-        self.public.register(collector)
+        """A collector of metrics that name no key and no model, for every exposition."""
+        for registry in self.registries.values():
+            registry.register(collector)
 
-    def exposition(self, full: bool = True) -> bytes:
-        return generate_latest(self.registry if full else self.public)
+    def exposition(self, keys: bool = True, models: bool = True) -> bytes:
+        """The Prometheus text; `keys`: with key names and per-key usage; `models`: with the model label (never keys
+        without models)."""
+        return generate_latest(self.registries[keys and models, models])
 
-    def families(self, keys: bool = True) -> Iterable[Metric]:
+    def families(self, keys: bool = True, models: bool = True) -> Iterable[Metric]:
         for metric, definition in DEFINITIONS.items():
             if not keys and "key" in definition.labels:
                 continue
+            shown = definition.labels if models else tuple(label for label in definition.labels if label != "model")
+            keep = [i for i, label in enumerate(definition.labels) if label in shown]
             if definition.buckets is None:
-                counter = CounterMetricFamily(definition.name, definition.help, labels=definition.labels)
-                for (name, labels), value in list(self._counters.items()):
-                    if name == metric:
-                        counter.add_metric(list(labels), value)
+                counter = CounterMetricFamily(definition.name, definition.help, labels=shown)
+                for labels, value in _summed(self._counters, metric, keep).items():
+                    counter.add_metric(list(labels), value)
                 yield counter
             else:
-                family = HistogramMetricFamily(definition.name, definition.help, labels=definition.labels)
-                for (name, labels), histogram in list(self._histograms.items()):
-                    if name == metric:
-                        family.add_metric(list(labels), histogram.cumulative(), histogram.total)
+                family = HistogramMetricFamily(definition.name, definition.help, labels=shown)
+                for labels, histogram in _merged(self._histograms, metric, keep, definition.buckets).items():
+                    family.add_metric(list(labels), histogram.cumulative(), histogram.total)
                 yield family
         # The name says parts, the chunks' old name: kept, so that dashboards still find it.
         chunks = GaugeMetricFamily("token_guard_fanout_parts_in_flight", "Chunks of chunked requests running now")
@@ -217,23 +226,52 @@ class Metrics:
         yield blocks
 
 
+def _summed(counters: dict[tuple[str, tuple[str, ...]], float], metric: str, keep: list[int]) -> dict[Labels, float]:
+    """A counter's values by the labels kept (those dropped summed over)."""
+    summed: defaultdict[Labels, float] = defaultdict(float)
+    for (name, labels), value in list(counters.items()):
+        if name == metric:
+            summed[tuple(labels[i] for i in keep)] += value
+    return summed
+
+
+def _merged(
+    histograms: dict[tuple[str, tuple[str, ...]], _Histogram], metric: str, keep: list[int], buckets: tuple[float, ...]
+) -> dict[Labels, _Histogram]:
+    """A histogram's by the labels kept (those dropped merged: their counts and totals added)."""
+    merged: dict[Labels, _Histogram] = {}
+    for (name, labels), histogram in list(histograms.items()):
+        if name != metric or not histogram.counts:
+            continue
+        kept = tuple(labels[i] for i in keep)
+        into = merged.get(kept)
+        if into is None:
+            into = merged[kept] = _Histogram(buckets, [0] * len(histogram.counts))
+        into.counts = [a + b for a, b in zip(into.counts, histogram.counts, strict=True)]
+        into.total += histogram.total
+    return merged
+
+
 class _Families(Collector):
-    def __init__(self, metrics: Metrics, keys: bool) -> None:
-        self.metrics, self.keys = metrics, keys
+    def __init__(self, metrics: Metrics, keys: bool, models: bool) -> None:
+        self.metrics, self.keys, self.models = metrics, keys, models
 
     def collect(self) -> Iterable[Metric]:
-        return list(self.metrics.families(self.keys))
+        return list(self.metrics.families(self.keys, self.models))
 
 
 class _CounterCaches(Collector):
-    """The counters' own numbers, read when scraped: segment caches, and fallbacks from upstream counting."""
+    """The counters' own numbers, read when scraped: segment caches, and fallbacks from upstream counting; summed
+    over the models where the scrape may not see them."""
 
-    def __init__(self, counters: Callable[[], dict[str, CounterStats]]) -> None:
-        self.counters = counters
+    def __init__(self, counters: Callable[[], dict[str, CounterStats]], models: bool = True) -> None:
+        self.counters, self.models = counters, models
 
     def collect(self) -> Iterable[Metric]:
         stats = self.counters()
-        model = ["model"]
+        if not self.models:
+            stats = {"": _total(list(stats.values()))} if stats else {}
+        model = ["model"] if self.models else []
         hits = CounterMetricFamily(
             "token_guard_count_cache_hits", "Prompt segments found in the count cache", labels=model
         )
@@ -246,11 +284,16 @@ class _CounterCaches(Collector):
             labels=model,
         )
         for name, s in stats.items():
-            hits.add_metric([name], s.hits)
-            misses.add_metric([name], s.misses)
-            size.add_metric([name], s.bytes)
-            fallbacks.add_metric([name], s.fallbacks)
+            shown = [name] if self.models else []
+            hits.add_metric(shown, s.hits)
+            misses.add_metric(shown, s.misses)
+            size.add_metric(shown, s.bytes)
+            fallbacks.add_metric(shown, s.fallbacks)
         return [hits, misses, size, fallbacks]
+
+
+def _total(stats: list[CounterStats]) -> CounterStats:
+    return CounterStats(*(sum(getattr(s, f.name) for s in stats) for f in fields(CounterStats)))
 
 
 class _Gate(Collector):

@@ -2,8 +2,10 @@
 key is over), settle the charge against what the answer says it used, and the x-ratelimit-* headers of every answer.
 
 On Redis (redis.url) when configured, so that a key's quota holds across guards and workers; per process
-otherwise. When Redis does not answer: redis.failure "open" uses this process's buckets (each worker with
-its share), "closed" answers 503."""
+otherwise (each of `server.workers` with its share). When Redis does not answer: redis.failure "open" uses this
+process's buckets, each limit divided by the guard processes last seen alive in Redis (their heartbeats,
+fleet/presence.py) and each key's buckets starting from what Redis last said it had left, divided the same way, so
+that the processes together keep to the key's limits; "closed" answers 503."""
 
 from __future__ import annotations
 
@@ -25,13 +27,18 @@ log = logging.getLogger("token_guard.quotas")
 
 
 class Quotas:
-    def __init__(self, settings: Settings, link: RedisLink | None = None) -> None:
-        self.local = LocalQuotas(settings.server.workers)
+    def __init__(
+        self, settings: Settings, link: RedisLink | None = None, alive: Callable[[], int] | None = None
+    ) -> None:
+        """`alive`: the guard processes last seen sharing the Redis, this one included (0 before any was seen)."""
+        self.workers = settings.server.workers
+        self.local = LocalQuotas(self.workers)
         self.fleet: RedisQuotas | None = None
         if link is not None:  # imported only here: without a Redis, redis is never imported
             from proxy.fleet.quotas import RedisQuotas
 
             self.fleet = RedisQuotas(link)
+        self.alive = alive
         self.closed = settings.redis.failure == "closed"
 
     async def charge(self, key: KeySettings, tokens: int, mode: int = CHARGE) -> Verdict:
@@ -39,6 +46,7 @@ class Quotas:
         already done, or a check that takes nothing), or nothing when refused (`allowed` false)."""
         limits = _limits(key)
         return await self._fleet_or_local(
+            key,
             lambda fleet: fleet.charge(key.name, limits, tokens, mode),
             lambda now: self.local.charge(key.name, limits, tokens, now, mode),
         )
@@ -46,7 +54,7 @@ class Quotas:
     async def peek(self, key: KeySettings) -> Verdict:
         limits = _limits(key)
         return await self._fleet_or_local(
-            lambda fleet: fleet.peek(key.name, limits), lambda now: self.local.peek(key.name, limits, now)
+            key, lambda fleet: fleet.peek(key.name, limits), lambda now: self.local.peek(key.name, limits, now)
         )
 
     async def told(self, key: KeySettings) -> dict[str, str]:
@@ -65,20 +73,33 @@ class Quotas:
             self.local.give_back(key.name, limits, amount, _now_ms())
             return
         try:
-            await self.fleet.give_back(key.name, limits, amount)
+            verdict = await self.fleet.give_back(key.name, limits, amount)
         except FleetStateUnavailable:
             log.debug("%d tokens not given back to key %s: Redis does not answer", amount, key.name)
+            return
+        if verdict is not None:
+            self.local.mirror(key.name, limits, verdict, _now_ms())
 
     async def _fleet_or_local(
-        self, fleet: Callable[[RedisQuotas], Awaitable[Verdict]], local: Callable[[float], Verdict]
+        self, key: KeySettings, fleet: Callable[[RedisQuotas], Awaitable[Verdict]], local: Callable[[float], Verdict]
     ) -> Verdict:
         if self.fleet is not None:
+            self.local.share = self._share()
             try:
-                return await fleet(self.fleet)
+                verdict = await fleet(self.fleet)
             except FleetStateUnavailable:
                 if self.closed:
                     raise
+            else:
+                self.local.mirror(key.name, _limits(key), verdict, _now_ms())
+                return verdict
         return local(_now_ms())
+
+    def _share(self) -> int:
+        """How many processes keep to a key's limits together while Redis does not answer: those last seen alive in
+        it, or this guard's workers when none was seen yet."""
+        seen = self.alive() if self.alive is not None else 0
+        return seen if seen > 0 else self.workers
 
 
 def over_quota(key: KeySettings, verdict: Verdict, tokens: int) -> TooBusy:

@@ -37,8 +37,19 @@ from proxy.exchange.headers import Headers, RawHeaders, encode_headers
 from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
 from proxy.extproc import wire
 from proxy.extproc.gateway import Gateway, Upward
-from proxy.extproc.wire import BUFFERED, FULL_DUPLEX, NONE, HttpHeaders, ProcessingRequest, ProcessingResponse
+from proxy.extproc.wire import (
+    BUFFERED,
+    FULL_DUPLEX,
+    NONE,
+    STREAMED,
+    HttpHeaders,
+    ProcessingRequest,
+    ProcessingResponse,
+)
 from proxy.policy.outcome import Answer, Forward, Outcome, Refuse
+from proxy.policy.quota import CHARGE
+from proxy.policy.usage import Charge, TokenEvents
+from proxy.policy.usage_event import HiddenUsage
 from proxy.settings.sections import KeySettings
 from proxy.upstream.admission import Ticket
 
@@ -69,6 +80,7 @@ class Stream:
         self.ticket: Ticket | None = None
         self.status: int | None = None
         self.ended = False  # the answer ended: an immediate response, or the response's last byte (or headers)
+        self.hidden: HiddenUsage | None = None  # takes the usage event the guard asked for out of the answer
 
     async def run(self, requests: AsyncIterator[ProcessingRequest]) -> AsyncIterator[Answers]:
         """The answers to Envoy's messages, each as it comes. A guarded body still to come at its deadline is
@@ -139,7 +151,8 @@ class Stream:
         self.record = RequestRecord(rid, method, route.path, guarded)
         self.record.findings.api_key = self.key
         if not guarded:
-            await self.core.meter.tell(self.key, self.record, self.tagged)  # a look at a limited key's quota
+            if self.key is not None and self.key.limited:  # a request of its minute's, no token (as serve)
+                await self.core.meter.charge(self.key, 0, CHARGE, self.record, self.tagged)
             return [self._onward(self.tagged[:1])]
         declared = next((v for k, v in sent if k == b"content-length"), b"")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
@@ -190,8 +203,9 @@ class Stream:
         BODY or TRAILERS."""
         assert self.record is not None and self.route is not None
         self.pending, self.deadline = False, None
+        hides = self.response_mode in (STREAMED, FULL_DUPLEX)  # the answer's pieces pass here, to be changed
         outcome, self.extra = await self.core.flow.decide(self.route, body, self._headers(), self.record, self.tagged,
-                                                          _here)  # fmt: skip
+                                                          _here, hides)  # fmt: skip
         if isinstance(outcome, Forward):
             return await self._forward(outcome, body, at)
         return [self._finished(outcome)]
@@ -203,6 +217,8 @@ class Stream:
             if self.ticket.waited_s > 0:
                 self.record.queue_s = self.ticket.waited_s
                 self.extra.append((QUEUE_HEADER, str(round(self.ticket.waited_s * 1000)).encode()))
+        if self.record.charge is not None:  # admitted, it goes on to the upstream: the key pays from here
+            self.record.charge.hand(True)
         pinned, stripped = header_changes(self.route.reads if self.route else None, self._headers())
         decided = [*self.tagged[:1], *encode_headers(outcome.decision.headers()), *encode_headers(pinned)]
         if outcome.content_type is not None:  # a form written anew: its own boundary, in place of every one sent
@@ -238,22 +254,24 @@ class Stream:
             record.upstream_first_byte_s = time.perf_counter() - record.started
             if self.status >= 500:
                 record.upstream_error = f"http_{self.status}"
-            if record.charge is not None:
-                record.charge.forwarded = True
+            if record.charge is not None and self.response_mode != NONE:  # the body comes here: read it
+                self.hidden = _reading(record.charge, self.status, wire.headers_of(message.headers))
         self.ended = message.end_of_stream or self.response_mode == NONE  # no body comes: its end is not seen
         return [wire.response_headers(self.extra or self.tagged)]
 
     def _response_body(self, piece: bytes, end: bool) -> Answers:
-        record = self.record
+        record, hidden, out = self.record, self.hidden, piece
         if record is not None and record.charge is not None:
             record.charge.tail.feed(piece)
+        if hidden is not None:
+            out = hidden.feed(piece) + (hidden.end() if end else b"")
         if end:
             self.ended = True
             if record is not None:
                 record.upstream_s = time.perf_counter() - record.started
         if self.response_mode == FULL_DUPLEX:
-            return list(wire.streamed(piece, end, response=True))
-        return [wire.response_body()]
+            return list(wire.streamed(out, end, response=True))
+        return [wire.response_body(None if hidden is None else out)]
 
     async def close(self) -> None:
         """The stream ended (Envoy closed it, or it was cancelled): what the request held is given back."""
@@ -263,7 +281,7 @@ class Stream:
         if record is None:
             return
         if record.charge is not None:
-            await self.core.meter.settle(record.charge, record, self.status)
+            await self.core.meter.settle(record.charge, record, self.status, not self.ended)
         self.core.flow.done(record, self.status, not self.ended)
 
     async def _failed(self, error: GuardError) -> Answers:
@@ -281,11 +299,11 @@ class Stream:
     async def _own(self, route: Route) -> ProcessingResponse:
         """The guard's own probes and metrics, answered by the processor rather than by vLLM."""
         if route.path == "/metrics":
-            text = self.core.metrics.exposition(self.core.keys.metrics(self.sent))
+            text = self.core.exposition(self.sent)
             return self._immediate(200, [(b"content-type", METRICS_TYPE)], text, "token_guard_metrics")
         if route.path == "/livez":
             return self._immediate(200, JSON, b'{"status":"alive"}', "token_guard_alive")
-        status, body = await self.core.readiness()
+        status, body = await self.core.readiness(self.core.sight(self.sent)[1])
         return self._immediate(status, JSON, json.dumps(body).encode(), "token_guard_health")
 
     def _immediate(self, status: int, headers: Headers, body: bytes, details: str) -> ProcessingResponse:
@@ -297,6 +315,17 @@ async def _admitted(core: Core, cost: int, excluded: frozenset[int]) -> Ticket:
     """A ticket from the admission gate for `cost` KV tokens, on a replica not `excluded` (429 when refused)."""
     gate = core.upstream.admission
     return gate.try_acquire(cost, excluded) or await gate.acquire(cost, excluded)
+
+
+def _reading(charge: Charge, status: int, headers: Headers) -> HiddenUsage | None:
+    """Readies a keyed request's charge for the answer's body (a stream's output events are counted); the filter that
+    takes out the usage event the guard asked for, when the answer is the event stream it asked it of."""
+    found = dict(headers)
+    if not found.get(b"content-type", b"").startswith(b"text/event-stream"):
+        return None
+    charge.tail.events = TokenEvents()
+    asked = charge.usage_asked and status == 200 and b"content-length" not in found
+    return HiddenUsage() if asked else None
 
 
 def _here() -> None:

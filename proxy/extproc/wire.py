@@ -27,6 +27,7 @@ from proxy.exchange.headers import Headers, RawHeaders
 
 NONE = ProcessingMode.NONE
 BUFFERED = ProcessingMode.BUFFERED
+STREAMED = ProcessingMode.STREAMED
 FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 SEND, SKIP = ProcessingMode.SEND, ProcessingMode.SKIP
 PIECE_BYTES = 62_000  # a body sent back in FULL_DUPLEX_STREAMED goes in pieces this large (Envoy's own pieces' size)
@@ -112,9 +113,13 @@ def streamed(body: bytes, end: bool, response: bool = False) -> Iterator[Process
         yield ProcessingResponse(response_body=answer) if response else ProcessingResponse(request_body=answer)
 
 
-def response_body() -> ProcessingResponse:
-    """Go on with the response's body (BUFFERED or STREAMED: Envoy sends it on unchanged)."""
-    return ProcessingResponse(response_body=BodyResponse())
+def response_body(body: bytes | None = None) -> ProcessingResponse:
+    """Go on with the response's body (BUFFERED or STREAMED): unchanged (`body` None), or with `body` in the place
+    of the piece Envoy sent (STREAMED)."""
+    answer = ProcessingResponse(response_body=BodyResponse())
+    if body is not None:
+        answer.response_body.response.body_mutation.body = body
+    return answer
 
 
 def request_trailers(remove: Sequence[str] = ()) -> ProcessingResponse:

@@ -76,9 +76,11 @@ class RedisQuotas:
     async def charge(self, name: str, limits: Limits, cost: int, mode: int = CHARGE) -> Verdict:
         return await self._run(name, limits, cost, 1, 0, mode)
 
-    async def give_back(self, name: str, limits: Limits, amount: int) -> None:
+    async def give_back(self, name: str, limits: Limits, amount: int) -> Verdict | None:
+        """The buckets after `amount` came back; None when there was nothing to give."""
         if limits[0] is not None and amount:
-            await self._run(name, limits, 0, 0, amount)
+            return await self._run(name, limits, 0, 0, amount)
+        return None
 
     async def peek(self, name: str, limits: Limits) -> Verdict:
         return await self._run(name, limits, 0, 0, 0)

@@ -38,7 +38,7 @@ from proxy.counting.source import (
     chat_tokens,
     completion_tokens,
 )
-from proxy.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, PermissionDenied
+from proxy.errors import ContextLengthExceeded, InvalidRequest, PermissionDenied
 from proxy.policy import thinking
 from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
@@ -61,6 +61,7 @@ from proxy.policy.pooling import Pooled, settle_pooling
 from proxy.policy.reduce import reduce_request
 from proxy.policy.size import SIZE_FLOOR, proven_over, refuse_by_size
 from proxy.policy.turns import CountItems
+from proxy.policy.usage_event import usage_options
 from proxy.settings import PolicySettings, Settings
 
 log = logging.getLogger("token_guard.guard")
@@ -91,9 +92,13 @@ class Guard:
     def __post_init__(self) -> None:
         self._policies = {m.name: m.policy for m in self.settings.models if m.policy is not None}
 
-    async def handle(self, route: Route, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
+    async def handle(
+        self, route: Route, raw: bytes, headers: Mapping[str, str], findings: Findings, ask_usage: bool = False
+    ) -> Outcome:
         """What to do with a request to a guarded `route` (api/routes.py: its kind, and the wire model that reads
-        it). `findings.api_key`, when set, is the client's named key: its models and output cap apply."""
+        it). `findings.api_key`, when set, is the client's named key: its models and output cap apply. `ask_usage`:
+        a chat, completions or token-in stream that does not ask vLLM for its usage event asks for it
+        (usage_event.py), for a front end that takes the event out of the answer again."""
         server = self.settings.server
         if route.reads == "audio":  # a multipart form, not JSON
             req = audio_request(raw, headers.get("content-type", ""), route.path)
@@ -109,6 +114,8 @@ class Guard:
                 if route.answered:  # a count the guard would answer itself: it has none to give
                     raise exc.local from None
                 outcome = self._uncounted(raw, exc, findings, route.kind is not Kind.COUNT)
+            if ask_usage and isinstance(outcome, Forward) and route.kind is Kind.GENERATE:
+                outcome = await self._asking_usage(outcome, route, body, raw)
         if outcome.decision.count_source is None and findings.count_source is not None:  # the overflow policies'
             outcome = replace(outcome, decision=replace(outcome.decision, count_source=findings.count_source))
         why = findings.kept_whole or (CHUNK_UNAVAILABLE if findings.chunk_refused else None)
@@ -345,12 +352,9 @@ class Guard:
     ) -> tuple[GuardedModel, PolicySettings, str, Limits]:
         """The model a request is for, its policy, the overflow choice (config or header: reject for a `body` whose
         prompt must reach vLLM whole) and its limits."""
-        model = self.registry.resolve(name)
-        findings.model = model.name
         key = findings.api_key
-        if key is not None and key.models is not None and model.name not in key.models:
-            # OpenAI's answer for a model a key may not use: the same 404 as for one that does not exist
-            raise ModelNotFound(f"The model `{name or model.name}` does not exist or you do not have access to it.")
+        model = self.registry.resolve(name, key.models if key is not None else None)  # a 404 for one it may not use
+        findings.model = model.name
         policy = self.policy_for(model.name)
         max_output = key.max_output_tokens if key is not None else None
         max_cost = self.ceiling() if self.ceiling is not None else None
@@ -371,6 +375,18 @@ class Guard:
         window = self.registry.resolve(findings.model).max_model_len
         findings.count_source = UNCOUNTED
         return Forward(raw, Decision("uncounted", 0, count_source=UNCOUNTED), window if generates else None)
+
+    async def _asking_usage(self, outcome: Forward, route: Route, body: dict[str, Any], raw: bytes) -> Forward:
+        """The forwarded body asking for its stream's usage event, when it is a chat, completions or token-in stream
+        that does not (the body as forwarded: the client's, or the clamp's or the cut's rewrite of it)."""
+        kind = invocation_kind(body) if route.reads == "invocations" else route.reads
+        options = usage_options(body) if kind in ("chat", "completion", "tokens") else None
+        if options is None:
+            return outcome
+        server = self.settings.server
+        sent = body if outcome.body is raw else await PARSER.parse(outcome.body, server.max_json_depth,
+                                                                    server.max_json_values)  # fmt: skip
+        return replace(outcome, body=with_changes(sent, {"stream_options": options}), usage_asked=True)
 
     def policy_for(self, model: str) -> PolicySettings:
         return self._policies.get(model) or self.settings.policy

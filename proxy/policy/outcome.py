@@ -62,6 +62,7 @@ class Forward:
     decision: Decision
     cost: int | None = None  # KV tokens it holds while running, for admission
     content_type: str | None = None  # the body's own, in place of the client's (a form written anew)
+    usage_asked: bool = False  # the body asks vLLM for a usage event its client did not ask for (usage_event.py)
 
 
 @dataclass(frozen=True)

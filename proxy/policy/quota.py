@@ -145,12 +145,22 @@ def _verdict(allowed: bool, tokens: Held, requests: Held, wait: float, too_large
 
 
 class LocalQuotas:
-    """The buckets of one process. With `share` workers on one port, each holds 1/share of every limit (as each holds
-    its share of the admission budget), so that together they keep to it."""
+    """The buckets of one process. With `share` processes keeping to the same limits (the workers on one port, or
+    the guards last seen sharing a Redis that stopped answering), each holds 1/share of every limit, so that together
+    they keep to it. `share` may change between calls: a bucket never holds more than its new limit."""
 
     def __init__(self, share: int = 1) -> None:
         self.share = share
         self._buckets: dict[tuple[str, str], Bucket] = {}
+
+    def mirror(self, name: str, limits: Limits, verdict: Verdict, now_ms: float) -> None:
+        """What the fleet's buckets in Redis say a key has left, this process's share of it: where its own buckets
+        start from should Redis stop answering, so that a key that spent its minute does not get another."""
+        tokens, requests = self._pair(name, limits, now_ms)
+        for held, window in ((tokens, verdict.tokens), (requests, verdict.requests)):
+            if held is not None and window is not None:
+                held[0].level = min(float(held[1]), window.remaining / self.share)
+                held[0].at_ms = now_ms
 
     def charge(self, name: str, limits: Limits, cost: int, now_ms: float, mode: int = CHARGE) -> Verdict:
         return charge(*self._pair(name, limits, now_ms), cost, now_ms, mode)

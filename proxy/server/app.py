@@ -36,7 +36,7 @@ class GuardApp:
         }  # fmt: skip
         self._own: dict[str, Handler] = {
             "/health": handlers.health, "/ping": handlers.health, "/livez": handlers.alive,
-            "/metrics": self._metrics(handlers),
+            "/metrics": handlers.metrics_text,
         }  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -75,12 +75,6 @@ class GuardApp:
         refusal.logged(scope["method"], rid)
         headers = [(REQUEST_ID, rid.encode()), *encode_headers(await refusal.headers(self.quotas))]
         await send_error(Reply(send), refusal.error, headers, refusal.envelope)
-
-    def _metrics(self, handlers: Handlers) -> Handler:
-        async def metrics(scope: Scope, receive: Receive, send: Send) -> None:
-            await handlers.metrics_text(scope, receive, send, full=self.core.keys.metrics(scope["headers"]))
-
-        return metrics
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup

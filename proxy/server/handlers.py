@@ -15,6 +15,7 @@ from proxy.exchange.core import Core
 from proxy.exchange.headers import Headers
 from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
 from proxy.policy.outcome import Answer, Chunked, Forward
+from proxy.policy.quota import CHARGE
 from proxy.server.asgi import KEY, ROUTE, ClientGone, Incoming, Receive, Reply, Scope, Send, read_body
 from proxy.server.chunked import answer_chunked
 from proxy.server.disconnect import ClientWatch
@@ -42,9 +43,9 @@ class Handlers:
 
     async def relayed(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A relay route: forwarded unchanged; except that a key held to some models ([[keys]] models) sees only
-        those in GET /v1/models, as OpenAI lists the models a key may use, and that a limited key's answer carries its
-        x-ratelimit-* headers from a look at its buckets: relay requests are not metered (nor counted in
-        requests_per_minute), as OpenAI counts only requests to its metered endpoints."""
+        those in GET /v1/models, as OpenAI lists the models a key may use, and that a limited key is charged one
+        request (no token) before it goes: vLLM works on it (a /tokenize of megabytes costs it as much as a
+        prompt's), so it counts against requests_per_minute, a 429 past it."""
         key = scope.get(KEY)
         listed = key.models if key is not None and scope[ROUTE].route.path == "/v1/models" else None
         await self._handle(scope, receive, send, guarded=False, listed=listed)
@@ -54,17 +55,18 @@ class Handlers:
         await self._handle(scope, receive, send, guarded=False)
 
     async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Readiness: the models are known and an upstream replica answers its own /health."""
-        status, body = await self.core.readiness()
+        """Readiness: the models are known and an upstream replica answers its own /health (which models: only to
+        whom may see them, Core.sight)."""
+        status, body = await self.core.readiness(self.core.sight(scope["headers"])[1])
         await Reply(send).whole(status, [], json.dumps(body).encode())
 
     async def alive(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Liveness: the process serves requests, whatever the upstream's state (that is /health's job)."""
         await Reply(send).whole(200, [], b'{"status":"alive"}')
 
-    async def metrics_text(self, scope: Scope, receive: Receive, send: Send, full: bool = False) -> None:
-        """Prometheus text; key names and per-key usage only when `full` (server.metrics_api_key)."""
-        await Reply(send).whole(200, [], self.metrics.exposition(full), METRICS_TYPE)
+    async def metrics_text(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Prometheus text; key names, per-key usage and model names only to whom may see them (Core.sight)."""
+        await Reply(send).whole(200, [], self.core.exposition(scope["headers"]), METRICS_TYPE)
 
     async def _handle(
         self, scope: Scope, receive: Receive, send: Send, guarded: bool, listed: tuple[str, ...] | None = None
@@ -84,8 +86,8 @@ class Handlers:
                 if guarded:
                     await self._guard(route, reply, incoming, body, headers, record, tagged)
                 else:
-                    if key is not None and key.limited:  # a look at its quota, charged nothing; none for the rest
-                        await self.meter.tell(key, record, tagged)
+                    if key is not None and key.limited:  # a request of its minute's, no token; nothing for the rest
+                        await self.meter.charge(key, 0, CHARGE, record, tagged)
                     await self._forward(reply, incoming, body, headers, record, tagged, route, None, listed)
         except ClientGone:  # its upstream request, chunks or place in the queue are given up by now
             record.client_gone = True
@@ -106,9 +108,10 @@ class Handlers:
             if not reply.started:
                 await send_error(reply, internal_error(), tagged, route.envelope)
         finally:
+            cut = reply.started and not reply.finished
             if record.charge is not None:  # no coroutine for requests without a quota: the hot path
-                await self.meter.settle(record.charge, record, reply.status)
-            self.flow.done(record, reply.status, reply.started and not reply.finished)
+                await self.meter.settle(record.charge, record, reply.status, record.client_gone or cut)
+            self.flow.done(record, reply.status, cut)
             size, body = len(body), b""  # dropped here, so that the trim finds its pages free
             give_back_after(size)
 
@@ -116,7 +119,7 @@ class Handlers:
         self, route: Route, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str],
         record: RequestRecord, tagged: Headers,
     ) -> None:  # fmt: skip
-        outcome, extra = await self.flow.decide(route, body, headers, record, tagged, incoming.leave_if_gone)
+        outcome, extra = await self.flow.decide(route, body, headers, record, tagged, incoming.leave_if_gone, True)
         headers = for_upstream(route.reads, headers)  # the headers vLLM acts on, as the guard read them
         if isinstance(outcome, Forward):
             if outcome.content_type is not None:  # a form written anew: its own boundary
@@ -125,7 +128,8 @@ class Handlers:
         elif isinstance(outcome, Chunked):
             incoming.leave_if_gone()  # counting and cutting took a while: no chunks for a client that left meanwhile
             fanout = outcome.policy.max_fanout
-            runner = ChunkRunner(self.upstream, incoming.forward, headers, fanout, self.metrics.fanout)
+            handed = record.charge.hand if record.charge is not None else None
+            runner = ChunkRunner(self.upstream, incoming.forward, headers, fanout, self.metrics.fanout, handed)
             await answer_chunked(reply, outcome, runner, self.guard, extra, record.charge)
         elif isinstance(outcome, Answer):  # answered by the guard itself (count_tokens)
             await reply.whole(200, extra, outcome.body)
@@ -137,10 +141,10 @@ class Handlers:
         extra: Headers, route: Route, cost: int | None, listed: tuple[str, ...] | None = None,
     ) -> None:  # fmt: skip
         incoming.leave_if_gone()  # nor sent upstream, where vLLM would start on it only to be told to abort
-        opened = await self.upstream.open(incoming.method, incoming.forward, headers, body, cost, incoming.query)
+        handed = record.charge.hand if record.charge is not None else None  # once admitted: the key pays from then
+        opened = await self.upstream.open(incoming.method, incoming.forward, headers, body, cost, incoming.query,
+                                          handed)  # fmt: skip
         upstream = opened.response
-        if record.charge is not None:
-            record.charge.forwarded = True
         try:
             record.upstream_first_byte_s = time.perf_counter() - record.started
             if upstream.status >= 500:

@@ -11,6 +11,8 @@ from proxy.error_bodies import Envelope
 from proxy.errors import GuardError
 from proxy.exchange.headers import Headers
 from proxy.exchange.record import RequestRecord
+from proxy.policy.usage import Charge, TokenEvents
+from proxy.policy.usage_event import HiddenUsage
 from proxy.server.asgi import Reply
 from proxy.upstream.headers import HOP_BY_HOP
 from proxy.upstream.sanitize import sanitize_upstream_error
@@ -42,21 +44,62 @@ def _own_origin(location: bytes, upstream: str) -> bytes:
 async def relay(reply: Reply, upstream: Answer, extra: Headers, record: RequestRecord, envelope: Envelope) -> None:
     """Status, headers and raw body bytes as they arrive. A failure mid-answer ends a stream with an error event in
     the route's `envelope`, as vLLM does; any other answer is cut short (its Content-Length tells the client)."""
+    charge = record.charge
+    if charge is not None:
+        await _relay_charged(reply, upstream, extra, record, envelope, charge)
+        return
     await reply.start(upstream.status, relayed_headers(upstream, extra))
-    tail = record.charge.tail if record.charge is not None else None  # a keyed request's usage is read from it
     try:
         async for piece in upstream.pieces():
             await reply.write(piece)
-            if tail is not None:
-                tail.feed(piece)
     except GuardError as exc:
-        log.warning("upstream %s failed mid-response: %s", upstream.url, exc.message)
-        record.upstream_error = "broken_stream"
-        if not upstream.is_sse:
-            return  # left incomplete: the server closes the connection, and the length tells the client
-        await reply.write(error_bodies.stream_event(exc, envelope))  # the status is out: tell the client in-band
+        await _broken(reply, upstream, record, exc, envelope)
+        return
     finally:
         record.upstream_s = time.perf_counter() - record.started
+    await reply.end()
+
+
+async def _relay_charged(
+    reply: Reply, upstream: Answer, extra: Headers, record: RequestRecord, envelope: Envelope, charge: Charge
+) -> None:
+    """`relay` for a keyed request: every piece reaches its charge's tail (read before it is written, so that a
+    client leaving at the last byte still settles by it), a stream's output events are counted, and the usage event
+    the guard asked for is kept from the client (policy/usage_event.py)."""
+    await reply.start(upstream.status, relayed_headers(upstream, extra))
+    tail, hidden = charge.tail, _hidden(upstream, charge)
+    if upstream.is_sse:
+        tail.events = TokenEvents()
+    try:
+        async for piece in upstream.pieces():
+            tail.feed(piece)
+            out = piece if hidden is None else hidden.feed(piece)
+            if out:
+                await reply.write(out)
+    except GuardError as exc:
+        if hidden is not None:  # what it held (a finish event, the start of the next): the client's all the same
+            await reply.write(hidden.end())
+        await _broken(reply, upstream, record, exc, envelope)
+        return
+    finally:
+        record.upstream_s = time.perf_counter() - record.started
+    await reply.end(hidden.end() if hidden is not None else b"")
+
+
+def _hidden(upstream: Answer, charge: Charge) -> HiddenUsage | None:
+    """The filter that takes out the usage event the guard asked for; None when it asked for none, or the answer is
+    not the event stream it asked it of (an error, or a length the filter would make untrue)."""
+    if not charge.usage_asked or not upstream.is_sse or upstream.status != 200:
+        return None
+    return None if "content-length" in upstream.headers else HiddenUsage()
+
+
+async def _broken(reply: Reply, upstream: Answer, record: RequestRecord, exc: GuardError, envelope: Envelope) -> None:
+    log.warning("upstream %s failed mid-response: %s", upstream.url, exc.message)
+    record.upstream_error = "broken_stream"
+    if not upstream.is_sse:
+        return  # left incomplete: the server closes the connection, and the length tells the client
+    await reply.write(error_bodies.stream_event(exc, envelope))  # the status is out: tell the client in-band
     await reply.end()
 
 

@@ -16,7 +16,7 @@ class ServerSettings:
     log_format: str = "text"
     api_keys: tuple[str, ...] = ()
     admin_api_keys: tuple[str, ...] = ()  # the only keys that reach vLLM's administrative routes (api/routes.py)
-    metrics_api_key: str | None = None  # shows key names and usage in /metrics
+    metrics_api_key: str | None = None  # shows key names, usage and models in /metrics and /health (as admin keys do)
     passthrough_paths: tuple[str, ...] = ()  # more read-only routes relayed unchanged (with a client key)
     max_body_bytes: int = 32 * 2**20
     max_json_depth: int = 64

@@ -136,6 +136,15 @@ def duration(seqs: list[Sequence], engine: Engine) -> float:
     return 0.0 if longest == 0 else engine.ttft_s + engine.itl_s * (longest - 1)
 
 
+def generated_by(seqs: list[Sequence], engine: Engine, elapsed_s: float) -> int:
+    """The tokens the sequences had produced `elapsed_s` into their run, at the engine's pace (no KV slowdown)."""
+    if elapsed_s < engine.ttft_s:
+        return 0
+    longest = max((s.max_tokens for s in seqs), default=0)
+    done = longest if engine.itl_s == 0 else 1 + int((elapsed_s - engine.ttft_s) / engine.itl_s)
+    return sum(min(s.max_tokens, done) for s in seqs)
+
+
 async def steps(seqs: list[Sequence], engine: Engine) -> AsyncIterator[list[Token]]:
     """One engine step at a time: every unfinished sequence produces one token per step."""
     longest = max((s.max_tokens for s in seqs), default=0)

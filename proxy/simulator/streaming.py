@@ -7,6 +7,7 @@ Either way the request's tracker records "aborted" exactly once and nothing more
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -15,7 +16,17 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from proxy.simulator.api_shapes import api_events, whole_body
-from proxy.simulator.generation import Engine, Generation, Piece, Token, duration, output_of, sequences, steps
+from proxy.simulator.generation import (
+    Engine,
+    Generation,
+    Piece,
+    Token,
+    duration,
+    generated_by,
+    output_of,
+    sequences,
+    steps,
+)
 from proxy.simulator.responses import DONE, Output, Wire
 from proxy.simulator.stats import RequestTracker
 from proxy.simulator.token_out import generate_body as token_body
@@ -55,10 +66,20 @@ async def generate_body(generation: Generation, wire: Wire, engine: Engine, trac
     if engine.kv is None:
         delay = duration(sequences(generation), engine)
         if delay > 0:
-            await anyio.sleep(delay)
+            started = time.monotonic()
+            try:
+                await anyio.sleep(delay)
+            except anyio.get_cancelled_exc_class():  # aborted: what it generated until then was generated all the same
+                tracker.generated(generated_by(sequences(generation), engine, time.monotonic() - started))
+                raise
     else:  # step by step, so that the pace follows the KV load as other requests come and go
-        async for _ in steps(sequences(generation), engine):
-            pass
+        made = 0
+        try:
+            async for step in steps(sequences(generation), engine):
+                made += len(step)
+        except anyio.get_cancelled_exc_class():
+            tracker.generated(made)
+            raise
     done = outputs(generation, engine.pieces)
     tracker.generated(sum(len(o.token_ids) for o in done))
     if generation.endpoint in ("responses", "messages"):

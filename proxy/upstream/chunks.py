@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,10 +70,14 @@ class ChunkRunner:
         headers: Mapping[str, str],
         max_fanout: int,
         in_flight: InFlight | None = None,
+        handed: Callable[[bool], None] | None = None,
     ) -> None:
+        """`handed`: told of each chunk that leaves for a replica, and of each that could not reach one after all
+        (Upstream.open)."""
         self.upstream, self.path, self.headers = upstream, path, headers
         self.gate = asyncio.Semaphore(max_fanout)
         self.in_flight = in_flight
+        self.handed = handed
 
     async def answers(self, bodies: list[dict[str, Any]], costs: list[int]) -> list[dict[str, Any]]:
         """Every chunk's answer, in order; raises the first failure (ChunkFailed or GuardError)."""
@@ -155,7 +159,7 @@ class ChunkRunner:
         if self.in_flight is not None:
             self.in_flight.inc()
         try:
-            return await self.upstream.open("POST", self.path, self.headers, raw, cost=cost)
+            return await self.upstream.open("POST", self.path, self.headers, raw, cost=cost, handed=self.handed)
         except BaseException:
             if self.in_flight is not None:
                 self.in_flight.dec()

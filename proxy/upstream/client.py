@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -108,20 +108,26 @@ class Upstream:
         return ", ".join(self.urls)
 
     async def open(
-        self, method: str, path: str, headers: Mapping[str, str], body: bytes, cost: int | None = None, query: str = ""
-    ) -> Opened:
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, cost: int | None = None, query: str = "",
+        handed: Callable[[bool], None] | None = None,
+    ) -> Opened:  # fmt: skip
         """Send the request (`path`: a declared route's, `query` as the client sent it) and return once a replica's
         status and headers have arrived (body unread). With a `cost`, the request first passes the admission gate;
-        the returned ticket must be released by the caller."""
+        the returned ticket must be released by the caller. `handed` is told each time the request leaves for a
+        replica (True, once admitted) and each time that replica could not be reached after all (False)."""
         tried: set[int] = set()
         for attempt in range(self.settings.retries + 1):
             last = attempt == self.settings.retries or len(tried) + 1 >= len(self.replicas)
             ticket, index = await self._choose(cost, tried)
             replica = self.replicas[index]
             sent = outgoing(forwardable(headers), self.credentials)
+            if handed is not None:
+                handed(True)
             try:
                 response = await self._transport.open(method, replica.url, path, query, sent, body)
             except (UpstreamRefused, UpstreamConnectTimeout) as exc:
+                if handed is not None:
+                    handed(False)
                 self._release(ticket)
                 replica.take_out()
                 log.warning("%s taken out for %.0f s: %s", replica, replica.down_until - time.monotonic(),

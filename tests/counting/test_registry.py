@@ -42,3 +42,26 @@ def test_a_default_the_guard_does_not_serve_is_not_found(deepseek_dir: Path) -> 
     models.apply_discovery([])
     with pytest.raises(ModelNotFound, match="lists none"):
         models.resolve(None)
+
+
+def test_a_key_held_to_some_models_hears_of_no_other(deepseek_dir: Path) -> None:
+    """A model that does not exist and one the key may not use get the same words, naming only the models it may use
+    (none: nothing); a default it may not use goes unnamed. A key without a list hears of every model."""
+    models = registry(deepseek_dir, "served-by-default", "public", "secret")
+    models.apply_discovery([card("served-by-default"), card("public"), card("secret")])
+    said = []
+    for name in ("zzz", "secret"):
+        with pytest.raises(ModelNotFound) as refused:
+            models.resolve(name, ("public", "elsewhere"))
+        said.append(refused.value.message.replace(name, "x"))
+    words = "The model `x` does not exist or you do not have access to it. Models you have access to: public."
+    assert said == [words, words]
+    with pytest.raises(ModelNotFound) as refused:
+        models.resolve("zzz", ("elsewhere",))
+    assert refused.value.message == "The model `zzz` does not exist or you do not have access to it."
+    with pytest.raises(ModelNotFound) as refused:
+        models.resolve(None, ("public",))
+    assert "served-by-default" not in refused.value.message and refused.value.message.endswith("to: public.")
+    assert models.resolve("public", ("public",)).name == "public"
+    with pytest.raises(ModelNotFound, match="served-by-default, public, secret"):
+        models.resolve("zzz")

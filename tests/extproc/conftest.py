@@ -79,6 +79,8 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 "guard-first": [guarded["duplex"], stand_in],
                 "keyed-streamed": [processor("keyed", "BUFFERED", "STREAMED")],
                 "keyed-none": [processor("keyed", "BUFFERED", "NONE")],
+                "keyed-slow": [processor("keyed", "BUFFERED", "STREAMED")],
+                "keyed-duplex": [processor("keyed", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")],
                 "tight": [processor("tight", "BUFFERED", "NONE")],
                 "gated-streamed": [guarded["buffered"]], "gated-duplex": [guarded["duplex"]],
                 "strict": [processor("strict", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")],
@@ -99,8 +101,8 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             for url in (fast_url, slow_url):  # what the checks sent is forgotten: each test sees its own
                 httpx.post(f"{url}/sim/reset", timeout=5)
             routes = {"slow": "slow", "picker-first": "slow", "guard-first": "slow", "tight": "slow",
-                      "gated-streamed": "gated", "gated-duplex": "gated", "strict": "refusing", "raw-duplex": "raw",
-                      "raw-buffered": "raw"}  # fmt: skip
+                      "keyed-slow": "slow", "gated-streamed": "gated", "gated-duplex": "gated", "strict": "refusing",
+                      "raw-duplex": "raw", "raw-buffered": "raw"}  # fmt: skip
             # the gateway's own prefix route, which rewrites it too: what reaches vLLM is still the processor's path
             rewrite = {
                 "match": {"prefix": "/llama/"},
@@ -125,5 +127,6 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                     gateway,
                     gateway_serve.url,
                     raw,
+                    fast_url,
                 )
             gate.open.set()

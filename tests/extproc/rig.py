@@ -37,6 +37,10 @@ MAX_BODY = 8 * 2**20
 CHAT, MESSAGES = "/v1/chat/completions", "/v1/messages"
 GATE_S = 20  # the gated upstream's longest hold: a client that got nothing by then was held by a buffer
 KEYS = """
+[server]
+metrics_api_key = "sk-scrape"
+admin_api_keys = ["sk-admin"]
+
 [[keys]]
 name = "alice"
 key = "sk-alice"
@@ -46,6 +50,11 @@ tokens_per_minute = 1000000
 name = "small"
 key = "sk-small"
 tokens_per_minute = 1000
+
+[[keys]]
+name = "few"
+key = "sk-few"
+requests_per_minute = 5
 """
 # the gateway processor's own: keys the guard checks, vLLM's key, a gateway prefix it takes off, a short body deadline
 GATEWAY = {"server.api_keys": "sk-client", "server.admin_api_keys": "sk-admin", "upstream.api_key": "sk-upstream",
@@ -187,7 +196,7 @@ class Rig:
     fast: Recorder
     slow: Recorder
     processor: ProcessorThread
-    keyed: ProcessorThread  # with limited keys: alice, and small (1,000 tokens a minute)
+    keyed: ProcessorThread  # with limited keys: alice, small (1,000 tokens a minute), few (5 requests a minute)
     keyed_serve: str  # serve on the keyed processor's settings
     tight: ProcessorThread  # room for one request at a time and no queue, in front of the slow simulator
     tight_serve: str  # serve on the tight processor's settings
@@ -198,6 +207,7 @@ class Rig:
     gateway: ProcessorThread  # on GATEWAY's settings (listeners gateway and gateway-buffered)
     gateway_serve: str  # serve on them
     raw: RawUpstream  # keeps requests whole, trailers too (listeners raw-duplex and raw-buffered)
+    fast_url: str = ""  # the simulator behind most listeners, to ask directly
 
     def url(self, listener: str) -> str:
         return self.envoy.urls[listener]

@@ -7,13 +7,15 @@ same."""
 from __future__ import annotations
 
 import json
+import re
 import socket
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import httpx
 import openai
 import pytest
+from starlette.applications import Starlette
 
 from bench.envoy import envoy_binary
 from proxy.api.routes import Kind, RouteTable
@@ -21,6 +23,7 @@ from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
 from tests.extproc.rig import CHAT, GATE_S, MAX_BODY, MESSAGES, Rig
 from tests.support.audio import wav
 from tests.support.h2c import h2c
+from tests.support.leaving import leave_before_the_headers
 from tests.support.polling import eventually
 from tests.support.servers import MODEL
 from tests.support.side_doors import CONTROL, UNDECLARED
@@ -363,6 +366,96 @@ def test_a_keys_charge_is_settled_from_the_answers_usage_when_envoy_sends_the_an
     assert usage["prompt_tokens"] == prompt and usage["completion_tokens"] == 10
     charged = prompt + 10 if settled else (prompt + 5) * 2
     assert eventually(lambda: core.metrics._counters["key_tokens", ("alice",)] - before == charged, 5)
+
+
+@pytest.mark.parametrize(("listener", "exact"), [("keyed-streamed", True), ("keyed-duplex", True),
+                                                  ("keyed-none", False)])  # fmt: skip
+def test_a_stream_that_asks_no_usage_pays_exactly_and_gets_the_stream_it_asked_for(
+    rig: Rig, listener: str, exact: bool
+) -> None:
+    """Where the answer's body passes the processor, a limited key's stream asks vLLM for its usage event, which
+    settles the key exactly and is taken out of the answer (the client gets the bytes vLLM sends a stream that did not
+    ask); where it does not (response_body_mode NONE), nothing is asked and the reservation stands."""
+    core = rig.keyed.core
+    body = chat(max_tokens=6, n=2, stream=True)
+    headers = {"x-request-id": f"exact-{listener}"}  # vLLM makes it the answer's id
+    before = charged(core, "alice")
+    through = httpx.post(rig.url(listener) + CHAT, json=body, headers={**headers, "authorization": "Bearer sk-alice"})
+    sent = json.loads(rig.fast.last()[3])
+    direct = httpx.post(rig.fast_url + CHAT, json=body, headers=headers)
+    assert through.status_code == direct.status_code == 200
+    assert unstamped(through.content) == unstamped(direct.content) and b'"usage"' not in through.content
+    prompt = int(through.headers["x-token-guard-prompt-tokens"])
+    assert ("stream_options" in sent) == exact
+    paid = prompt + 2 * 6 if exact else 2 * (prompt + 6)  # vLLM's usage counts the prompt once
+    assert eventually(lambda: charged(core, "alice") - before == paid, 5)
+
+
+def unstamped(stream: bytes) -> bytes:
+    """A stream without its events' creation times (each request's own second)."""
+    return re.sub(rb'"created":\d+', b'"created":0', stream)
+
+
+def test_clients_that_leave_before_the_answers_headers_pay_for_what_ran(rig: Rig) -> None:
+    """Twelve non-streamed requests whose clients leave while the (slow) upstream generates: Envoy closes each
+    exchange's stream before any answer came, and each pays its reservation, at least its prompt and what the
+    upstream generated for it until the abort; never nothing, nor part of it."""
+    core, stats = rig.keyed.core, cast(Starlette, rig.slow.app).state.stats  # the simulator's own counters
+    alice = {"authorization": "Bearer sk-alice"}
+    body = chat(max_tokens=200)
+    before = charged(core, "alice")
+    first = httpx.post(rig.url("keyed-slow") + CHAT, json={**body, "max_tokens": 1}, headers=alice, timeout=30)
+    prompt = int(first.headers["x-token-guard-prompt-tokens"])  # it pays its usage: prompt + 1, once settled
+    assert eventually(lambda: stats.active == 0)
+    stats.reset()
+    leave_before_the_headers(rig.url("keyed-slow"), CHAT, body, "sk-alice", 12, lambda: stats.received)
+    assert eventually(lambda: stats.aborted == 12 and stats.active == 0, timeout_s=20)
+    ran = 12 * prompt + stats.tokens_generated  # what the upstream did for them
+    assert stats.completed == 0 and stats.tokens_generated > 0
+    assert eventually(lambda: charged(core, "alice") - before == prompt + 1 + 12 * (prompt + 200), 10)
+    assert charged(core, "alice") - before - prompt - 1 >= ran
+
+
+def charged(core: Any, key: str) -> float:
+    """The tokens a key paid so far, settled (the per-key metric)."""
+    return float(core.metrics._counters["key_tokens", (key,)])
+
+
+def test_relay_requests_count_against_the_keys_requests_per_minute_as_under_serve(rig: Rig) -> None:
+    """Eight /tokenize from a key allowed five requests a minute: five reach vLLM, three are 429s, under serve and
+    behind Envoy alike (each with buckets of its own)."""
+    few = {"authorization": "Bearer sk-few"}
+    for url in (rig.keyed_serve, rig.url("keyed-streamed")):
+        before = len(rig.fast.seen)
+        answers = [httpx.post(url + "/tokenize", json={"model": MODEL, "prompt": "hi"}, headers=few) for _ in range(8)]
+        assert [a.status_code for a in answers] == [200] * 5 + [429] * 3, url
+        assert [path for _, path, _, _ in rig.fast.since(before)] == ["/tokenize"] * 5
+        refused = answers[-1]
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded" and int(refused.headers["retry-after"]) >= 1
+        assert "requests per min (RPM): Limit 5" in refused.json()["error"]["message"]
+        assert answers[4].headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_health_and_metrics_name_no_model_but_to_an_operator_as_under_serve(rig: Rig) -> None:
+    """With client keys configured, /health and /metrics (answered by the processor itself) name no model to a
+    client with or without a key; to the metrics key or an admin key they do. Without client keys anyone may list the
+    models, and /health names them to anyone."""
+    alice = {"authorization": "Bearer sk-alice"}
+    httpx.post(rig.url("keyed-streamed") + CHAT, json=chat(max_tokens=1), headers=alice)
+    httpx.post(rig.keyed_serve + CHAT, json=chat(max_tokens=1), headers=alice)
+    for url in (rig.keyed_serve, rig.url("keyed-streamed")):
+        for headers in ({}, alice):
+            assert httpx.get(url + "/health", headers=headers).json() == {"status": "ok", "checked": True}, url
+            metrics = httpx.get(url + "/metrics", headers=headers).text
+            assert "token_guard_requests_total" in metrics and not re.search(r'model="|"tiny"', metrics), url
+            assert "alice" not in metrics and "127.0.0.1" not in metrics
+        for operator in ("sk-scrape", "sk-admin"):
+            headers = {"authorization": f"Bearer {operator}"}
+            assert httpx.get(url + "/health", headers=headers).json()["models"] == [MODEL]
+            assert 'model="tiny"' in (metrics := httpx.get(url + "/metrics", headers=headers).text)
+            assert 'key="alice"' in metrics
+    for url in (rig.serve, rig.url("buffered")):  # no client keys: the models are anyone's to list
+        assert httpx.get(url + "/health").json()["models"] == [MODEL]
 
 
 def refusals(url: str, key: str, chat_max: int, messages_max: int) -> tuple[Any, Any]:

@@ -96,3 +96,15 @@ def test_headers_are_openais() -> None:
         "x-ratelimit-reset-tokens": "36s",
     }
     assert Verdict(False, None, None, 1).retry_after_s == 1 and Verdict(False, None, None, 1001).retry_after_s == 2
+
+
+def test_a_process_without_redis_starts_from_its_share_of_what_redis_last_said() -> None:
+    """Two processes shared a 3,000-token key in Redis, which last said 1,000 were left: each now holds 500 of its
+    1,500, and 5 of the 10 requests left."""
+    local = LocalQuotas(2)
+    said = Verdict(True, Window(3000, 1000, 40_000), Window(60, 10, 50_000))
+    local.mirror("team", (3000, 60), said, 0)
+    assert not local.charge("team", (3000, 60), 501, 0).allowed
+    assert local.charge("team", (3000, 60), 500, 0).allowed
+    local.share = 3  # a third process came and went: never more than the new share's limit
+    assert local.peek("team", (3000, 60), 60_000).tokens == Window(1000, 1000, 0)

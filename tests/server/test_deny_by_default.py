@@ -6,6 +6,7 @@ configured upstream; nothing here may answer a 5xx."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -14,12 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+import redis as redis_client
 
 from proxy.api.routes import Access, Kind, RouteTable
 from proxy.counting.registry import ModelRegistry
 from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import load_settings
+from tests.support.leaving import leave_before_the_headers
 from tests.support.polling import eventually
 from tests.support.redis import RedisServer, redis_server
 from tests.support.servers import MODEL, simulator, wait_checked, wait_healthy
@@ -30,6 +33,7 @@ ALICE = {"Authorization": "Bearer sk-alice"}  # limited to the model `tiny`, 3,0
 BOB = {"Authorization": "Bearer sk-bob"}  # limited to the model `other`
 CAROL = {"Authorization": "Bearer sk-carol"}  # any model, a million tokens a minute
 ADMIN = {"Authorization": "Bearer sk-admin"}
+SCRAPE = {"Authorization": "Bearer sk-scrape"}  # the metrics key
 BUDGET = 16384
 CONFIG = """
 [server]
@@ -63,6 +67,16 @@ name = "bob"
 key = "sk-bob"
 tokens_per_minute = 100000
 models = ["other"]
+
+[[keys]]
+name = "dave"
+key = "sk-dave"
+tokens_per_minute = 3000
+
+[[keys]]
+name = "erin"
+key = "sk-erin"
+requests_per_minute = 60
 """
 
 
@@ -85,6 +99,21 @@ def doors(deepseek_dir: Path, redis: RedisServer, tmp_path_factory: pytest.TempP
             wait_healthy(guard.url)
             wait_checked(guard, sim.url)  # the start-up check's requests go through the tap too
             yield guard.url, tap, forbidden, stats
+
+
+@pytest.fixture(scope="module")
+def paced(deepseek_dir: Path, redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """(guard URL, the simulator's stats): the guard, with the same keys and Redis, in front of a simulator that
+    takes 20 ms a token, so that a non-streamed answer's headers come only once its generation is done."""
+    config = tmp_path_factory.mktemp("paced") / "guard.toml"
+    config.write_text(CONFIG.format(tokenizer=deepseek_dir))
+    with simulator(deepseek_dir, max_model_len=2048, itl_s=0.02) as (sim, stats, _):
+        settings = load_settings({"upstream.url": sim.url, "redis.url": redis.url}, environ={}, config_file=config)
+        app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
+        with ServerThread(app, **uvicorn_options(settings.server)) as guard:
+            wait_healthy(guard.url)
+            wait_checked(guard, sim.url)
+            yield guard.url, stats
 
 
 def _quiet(tap: TcpTap) -> bool:
@@ -266,21 +295,48 @@ def test_a_request_without_a_model_is_checked_against_the_model_that_answers(doo
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     before = len(tap.requests)
     refused = httpx.post(url + "/v1/chat/completions", headers=BOB, json=body)  # bob may use `other`; vLLM serves
-    assert refused.status_code == 404 and "tiny" in refused.json()["error"]["message"]  # `tiny` when none is named
+    message = refused.json()["error"]["message"]  # `tiny` when none is named, which bob may not even learn of
+    assert refused.status_code == 404 and "tiny" not in message and message.endswith("access to: other.")
     assert untouched(tap, before)
     served = httpx.post(url + "/v1/chat/completions", headers=ALICE, json=body)
     assert served.status_code == 200 and served.json()["model"] == MODEL
 
 
-def test_metrics_name_no_key_and_no_upstream_without_the_metrics_key(doors: Any) -> None:
+def test_metrics_name_no_key_and_no_upstream_without_an_operators_key(doors: Any) -> None:
     url, tap, _, _ = doors
     httpx.post(url + "/v1/chat/completions", headers=ALICE, json={"model": MODEL, "messages": [
         {"role": "user", "content": "hi"}], "max_tokens": 1})  # fmt: skip
-    for headers in ({}, ALICE, ADMIN):
+    for headers in ({}, ALICE, BOB):
         text = httpx.get(url + "/metrics", headers=headers).text
         assert "token_guard_requests_total" in text and "alice" not in text and "bob" not in text
-    full = httpx.get(url + "/metrics", headers={"Authorization": "Bearer sk-scrape"}).text
-    assert 'key="alice"' in full
+        assert "127.0.0.1" not in text
+    for operator in (SCRAPE, ADMIN):  # the metrics key, and an admin key
+        assert 'key="alice"' in httpx.get(url + "/metrics", headers=operator).text
+
+
+def test_nothing_names_a_model_to_a_key_that_may_not_use_it(doors: Any) -> None:
+    """alice may use `tiny`: asking for a model that does not exist and for one she may not use (`other`) get the same
+    404, naming only `tiny`; /health and /metrics name no model to her, to bob or to a client without a key (they
+    name them to an operator's key). vLLM never hears of any of it."""
+    url, tap, _, _ = doors
+    before = len(tap.requests)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    words = []
+    for model in ("zzz", "other"):
+        refused = httpx.post(url + "/v1/chat/completions", headers=ALICE, json={**chat, "model": model})
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+        words.append(refused.json()["error"]["message"].replace(f"`{model}`", "`x`"))
+    assert words[0] == words[1]  # whether `other` exists is not told either
+    assert words[0] == "The model `x` does not exist or you do not have access to it. Models you have access to: tiny."
+    assert untouched(tap, before)
+    for headers in ({}, ALICE, BOB):
+        health = httpx.get(url + "/health", headers=headers)
+        assert health.json() == {"status": "ok", "checked": True}
+        metrics = httpx.get(url + "/metrics", headers=headers).text
+        assert "token_guard_prompt_tokens_count" in metrics and not re.search(r'model="|"tiny"|"other"', metrics)
+    for operator in (SCRAPE, ADMIN):
+        assert httpx.get(url + "/health", headers=operator).json()["models"] == ["other", "tiny"]
+        assert 'model="tiny"' in httpx.get(url + "/metrics", headers=operator).text
 
 
 def test_path_tricks_still_land_on_the_declared_route(doors: Any) -> None:
@@ -312,6 +368,58 @@ def test_a_count_route_does_not_count_what_its_size_proves_too_long(doors: Any, 
     answer = httpx.post(url + path, headers=CAROL, json=body, timeout=60)
     assert answer.status_code == 400 and answer.headers["x-token-guard-count-source"] == "size"
     assert "at least" in answer.text and untouched(tap, before)
+
+
+def test_relay_requests_count_against_the_keys_requests_per_minute(doors: Any) -> None:
+    """80 /tokenize of a megabyte each from a key allowed 60 requests a minute: vLLM reads each one it gets, so the
+    key's minute runs out on them as on any route, and the rest are 429s that never reach it."""
+    url, tap, _, _ = doors
+    body = json.dumps({"model": MODEL, "prompt": "hi", "padding": "x" * 2**20}).encode()
+    headers = {"Authorization": "Bearer sk-erin", "content-type": "application/json"}
+    before, started = len(tap.requests), time.monotonic()
+    answers = [httpx.post(url + "/tokenize", content=body, headers=headers, timeout=30) for _ in range(80)]
+    refill = (time.monotonic() - started) + 1  # a request a second comes back to a 60-a-minute key
+    reached = tap.requests[before:].count(("POST", "/tokenize"))
+    served = [a for a in answers if a.status_code != 429]
+    assert reached == len(served) <= 60 + refill
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(refused) >= 20 - refill and all(a.json()["error"]["code"] == "rate_limit_exceeded" for a in refused)
+    assert "requests per min (RPM): Limit 60" in refused[0].json()["error"]["message"]
+    assert int(refused[0].headers["retry-after"]) >= 1 and refused[0].headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def quota_left(redis: RedisServer, name: str, limit: int) -> float:
+    """A key's tokens left now, read from its bucket in Redis (fleet/quotas.py) on Redis's clock."""
+    client = redis_client.Redis.from_url(redis.url)
+    try:
+        level, at = client.hmget(f"token-guard:quota:{name}", "tokens", "tokens_at")
+        seconds, micros = client.time()
+    finally:
+        client.close()
+    if not isinstance(level, bytes) or not isinstance(at, bytes):
+        return float(limit)
+    now = seconds * 1000 + micros / 1000
+    return min(float(limit), float(level) + max(0.0, now - float(at)) * limit / 60000)
+
+
+def test_clients_that_leave_before_the_answers_headers_pay_for_what_ran(paced: Any, redis: RedisServer) -> None:
+    """Twelve non-streamed requests whose clients leave while vLLM generates: each reached the upstream, which
+    worked on it until the abort, so the key pays at least its prompt and what was generated (the guard charges
+    what it reserved: it cannot see how far vLLM got), never nothing."""
+    url, stats = paced
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}
+    prompt = int(httpx.post(url + "/v1/chat/completions", headers=CAROL, json={**body, "max_tokens": 1},
+                            timeout=30).headers["x-token-guard-prompt-tokens"])  # fmt: skip
+    assert eventually(lambda: stats.active == 0)
+    stats.reset()
+    started = time.monotonic()
+    leave_before_the_headers(url, "/v1/chat/completions", body, "sk-dave", 12, lambda: stats.received)
+    assert eventually(lambda: stats.aborted == 12 and stats.active == 0, timeout_s=20)  # the guard let go of them
+    ran = 12 * prompt + stats.tokens_generated  # what the upstream did for them
+    assert stats.completed == 0 and stats.tokens_generated > 0
+    refill = 3000 * (time.monotonic() - started) / 60 + 1
+    assert eventually(lambda: 3000 - quota_left(redis, "dave", 3000) + refill >= ran, timeout_s=10)
+    assert 3000 - quota_left(redis, "dave", 3000) <= 12 * (prompt + 200)  # never more than it reserved
 
 
 def test_nothing_reached_the_upstream_that_the_table_does_not_allow(doors: Any) -> None:

@@ -5,8 +5,10 @@ tokens given back from the answer's usage, a key's model list and output cap, a 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 from proxy.policy.quota import duration
 from proxy.server.running import ServerThread
 from tests.support.documents import document
+from tests.support.leaving import leave_before_the_headers
 from tests.support.polling import eventually
 from tests.support.servers import (
     MODEL,
@@ -190,7 +193,7 @@ def test_unused_tokens_come_back_from_the_usage(proxy: str) -> None:
     assert 1_000_000 - remaining(proxy, "sk-hashed") <= usage.total_tokens
 
 
-def test_streams_give_back_by_their_usage_event_or_events(proxy: str) -> None:
+def test_streams_give_back_by_their_usage_event(proxy: str) -> None:
     oai = client(proxy, "sk-hashed")
     for options in ({"include_usage": True}, None):
         body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1000,
@@ -202,6 +205,43 @@ def test_streams_give_back_by_their_usage_event_or_events(proxy: str) -> None:
             events = sum(1 for line in stream.iter_lines() if line.startswith("data:"))
         spent = 1_000_000 - remaining(proxy, "sk-hashed")
         assert spent < 100 + events  # far below the 1000 reserved
+
+
+STREAMS = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 2, "max_tokens": 1000,
+                              "response_format": {"type": "json_object"}}),
+    ("/v1/completions", {"prompt": "Once upon a time", "n": 2, "max_tokens": 7}),
+    ("/inference/v1/generate", {"token_ids": [9, 8, 7, 6], "sampling_params": {"n": 2, "max_tokens": 5}}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "fields"), STREAMS, ids=["chat", "completions", "token-in"])
+@pytest.mark.parametrize("options", [None, {"include_usage": False, "continuous_usage_stats": True}],
+                         ids=["no options", "usage off"])  # fmt: skip
+def test_a_stream_that_asks_no_usage_pays_exactly_and_gets_the_stream_it_asked_for(
+    proxy: str, sim: InMemorySim, frozen: None, path: str, fields: dict[str, Any], options: dict[str, Any] | None
+) -> None:
+    """The guard asks vLLM for the usage event of a limited key's stream: the key pays what vLLM says it used, not
+    a count of events, and the client gets the bytes vLLM sends a stream that did not ask (the usage event taken
+    out, the fingerprint back on each finish event)."""
+    body: dict[str, Any] = {"model": MODEL, "stream": True, **fields}
+    if options is not None:
+        body["stream_options"] = options
+    headers = {"x-request-id": f"exact-{path}-{options is None}"}  # vLLM makes it the answer's id
+    before = remaining(proxy, "sk-hashed")
+    guarded = httpx.post(proxy + path, json=body, headers={**headers, "Authorization": "Bearer sk-hashed"})
+    assert sim.stats.requests[-1]["stream_options"]["include_usage"] is True  # what the guard sent
+    direct = sim.client.post(path, json=body, headers=headers)
+    assert guarded.status_code == direct.status_code == 200
+    assert unstamped(guarded.content) == unstamped(direct.content) and b'"usage":{' not in guarded.content
+    asked = sim.client.post(path, json={**body, "stream_options": {"include_usage": True}}).text
+    usage = json.loads(asked.split("data: ")[-2])["usage"]
+    assert before - remaining(proxy, "sk-hashed") == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def unstamped(stream: bytes) -> bytes:
+    """A stream without its events' creation times (each request's own second)."""
+    return re.sub(rb'"created":\d+', b'"created":0', stream)
 
 
 def test_the_keys_output_cap_clamps(proxy: str, sim: InMemorySim) -> None:
@@ -344,9 +384,9 @@ def told(answer: httpx.Response | Any) -> dict[str, str]:
     return {name: answer.headers[name] for name in RATE_HEADERS if name in answer.headers}
 
 
-def test_pass_through_answers_tell_the_quota_and_charge_nothing(proxy: str, frozen: None) -> None:
-    """GET /v1/models, /tokenize (relay routes) and a method a guarded route does not take: all carry the six
-    headers, from a look that charges neither tokens nor a request."""
+def test_relay_requests_cost_a_request_and_no_token_and_a_405_costs_nothing(proxy: str, frozen: None) -> None:
+    """GET /v1/models and /tokenize (relay routes) are charged one request each, no token; a method a guarded route
+    does not take is answered from a look that charges nothing. All carry the six headers."""
     auth = {"Authorization": "Bearer sk-peeked"}
     charged = chat(client(proxy, "sk-peeked"), 10)
     total = charged.parse().usage.total_tokens  # what the key pays once the answer ended: its usage
@@ -355,13 +395,15 @@ def test_pass_through_answers_tell_the_quota_and_charge_nothing(proxy: str, froz
     wrong_method = httpx.get(f"{proxy}/v1/chat/completions", headers=auth)  # the guard's own 405
     statuses = [a.status_code for a in (models, tokenize, wrong_method)]
     assert statuses == [200, 200, 405]
-    bucket = {**told(charged), "x-ratelimit-remaining-tokens": str(50000 - total),
+    tokens = {"x-ratelimit-limit-tokens": "50000", "x-ratelimit-remaining-tokens": str(50000 - total),
               "x-ratelimit-reset-tokens": duration(math.ceil(total * 60000 / 50000))}  # fmt: skip
-    assert len(bucket) == 6 and bucket["x-ratelimit-remaining-requests"] == "49"
-    for answer in (models, tokenize, wrong_method):
-        assert told(answer) == bucket
+    for answer, left in ((models, 48), (tokenize, 47), (wrong_method, 47)):
+        reset = duration(math.ceil((50 - left) * 60000 / 50))
+        requests = {"x-ratelimit-limit-requests": "50", "x-ratelimit-remaining-requests": str(left),
+                    "x-ratelimit-reset-requests": reset}  # fmt: skip
+        assert told(answer) == {**tokens, **requests}
     again = chat(client(proxy, "sk-peeked"), 10)
-    assert again.headers["x-ratelimit-remaining-requests"] == "48"  # the looks took no request of the 50
+    assert again.headers["x-ratelimit-remaining-requests"] == "46"  # the 405's look took none of the 50
     listed = httpx.get(f"{proxy}/v1/models", headers={"Authorization": "Bearer sk-capped"})  # its list, filtered
     assert listed.json()["data"] and told(listed)["x-ratelimit-limit-tokens"] == "1000000"
 
@@ -388,8 +430,8 @@ def test_clients_without_a_limited_key_get_no_quota_headers_and_cost_no_look(
         assert all(told(answer) == {} for answer in answers)
     assert told(httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": "Hi"})) == {}  # no key at all
     assert looks == []
-    assert told(httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sk-peeked"}))
-    assert looks == ["peeked"]  # one look for a limited key
+    assert told(httpx.get(f"{url}/v1/chat/completions", headers={"Authorization": "Bearer sk-peeked"}))
+    assert looks == ["peeked"]  # one look for a limited key's 405
 
 
 def filler_word(proxy: str) -> str:
@@ -405,7 +447,8 @@ def filler_word(proxy: str) -> str:
 
 
 def remaining(proxy: str, key: str) -> int:
-    return int(httpx.get(f"{proxy}/v1/models", headers={"Authorization": f"Bearer {key}"}).headers[
+    """A key's tokens left, from a look that charges nothing (the 405 of a method the chat route does not take)."""
+    return int(httpx.get(f"{proxy}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}).headers[
         "x-ratelimit-remaining-tokens"])  # fmt: skip
 
 
@@ -472,6 +515,29 @@ def test_a_combining_request_its_client_left_pays_its_cost(deepseek_dir: Path, c
             assert stream.headers["x-token-guard-merge"] == "reduce"
             next(line for line in stream.iter_lines() if line.startswith("data:"))  # ~1.2 s of tokens still to come
         assert eventually(lambda: remaining(server.url, "sk-chunky") == before - 2 * used)
+
+
+def test_a_chunked_request_whose_client_left_while_its_chunks_queued_pays_nothing(
+    deepseek_dir: Path, config: Path, frozen: None
+) -> None:
+    """While another request's stream holds the whole KV budget, a chunked request's chunks wait in admission's
+    queue; its client leaves: no chunk ever reached the upstream, and its key gets its whole reservation back."""
+    flags = {"admission.max_inflight_tokens": 4000, "admission.queue_timeout_s": 60}
+    with simulator(deepseek_dir, max_model_len=2048, itl_s=0.05) as (sim, stats, _), \
+            keyed_guard(sim.url, deepseek_dir, config, **flags) as server:  # fmt: skip
+        wait_healthy(server.url)
+        before, gate = remaining(server.url, "sk-chunky"), server.app.upstream.admission
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3900, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=AUTH_PLAIN) as holder:
+            lines = holder.iter_lines()  # kept: the holder reads on while the chunked request waits
+            assert holder.status_code == 200 and next(lines).startswith("data:")
+            received = stats.received
+            chunked = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}], "max_tokens": 100}
+            path = "/v1/chat/completions"
+            leave_before_the_headers(server.url, path, chunked, "sk-chunky", 1, lambda: gate.queued, overflow="chunk")
+            assert eventually(lambda: gate.queued == 0)
+            assert stats.received == received  # no chunk went upstream
+        assert eventually(lambda: remaining(server.url, "sk-chunky") == before)
 
 
 REDUCED: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": document(3000)}], "max_tokens": 24}

@@ -1,6 +1,7 @@
 """A key's quota shared through a real redis-server: two guard instances in front of one simulator, one key, its
 requests spread over both; together they let through the key's tokens per minute within one request's tokens, where
-two guards on their own would let through twice as much. Then Redis goes away: "closed" answers 503. A chunked
+two guards on their own would let through twice as much. Then Redis goes away: "closed" answers 503, and "open" has
+each guard keep to its share of the key's limits. A chunked
 request settles its parts' usage in the shared bucket, which another guard's pass-through answer tells."""
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+import redis as redis_client
 
 from proxy.server.running import ServerThread
 from tests.support.documents import document
+from tests.support.polling import eventually
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 from tests.support.servers import MODEL, Tap, keyed_guard, simulator, wait_healthy
 
@@ -76,6 +79,40 @@ def test_a_keys_tokens_per_minute_holds_across_guards(
             json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5},
         )
         assert gone.status_code == 503 and gone.json()["error"]["type"] == "ServiceUnavailableError"
+
+
+def test_redis_gone_each_guard_keeps_to_its_share_of_the_keys_limits(
+    sim: tuple[ServerThread, Any, Tap], deepseek_dir: Path, tmp_path: Path, redis: RedisServer
+) -> None:
+    """redis.failure "open": two guards that saw each other alive in Redis each take half of the key's limits when
+    Redis goes away, starting from half of what Redis last said was left: together they let through the key's tokens
+    per minute, not one minute each (nor a fresh minute on top of the one the key spent)."""
+    config = config_file(tmp_path)
+    flags = {"redis.url": redis.url, "redis.failure": "open", "redis.lease_s": 1.5}
+    with ExitStack() as stack:
+        urls = [stack.enter_context(keyed_guard(sim[0].url, deepseek_dir, config, **flags)).url for _ in range(2)]
+        for url in urls:
+            wait_healthy(url)
+        assert eventually(lambda: heartbeats(redis) == 2, timeout_s=10)
+        time.sleep(1.5)  # a heartbeat each (every 0.5 s) since both were there: each has seen the other
+        started = time.monotonic()
+        statuses, spent = spend(urls, 4)  # through Redis: a part of the minute
+        assert statuses == [200] * 4
+        redis.stop(signal.SIGKILL)
+        statuses, charged = spend(urls, 30)  # the rest of the minute, and more, without it
+        refill = LIMIT * (time.monotonic() - started) / 60  # what the buckets regained while the test ran
+        one_request = charged // statuses.count(200)
+        assert statuses.count(429) > 0 and set(statuses) == {200, 429}
+        assert spent + charged <= LIMIT + refill + one_request
+
+
+def heartbeats(redis: RedisServer) -> int:
+    """The guard processes with a heartbeat in Redis (fleet/presence.py)."""
+    client = redis_client.Redis.from_url(redis.url)
+    try:
+        return int(client.zcard("token-guard:instances"))
+    finally:
+        client.close()
 
 
 def test_without_redis_each_guard_has_its_own_buckets(

@@ -55,7 +55,7 @@ def test_non_stream_disconnect_aborts(slow_sim: RunningSim) -> None:
         httpx.post(slow_sim.url + "/v1/chat/completions", json=CHAT, timeout=0.3)
     assert eventually(lambda: slow_sim.stats.aborted == 1 and slow_sim.stats.active == 0)
     assert outcome(slow_sim) == {"received": 1, "completed": 0, "aborted": 1, "active": 0}
-    assert slow_sim.stats.tokens_generated == 0
+    assert 3 <= slow_sim.stats.tokens_generated < 100  # what it generated until the abort (0.3 s at 20 ms a token)
 
 
 def test_finished_stream_counts_as_completed(slow_sim: RunningSim) -> None:
