@@ -1,6 +1,7 @@
 """What every front end serves requests with, built once from the settings: the upstream (model discovery, health, KV
-budgets, admission), the guard, the quotas, the metrics, the keys and the route table; and the background work of its
-lifetime (learning the upstream's models, watching replicas' health, reading KV budgets, the Redis link)."""
+budgets, admission), the guard, the quotas, the metrics, the keys, the route table and the drain; and the background
+work of its lifetime (learning the upstream's models, watching replicas' health, reading KV budgets, the Redis
+link)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from proxy.api.routes import RouteTable
 from proxy.counting.registry import ModelRegistry
 from proxy.doctor.run import drift_warnings
 from proxy.errors import GuardError
+from proxy.exchange.drain import Drain
 from proxy.exchange.entry import Door
 from proxy.exchange.flow import Flow
 from proxy.exchange.keys import ApiKeys
@@ -72,9 +74,13 @@ class Core:
                         "clamped, admitted or charged", path)  # fmt: skip
         self.keys = ApiKeys(server.api_keys, settings.keys, server.admin_api_keys, server.metrics_api_key)
         self.door = Door(self.routes, self.keys)
+        self.drain = Drain()
 
     async def readiness(self) -> tuple[int, dict[str, object]]:
-        """/health's answer: ready once the models are known and an upstream replica answers its own /health."""
+        """/health's answer: ready once the models are known and an upstream replica answers its own /health, until
+        the guard is told to stop."""
+        if self.drain.stopping:
+            return 503, {"status": "stopping", "detail": "token-guard is stopping: new requests go elsewhere"}
         if self.registry.discovering:
             return 503, {"status": "starting", "detail": "learning the upstream's models"}
         if not await self.upstream.is_healthy():

@@ -23,7 +23,7 @@ from urllib.parse import unquote
 from proxy import error_bodies
 from proxy.api.routes import Found, Kind, Route
 from proxy.error_bodies import Envelope
-from proxy.errors import GuardError, InvalidRequest, PayloadTooLarge, internal_error
+from proxy.errors import GuardError, GuardUnavailable, InvalidRequest, PayloadTooLarge, internal_error
 from proxy.exchange.core import Core
 from proxy.exchange.entry import Refusal, target
 from proxy.exchange.headers import Headers, encode_headers
@@ -58,6 +58,7 @@ class Stream:
         self.ticket: Ticket | None = None
         self.status: int | None = None
         self.ended = False  # the answer ended: an immediate response, or the response's last byte (or headers)
+        self.forwarded = False  # a guarded request's answer that sends it on was made
 
     async def answer(self, message: ProcessingRequest) -> Answers:
         phase = message.WhichOneof("request")
@@ -138,6 +139,7 @@ class Stream:
 
     async def _forward(self, outcome: Forward, body: bytes) -> Answers:
         assert self.record is not None
+        self.forwarded = True
         if outcome.cost is not None:
             self.ticket = await _admitted(self.core, outcome.cost, await self.endpoints.excluded(self.sent))
             if self.ticket.waited_s > 0:
@@ -196,6 +198,16 @@ class Stream:
         if record.charge is not None:
             await self.core.meter.settle(record.charge, record, self.status)
         self.core.flow.done(record, self.status, not self.ended)
+
+    @property
+    def decided(self) -> bool:
+        """The request was sent on (guarded and forwarded, or a route the guard does not read) or answered here: a
+        stream that ends cleanly before that lets Envoy send the request on unprocessed."""
+        return self.forwarded or self.status is not None or (self.record is not None and not self.record.guarded)
+
+    async def cut(self) -> Answers:
+        """The drain's end came while Envoy waits for an answer and the client has had nothing: a 503."""
+        return await self._failed(GuardUnavailable.stopping())
 
     async def _failed(self, error: GuardError) -> Answers:
         if self.record is not None:

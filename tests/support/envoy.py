@@ -25,10 +25,11 @@ from tests.support.ports import free_port
 
 @dataclass
 class Envoy:
-    """Envoy's listeners by name (their base URLs) and its log."""
+    """Envoy's listeners by name (their base URLs), its log, and its admin interface's base URL."""
 
     urls: dict[str, str] = field(default_factory=dict)
     log: Path | None = None
+    admin: str = ""
 
 
 @contextmanager
@@ -57,7 +58,9 @@ def envoy(
     else:
         raise AssertionError("envoy found no free ports:\n" + log.read_text(errors="replace")[-3000:])
     try:
-        yield Envoy({name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, log)
+        yield Envoy(
+            {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, log, f"http://127.0.0.1:{admin}"
+        )
     finally:
         _stop(process)
 
