@@ -20,6 +20,9 @@ ON_GONE = "token_guard.on_gone"  # scope key: a list of callbacks the server cal
 BODY_IN = "token_guard.body_in"  # scope key: a callable, True once the whole body has arrived (so that receive() will
 # not wait for it)
 TARGET = "token_guard.target"  # scope key: the request line's target exactly as sent (protocol.py)
+SENT = "token_guard.sent"  # scope key: a callable, how much of the answer went out: NOTHING, STREAM (a chunked body
+# under way), WHOLE (a body of declared length under way) or DONE (protocol.py)
+NOTHING, STREAM, WHOLE, DONE = "nothing", "stream", "whole", "done"
 ROUTE = "token_guard.route"  # scope key: the request's route in the table (api/routes.Found), set by the app
 KEY = "token_guard.key"  # scope key: the request's named API key ([[keys]], settings.KeySettings), set by the app
 

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from proxy import error_bodies
 from proxy.errors import GuardError, HeaderTooLarge, InvalidRequest, RequestTimeout
-from proxy.server.asgi import BODY_IN, CLIENT_GONE, ON_GONE, TARGET
+from proxy.server.asgi import BODY_IN, CLIENT_GONE, DONE, NOTHING, ON_GONE, SENT, STREAM, TARGET, WHOLE
 
 log = logging.getLogger("token_guard.server")
 LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
@@ -151,6 +151,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._on_gone = self.scope[ON_GONE] = []
             self.scope[BODY_IN] = lambda: not cycle.more_body  # the parser has seen the body's end
             self.scope[TARGET] = self.url  # the target as sent: uvicorn keeps only the path of an absolute-form one
+            self.scope[SENT] = lambda: _sent(cycle)  # what a request cut at the drain's end can still be told
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -204,6 +205,14 @@ def protocol_factory(limits: ConnectionLimits) -> Callable[..., GuardedHttpProto
     """What uvicorn's `http` option is given: it calls it with its own arguments for each connection. A partial of a
     module-level class, so that uvicorn's config still pickles into the worker processes of `serve --workers N`."""
     return partial(GuardedHttpProtocol, limits=limits)
+
+
+def _sent(cycle: RequestResponseCycle) -> str:
+    if not cycle.response_started:
+        return NOTHING
+    if cycle.response_complete:
+        return DONE
+    return STREAM if cycle.chunked_encoding else WHOLE
 
 
 def _address(client: tuple[str, int] | None) -> str:
