@@ -1,5 +1,6 @@
-"""Limits at the door: a body above server.max_body_bytes is a 413 without being read whole (declared or chunked), and
-pathological JSON (deep nesting, too many messages) is a clear 400 before anything else looks at it."""
+"""Limits at the door: a body above server.max_body_bytes is a 413 without being read whole (declared or chunked), a
+client answered before its upload was read still gets that answer and keeps its connection, and pathological JSON
+(deep nesting, too many messages) is a clear 400 before anything else looks at it."""
 
 from __future__ import annotations
 
@@ -107,6 +108,30 @@ def test_a_chunked_body_above_the_limit_that_arrives_in_one_piece_is_413(small: 
             answer += conn.recv(65536)
     assert answer.startswith(b"HTTP/1.1 413 ")
     assert sim[1].received == before
+
+
+def test_an_upload_answered_before_it_was_read_gets_that_answer_and_keeps_its_connection(small: str) -> None:
+    """A client that sends its whole body before it reads (httpx, the OpenAI SDK): the rest of the upload is read
+    and dropped, not taken for the next request's headers (at e63017a: a 431 after the 413, and a reset)."""
+    raw = padded(4 * LIMIT)
+    with raw_socket(small) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))  # fmt: skip
+        conn.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        with conn.makefile("rb") as answers:
+            first, second = _answer(answers), _answer(answers)
+    assert first[0] == 413 and f"limit of {LIMIT} bytes".encode() in first[1]
+    assert second == (200, b'{"status":"alive"}')
+
+
+def _answer(answers: Any) -> tuple[int, bytes]:
+    """One HTTP/1.1 answer with a Content-Length, read off the connection: its status and body."""
+    status, length = int(answers.readline().split()[1]), 0
+    while (line := answers.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.lower() == b"content-length":
+            length = int(value)
+    return status, bytes(answers.read(length))
 
 
 @pytest.mark.parametrize("size", [LIMIT // 2, LIMIT])

@@ -50,7 +50,8 @@ OVERRIDDEN = sorted(
 
 def test_the_subclass_overrides_methods_uvicorn_still_has() -> None:
     expected = ["connection_lost", "connection_made", "data_received", "on_headers_complete", "on_message_begin",
-                "on_response_complete", "pause_writing", "resume_writing", "send_400_response"]  # fmt: skip
+                "on_message_complete", "on_response_complete", "pause_writing", "resume_writing",
+                "send_400_response"]  # fmt: skip
     assert OVERRIDDEN == expected  # a method renamed or dropped in uvicorn would leave an override never called
 
 
@@ -83,6 +84,7 @@ def test_flow_control_has_what_the_subclass_calls() -> None:
         assert callable(getattr(FlowControl, name))
     for name in ("response_complete", "disconnected", "more_body", "scope", "response_started", "chunked_encoding"):
         assert name in inspect.getsource(RequestResponseCycle.__init__)  # read on the request's cycle
+    assert callable(HttpToolsProtocol._unset_keepalive_if_required)  # while the rest of an unread body arrives
 
 
 class Transport(asyncio.Transport):
