@@ -1,7 +1,7 @@
 """What every front end serves requests with, built once from the settings: the upstream (model discovery, health, KV
-budgets, admission), the guard, the quotas, the metrics, the keys, the route table and the drain; and the background
-work of its lifetime (learning the upstream's models, watching replicas' health, reading KV budgets, the Redis
-link)."""
+budgets, admission), the guard, the quotas, the metrics, the keys, the route table, the bytes of request bodies held
+at once and the drain; and the background work of its lifetime (learning the upstream's models, watching replicas'
+health, reading KV budgets, the Redis link)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from proxy.api.routes import RouteTable
 from proxy.counting.registry import ModelRegistry
 from proxy.doctor.run import drift_warnings
 from proxy.errors import GuardError
+from proxy.exchange.bodies import BodyBudget
 from proxy.exchange.drain import Drain
 from proxy.exchange.entry import Door
 from proxy.exchange.flow import Flow
@@ -75,6 +76,7 @@ class Core:
         self.keys = ApiKeys(server.api_keys, settings.keys, server.admin_api_keys, server.metrics_api_key)
         self.door = Door(self.routes, self.keys)
         self.drain = Drain()
+        self.bodies = BodyBudget(server.max_held_body_bytes)
 
     async def readiness(self) -> tuple[int, dict[str, object]]:
         """/health's answer: ready once the models are known and an upstream replica answers its own /health, until

@@ -55,6 +55,7 @@ class Stream:
         self.extra: Headers = []  # and the decision's x-token-guard-*, once decided
         self.pieces: list[bytes] = []
         self.size = 0
+        self.held = core.bodies.hold()  # the body's share of those held at once, given back at the stream's end
         self.ticket: Ticket | None = None
         self.status: int | None = None
         self.ended = False  # the answer ended: an immediate response, or the response's last byte (or headers)
@@ -111,6 +112,8 @@ class Stream:
         declared = next((v for k, v in sent if k == b"content-length"), b"")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise PayloadTooLarge.over(self.max_body_bytes)
+        if declared.isdigit():  # a 503 before Envoy sends a byte of it, when those held at once leave it no room
+            self.held.grow(int(declared))
         if self.request_mode not in (BUFFERED, FULL_DUPLEX) and not message.end_of_stream:
             raise GuardError("token-guard extproc takes request bodies BUFFERED or FULL_DUPLEX_STREAMED only.")
         if message.end_of_stream:  # no body: decided now, from nothing (a guarded route answers it 400)
@@ -123,6 +126,7 @@ class Stream:
         self.size += len(piece)
         if self.size > self.max_body_bytes:
             raise PayloadTooLarge.over(self.max_body_bytes)
+        self.held.grow(self.size)
         self.pieces.append(piece)
         if not end:
             return []
@@ -190,6 +194,7 @@ class Stream:
 
     async def close(self) -> None:
         """The stream ended (Envoy closed it, or it was cancelled): what the request held is given back."""
+        self.held.release()
         if self.ticket is not None:
             self.core.upstream.release(self.ticket)
         record = self.record

@@ -23,7 +23,7 @@ from proxy.exchange.core import Core
 from proxy.exchange.entry import Refusal, target
 from proxy.exchange.headers import encode_headers
 from proxy.exchange.record import REQUEST_ID, request_id
-from proxy.server.asgi import DONE, KEY, NOTHING, ROUTE, SENT, STREAM, TARGET, Receive, Reply, Scope, Send
+from proxy.server.asgi import DONE, HELD, KEY, NOTHING, ROUTE, SENT, STREAM, TARGET, Receive, Reply, Scope, Send
 from proxy.server.error_reply import send_error
 from proxy.server.handlers import Handlers
 from proxy.settings import Settings
@@ -78,6 +78,7 @@ class GuardApp:
         task, drain = asyncio.current_task(), self.core.drain
         assert task is not None
         drain.enter(task)
+        held = scope[HELD] = self.core.bodies.hold()  # the body read_body takes in, given back when the request ends
         try:
             await handler(scope, receive, send)
         except asyncio.CancelledError:  # uvicorn's, once server.drain_timeout_s has passed: the request is cut
@@ -86,6 +87,7 @@ class GuardApp:
             task.uncancel()
             await self._cut(scope, send, route)
         finally:
+            held.release()
             drain.leave(task)
 
     async def _cut(self, scope: Scope, send: Send, route: Route) -> None:

@@ -9,9 +9,9 @@ whether they arrive in one read or many, while still incomplete or once complete
 behind others waits for their answers, so that it is never written into the middle of one.
 What the parser (llhttp) refuses as not HTTP gets uvicorn's 400, here in the usual error envelope instead of plain
 text (error_bodies.raw_reply). The body's own deadline is the app's (asgi.read_body). A request answered before its
-body was read (a 413) has the rest of its body read and dropped, within `header_timeout_s`, before the connection
-serves another: neither counted as the next request's headers (which once got an upload a spurious 431 and a reset)
-nor cut by uvicorn's keep-alive timer while it arrives.
+body was read (a 413, or a 503 when the bodies held at once are at their limit) has the rest of its body read and
+dropped, within `header_timeout_s`, before the connection serves another: neither counted as the next request's
+headers (which once got an upload a spurious 431 and a reset) nor cut by uvicorn's keep-alive timer while it arrives.
 
 uvicorn also waits for ever for a client that stops reading its answer: the request's task sleeps in send() holding
 its admission ticket and its key's reservation. The transport's flow control says when its buffer is full

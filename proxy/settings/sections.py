@@ -19,6 +19,7 @@ class ServerSettings:
     metrics_api_key: str | None = None  # shows key names and usage in /metrics
     passthrough_paths: tuple[str, ...] = ()  # more read-only routes relayed unchanged (with a client key)
     max_body_bytes: int = 32 * 2**20
+    max_held_body_bytes: int = 128 * 2**20  # the bodies of all requests at once, read or being read: 503 past it
     max_json_depth: int = 64
     max_json_values: int = 2**17  # array items and object members: a prompt of token ids takes one per token
     max_messages: int = 10_000

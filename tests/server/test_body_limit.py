@@ -1,5 +1,6 @@
 """Limits at the door: a body above server.max_body_bytes is a 413 without being read whole (declared or chunked), a
-client answered before its upload was read still gets that answer and keeps its connection, and pathological JSON
+body past those the process holds at once (server.max_held_body_bytes) is a 503 with Retry-After before it is read,
+a client answered before its upload was read still gets that answer and keeps its connection, and pathological JSON
 (deep nesting, too many messages) is a clear 400 before anything else looks at it."""
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from starlette.types import Message
 
 from proxy.errors import PayloadTooLarge, RequestTimeout
 from proxy.server.asgi import BODY_IN, Incoming, read_body
+from proxy.server.running import ServerThread
+from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, simulator
 
 LIMIT = 64 * 1024
+HELD = 256 * 1024  # server.max_body_bytes and server.max_held_body_bytes of the `held` guard
 
 
 JSON = {"content-type": "application/json"}
@@ -36,6 +40,14 @@ def sim(deepseek_dir: Path) -> Iterator[Any]:
 def small(sim: Any, deepseek_dir: Path) -> Iterator[str]:
     with guard(sim[0].url, deepseek_dir, **{"server.max_body_bytes": LIMIT}) as server:
         yield server.url
+
+
+@pytest.fixture(scope="module")
+def held(sim: Any, deepseek_dir: Path) -> Iterator[ServerThread]:
+    with guard(
+        sim[0].url, deepseek_dir, **{"server.max_body_bytes": HELD, "server.max_held_body_bytes": HELD}
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +120,43 @@ def test_a_chunked_body_above_the_limit_that_arrives_in_one_piece_is_413(small: 
             answer += conn.recv(65536)
     assert answer.startswith(b"HTTP/1.1 413 ")
     assert sim[1].received == before
+
+
+def begun(url: str, raw: bytes, chunked: bool) -> socket.socket:
+    """An upload whose headers and most of its body are sent, the rest held back."""
+    conn = raw_socket(url)
+    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % len(raw)
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + framing
+    first = raw[:-1000]
+    conn.sendall(head + b"\r\n\r\n" + (b"%x\r\n%s\r\n" % (len(first), first) if chunked else first))
+    return conn
+
+
+def ended(conn: socket.socket, raw: bytes, chunked: bool) -> bytes:
+    rest = raw[-1000:]
+    conn.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest) if chunked else rest)
+    with conn, conn.makefile("rb") as answer:
+        return answer.readline()
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["declared", "chunked"])
+def test_a_body_past_those_held_at_once_is_503_unread_and_the_room_comes_back(
+    held: ServerThread, sim: Any, chunked: bool
+) -> None:
+    raw, bodies = padded(HELD * 3 // 4), held.app.core.bodies
+    holding = begun(held.url, raw, chunked)
+    assert eventually(lambda: bodies.held >= len(raw) - 1000)  # its declared length, or what came of it
+    before = sim[1].received
+    for late in (raw, iter([raw[:100], raw[100:]])):  # declared: refused from its length; chunked: at the piece
+        refused = httpx.post(f"{held.url}/v1/chat/completions", content=late, headers=JSON)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        error = refused.json()["error"]
+        assert (error["type"], error["code"]) == ("ServiceUnavailableError", "server_busy")
+        assert "server.max_held_body_bytes" in error["message"] and refused.headers["x-request-id"]
+    assert sim[1].received == before
+    assert ended(holding, raw, chunked).startswith(b"HTTP/1.1 200 ")
+    assert eventually(lambda: bodies.held == 0)  # given back with its request
+    assert httpx.post(f"{held.url}/v1/chat/completions", content=raw, headers=JSON).status_code == 200
 
 
 def test_an_upload_answered_before_it_was_read_gets_that_answer_and_keeps_its_connection(small: str) -> None:
