@@ -23,6 +23,8 @@ HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProto
 TRIVIAL = "envoy-trivial-processor"
 TRIVIAL_BODY = "envoy-trivial-processor-body"
 TRIVIAL_SYSTEMS = (TRIVIAL, TRIVIAL_BODY)  # answered by bench/trivial_processor.py
+HEALTH_CHECK = {"timeout": "1s", "interval": "0.5s", "no_traffic_interval": "0.5s", "unhealthy_threshold": 1,
+                "healthy_threshold": 1, "grpc_health_check": {}}  # fmt: skip
 OTHER_TREE = "@"  # envoy-extproc@DIR: the processor from another checkout (git worktree add DIR <rev>)
 
 
@@ -64,13 +66,20 @@ def envoy_binary() -> Path | None:
     return found[0] if found and os.access(found[0], os.X_OK) else None
 
 
-def cluster(name: str, port: int, grpc: bool = False, trailers: bool = False) -> dict[str, Any]:
-    """A cluster of one host on loopback: gRPC (HTTP/2), or HTTP/1.1, with `trailers` sent on when Envoy has any."""
-    endpoint = {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
+def cluster(
+    name: str, port: int | list[int], grpc: bool = False, trailers: bool = False, health_checked: bool = False
+) -> dict[str, Any]:
+    """A cluster of loopback endpoints (one per port): gRPC (HTTP/2), or HTTP/1.1, with `trailers` sent on when Envoy
+    has any; `health_checked`: Envoy asks each gRPC's health service, as deploy/envoy's processor cluster does, and
+    sends no stream to one that says NOT_SERVING (a draining guard)."""
+    endpoints = [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": one}}}}
+                 for one in ([port] if isinstance(port, int) else port)]  # fmt: skip
     found: dict[str, Any] = {
         "name": name, "type": "STATIC", "connect_timeout": "1s",
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [endpoint]}]},
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]},
     }  # fmt: skip
+    if health_checked:  # a host's health applied at once, not merged with others' over a second (Envoy's default)
+        found["health_checks"], found["common_lb_config"] = [HEALTH_CHECK], {"update_merge_window": "0s"}
     protocol = {"http2_protocol_options": {}} if grpc else {"http_protocol_options": {"enable_trailers": True}}
     if grpc or trailers:
         found["typed_extension_protocol_options"] = {

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 from proxy.counting.tokenizer import TokenizerLoadError
 from proxy.exchange.logs import configure_logging
@@ -127,6 +129,7 @@ def settings_from(args: argparse.Namespace, port: str = "server.port") -> Settin
 def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -> int:
     import uvicorn
 
+    from proxy.counting.isolated import close_children
     from proxy.server import worker
     from proxy.server.running import settle_heap, uvicorn_options
 
@@ -137,17 +140,27 @@ def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -
         "token-guard listening on http://%s:%d with %d worker(s), upstream %s", server.host, server.port,
         server.workers, ", ".join(settings.upstream.urls),
     )  # fmt: skip
-    if server.workers == 1:
-        from proxy.counting.registry import ModelRegistry
-        from proxy.server.app import create_app
+    # uvicorn drains on SIGTERM, then raises it again, to die of it: the stop was asked for and done, so exit 0
+    previous = signal.signal(signal.SIGTERM, _stopped)
+    try:
+        if server.workers == 1:
+            from proxy.counting.registry import ModelRegistry
+            from proxy.server.app import create_app
 
-        app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
-        settle_heap()
-        uvicorn.run(app, **options)
-    else:  # each worker builds its own app from the same flags and config file (proxy/server/worker.py)
-        os.environ[WORKER_SETUP] = worker.handover(flags, config_file)
-        uvicorn.run("proxy.server.worker:app", factory=True, workers=server.workers, **options)
+            app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
+            settle_heap()
+            uvicorn.run(app, **options)
+        else:  # each worker builds its own app from the same flags and config file (proxy/server/worker.py)
+            os.environ[WORKER_SETUP] = worker.handover(flags, config_file)
+            uvicorn.run("proxy.server.worker:app", factory=True, workers=server.workers, **options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        close_children()
     return 0
+
+
+def _stopped(signum: int, frame: FrameType | None) -> NoReturn:
+    raise SystemExit(0)
 
 
 def extproc(settings: Settings) -> int:

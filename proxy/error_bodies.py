@@ -14,7 +14,7 @@ from enum import StrEnum
 from http import HTTPStatus
 from typing import Any
 
-from proxy.errors import GuardError, TooBusy
+from proxy.errors import GuardError, GuardUnavailable, TooBusy
 
 Headers = list[tuple[bytes, bytes]]  # as exchange/headers.py's, which this layer cannot import
 DONE = b"data: [DONE]\n\n"
@@ -40,10 +40,10 @@ def json_bytes(error: GuardError, envelope: Envelope = Envelope.OPENAI) -> bytes
 def answer(
     error: GuardError, headers: Headers | None = None, envelope: Envelope = Envelope.OPENAI
 ) -> tuple[Headers, bytes]:
-    """A whole answer's headers (`headers`, and the error's own: Retry-After for a 429) and body; its status is the
-    error's. `envelope`: the route's (api/routes.py)."""
+    """A whole answer's headers (`headers`, and the error's own: Retry-After for a 429 or the guard's 503) and body;
+    its status is the error's. `envelope`: the route's (api/routes.py)."""
     extra = list(headers or [])
-    if isinstance(error, TooBusy):
+    if isinstance(error, TooBusy | GuardUnavailable):
         extra.append((b"retry-after", str(error.retry_after_s).encode()))
     return extra, json_bytes(error, envelope)
 

@@ -16,6 +16,8 @@
     ├── TooBusy                     429  admission's queue is full or the wait timed out; a key over its quota
     ├── HeaderTooLarge              431  a request line and headers above 64 KiB (server/protocol.py)
     ├── NotReady                    503  still learning the upstream's models, or a window not known yet
+    ├── GuardUnavailable            503  with Retry-After: the request bodies held at once are at their limit
+    │                                    (server.max_held_body_bytes), or the guard is stopping
     ├── FleetStateUnavailable       503  Redis (redis.url) does not answer in time
     ├── UpstreamFailed              (the upstream's)  its own error told in the guard's words: a 5xx body with
     │                                    internals in it, or a chunked request's chunk that failed mid-stream
@@ -146,6 +148,22 @@ class TooBusy(GuardError):
 class NotReady(GuardError):
     status = 503
     error_type = "ServiceUnavailableError"
+
+
+class GuardUnavailable(GuardError):
+    """The guard cannot take the request now, and says when to try again (Retry-After): the request bodies it holds
+    at once are at server.max_held_body_bytes, or it is stopping (another replica will take it)."""
+
+    status = 503
+    error_type = "ServiceUnavailableError"
+
+    def __init__(self, message: str, retry_after_s: int, code: str) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_s = retry_after_s
+
+    @classmethod
+    def stopping(cls) -> GuardUnavailable:
+        return cls("token-guard is stopping; send the request again.", 1, "shutting_down")
 
 
 class FleetStateUnavailable(GuardError):

@@ -2,7 +2,9 @@
 of the guard as an external processor (deploy/kubernetes/token-guard-extproc.yaml for Envoy Gateway,
 token-guard-inference-pool.yaml beside GIE's endpoint picker) refer to each other consistently: the policy to its
 route and to the guard's Service, the Service to the Deployment's pods and gRPC port, the route to its Gateway or
-InferencePool; the guard's settings load and it runs `extproc` on the port its probes ask."""
+InferencePool; the guard's settings load and it runs `extproc` on the port its probes ask; the gateway health-checks
+the guards through gRPC's health service (NOT_SERVING while one drains), and a guard told to stop pauses for the
+endpoints to drop it, then drains within the pod's grace period."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import pytest
 import yaml
 
 from bench.envoy import envoy_binary
+from proxy.extproc.service import LIVENESS
 from proxy.settings import load_settings
 from tests.support.dockerfile import image_user
 from tests.support.envoy import validate
-from tests.support.manifests import env_of
+from tests.support.manifests import env_of, grace_s, pre_stop_s
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVOY_CONFIGS = sorted((ROOT / "deploy" / "envoy").glob("*.yaml"))
@@ -65,6 +68,15 @@ def test_every_shipped_envoy_config_bounds_time_and_room(config: Path) -> None:
         assert seconds(keepalive["interval"]) + seconds(keepalive["timeout"]) < seconds(guard["message_timeout"])
 
 
+@pytest.mark.parametrize("config", ENVOY_CONFIGS, ids=[c.name for c in ENVOY_CONFIGS])
+def test_envoy_health_checks_the_guard_and_leaves_one_that_drains_at_once(config: Path) -> None:
+    clusters = {c["name"]: c for c in yaml.safe_load(config.read_text())["static_resources"]["clusters"]}
+    guard = clusters["token_guard"]
+    (check,) = guard["health_checks"]
+    assert check["grpc_health_check"] == {} and check["unhealthy_threshold"] == 1  # the server's own health
+    assert guard["common_lb_config"]["update_merge_window"] == "0s"  # applied at once, not merged over a second
+
+
 def objects(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
     return {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(path.read_text()) if doc}
 
@@ -94,9 +106,15 @@ def test_the_policy_reaches_the_guards_grpc_port(manifest: Path) -> None:
     settings = load_settings(environ=env_of(container))
     assert container["args"] == ["extproc"] and settings.extproc.port == grpc["containerPort"]
     assert settings.server.host == "0.0.0.0"
-    for probe in ("startupProbe", "readinessProbe"):
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"]["port"] == grpc["containerPort"]  # gRPC's health service
+    assert "service" not in container["readinessProbe"]["grpc"]  # the server's own: NOT_SERVING while it drains
+    assert container["livenessProbe"]["grpc"]["service"] == LIVENESS  # serving, draining or not
     assert str(container["securityContext"]["runAsUser"]) == image_user().partition(":")[0]
+    check = extproc["backendSettings"]["healthCheck"]["active"]
+    assert check["type"] == "GRPC" and "grpc" not in check  # the server's own health: the gateway leaves a drain
+    pod = deployment["spec"]["template"]["spec"]
+    assert pre_stop_s(container) > 0 and pre_stop_s(container) + settings.server.drain_timeout_s + 1 <= grace_s(pod)
 
 
 def test_the_inference_pool_is_the_routes_backend_and_the_guard_knows_its_pods() -> None:

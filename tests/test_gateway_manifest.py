@@ -1,6 +1,7 @@
 """The Kubernetes gateway example (deploy/kubernetes/token-guard-gateway.yaml): guard replicas in front of a vLLM
 Service sharing one budget through the Redis beside them. Its settings load, the Redis URL names the Redis Service
-and port, the probes and ports agree with the image, and the Services select what they should."""
+and port, the probes and ports agree with the image, the Services select what they should, and a guard told to stop
+pauses for the endpoints to drop it, then drains within the pod's grace period."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import yaml
 
 from proxy.settings import ServerSettings, load_settings
 from tests.support.dockerfile import image_env, image_user
-from tests.support.manifests import env_of
+from tests.support.manifests import env_of, grace_s, pre_stop_s
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "deploy" / "kubernetes" / "token-guard-gateway.yaml"
@@ -80,6 +81,13 @@ def test_probes_ports_and_the_service_agree_with_the_image() -> None:
     deployment = objects()["Deployment", "llm-gateway"]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert all(named_port(c, p["targetPort"]) == ServerSettings().port for p in service["spec"]["ports"])
+
+
+def test_a_stopping_guard_drains_within_the_pods_grace_period() -> None:
+    pod = objects()["Deployment", "llm-gateway"]["spec"]["template"]["spec"]
+    settings = load_settings(environ=env_of(guard()))
+    assert pre_stop_s(guard()) > 0  # the endpoints drop the pod before its SIGTERM closes the port
+    assert pre_stop_s(guard()) + settings.server.drain_timeout_s + 1 <= grace_s(pod)  # + 1 s: the stop itself
 
 
 def test_resources_and_security() -> None:

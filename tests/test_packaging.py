@@ -21,6 +21,7 @@ import yaml
 
 from proxy.settings import ExtprocSettings, ServerSettings, load_settings
 from tests.support.dockerfile import DOCKERFILE, exec_form, final, healthcheck, image_env, image_user, stages
+from tests.support.manifests import grace_s, pre_stop_s
 from tests.support.ports import free_port
 from tests.support.servers import MODEL, simulator
 
@@ -184,6 +185,17 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
 def vllm_flag(name: str) -> str:
     (value,) = [str(a).split("=", 1)[1] for a in containers()["vllm"]["args"] if str(a).startswith(f"--{name}=")]
     return value
+
+
+def test_the_pod_stops_within_its_grace_period_and_vllm_drains_as_long_as_the_guard() -> None:
+    """SIGTERM reaches both containers at once, after their preStop pauses: vLLM lets its generations in flight end
+    for as long as the guard lets its streams (vLLM 0.31+: --shutdown-timeout; 0, its default, aborts them)."""
+    deployment, _ = manifest()
+    guard, vllm = containers()["token-guard"], containers()["vllm"]
+    drain_s = load_settings(environ=env_of(guard)).server.drain_timeout_s
+    assert pre_stop_s(guard) > 0 and pre_stop_s(vllm) == pre_stop_s(guard)
+    assert float(vllm_flag("shutdown-timeout")) >= drain_s
+    assert pre_stop_s(guard) + drain_s + 1 <= grace_s(deployment["spec"]["template"]["spec"])
 
 
 def test_token_guard_port_and_probes_agree_with_the_image() -> None:

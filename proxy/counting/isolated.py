@@ -10,7 +10,10 @@
   (server.max_json_values of them at most, counted in the child before anything is built) faster than parsing them.
 
 Each kind has one long-lived child, spawned on first use; calls queue for it (both are rare, and each is bounded, so
-a queue is cheaper than a pool of processes).
+a queue is cheaper than a pool of processes). An idle child ignores SIGTERM and SIGINT: the guard ends it when it
+stops (`close_children`). Killed by a signal to the whole process group, an idle child died holding its pool's queue
+lock, and the pool's terminate, at exit, then waited for that lock for ever: the guard never exited. At work it
+holds no lock, and SIGTERM ends it (the pool's terminate sends it, past a call's time limit).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import marshal
 import multiprocessing
 import multiprocessing.pool
 import resource
+import signal
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -64,7 +68,7 @@ class ChildProcess:
             def failed(error: BaseException) -> None:
                 loop.call_soon_threadsafe(_settle, done, None, error)
 
-            pool.apply_async(fn, args, callback=finished, error_callback=failed)
+            pool.apply_async(_work, (fn, args), callback=finished, error_callback=failed)
             try:
                 return await asyncio.wait_for(asyncio.shield(done), time_limit_s)
             except TimeoutError:
@@ -79,7 +83,7 @@ class ChildProcess:
 
     def _start(self) -> multiprocessing.pool.Pool:
         context = multiprocessing.get_context("spawn")  # not a fork of a process holding tokenizers and sockets
-        pool = context.Pool(1, initializer=_limit_memory, initargs=(self.memory_limit_mb,))
+        pool = context.Pool(1, initializer=_child_setup, initargs=(self.memory_limit_mb,))
         pool.apply(_ready)  # started and its imports done: the time limit is the work's alone
         if self._pool is None and not self._closing_registered:
             atexit.register(self.close)  # before the interpreter tears down what Pool.__del__ needs
@@ -165,12 +169,31 @@ def _ready() -> bool:
     return True
 
 
-def _limit_memory(megabytes: int) -> None:
+def _child_setup(megabytes: int) -> None:
+    """In the child, first: its memory limit, and the signals a stop sends the whole process group ignored while it
+    waits for work (the guard ends its children itself, once its own requests are done with them)."""
     limit = megabytes * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _work(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """In the child: fn(*args), with SIGTERM ending it meanwhile (the pool's terminate, a call past its time limit)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        return fn(*args)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 RENDERER = IsolatedRenderer()
 """The process's one renderer of request templates (its child process starts on first use)."""
 PARSER = BodyParser()
 """The process's one parser of the largest bodies (its child process starts on first use)."""
+
+
+def close_children() -> None:
+    """End the process's child processes (a front end that stops calls it last; atexit would too)."""
+    RENDERER.close()
+    PARSER.close()

@@ -1,6 +1,7 @@
 """What every front end serves requests with, built once from the settings: the upstream (model discovery, health, KV
-budgets, admission), the guard, the quotas, the metrics, the keys and the route table; and the background work of its
-lifetime (learning the upstream's models, watching replicas' health, reading KV budgets, the Redis link)."""
+budgets, admission), the guard, the quotas, the metrics, the keys, the route table, the bytes of request bodies held
+at once and the drain; and the background work of its lifetime (learning the upstream's models, watching replicas'
+health, reading KV budgets, the Redis link)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from proxy.api.routes import RouteTable
 from proxy.counting.registry import ModelRegistry
 from proxy.doctor.run import drift_warnings
 from proxy.errors import GuardError
+from proxy.exchange.bodies import BodyBudget
+from proxy.exchange.drain import Drain
 from proxy.exchange.entry import Door
 from proxy.exchange.flow import Flow
 from proxy.exchange.headers import RawHeaders
@@ -81,6 +84,8 @@ class Core:
             log.warning("server.passthrough_paths opens %s unguarded: its requests are relayed without being counted, "
                         "clamped, admitted or charged", path)  # fmt: skip
         self.door = Door(self.routes, self.keys)
+        self.drain = Drain()
+        self.bodies = BodyBudget(server.max_held_body_bytes)
 
     def sight(self, headers: RawHeaders) -> tuple[bool, bool]:
         """What the guard's own /health and /metrics show a request: (key names and per-key usage, model names). An
@@ -90,8 +95,10 @@ class Core:
         return operator, operator or not self.keys
 
     async def readiness(self, models: bool = False) -> tuple[int, dict[str, object]]:
-        """/health's answer: ready once the models are known and an upstream replica answers its own /health; the
-        models' names only when `models` (Core.sight)."""
+        """/health's answer: ready once the models are known and an upstream replica answers its own /health, until
+        the guard is told to stop; the models' names only when `models` (Core.sight)."""
+        if self.drain.stopping:
+            return 503, {"status": "stopping", "detail": "token-guard is stopping: new requests go elsewhere"}
         if self.registry.discovering:
             return 503, {"status": "starting", "detail": "learning the upstream's models"}
         if not await self.upstream.is_healthy():

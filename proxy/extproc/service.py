@@ -2,6 +2,13 @@
 grpc.aio), with the same core as serve (exchange/core.py) and its background work, and gRPC's health service for
 probes (SERVING once the guard is ready: the upstream's models known and a replica healthy).
 
+On SIGTERM or SIGINT it drains (exchange/drain.py): the health service says NOT_SERVING and new streams are refused
+(UNAVAILABLE), so that Envoy's health checks move traffic to another processor; the streams in flight get
+server.drain_timeout_s to end. Then each stream still open is cut: a request not yet sent on gets a 503 in the
+route's envelope (Retry-After), an answer under way is let go (Envoy carries it on without the processor). What they
+held is given back, the Redis link and the child processes are closed, one line says what was cut, and the process
+exits 0.
+
 gRPC's message limits are raised to what a body may be (server.max_body_bytes, plus room for headers): a BUFFERED
 body comes whole in one message and a rewritten one goes back whole. Envoy's keepalive PINGs are welcome."""
 
@@ -18,8 +25,10 @@ import grpc
 import uvloop
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc
 
+from proxy.counting.isolated import close_children
 from proxy.counting.registry import ModelRegistry
 from proxy.exchange.core import Core
+from proxy.exchange.drain import Drain
 from proxy.extproc.gateway import Gateway
 from proxy.extproc.stream import Stream
 from proxy.extproc.wire import ProcessingRequest
@@ -36,6 +45,9 @@ NEW_LOOP = uvloop.new_event_loop  # the processor's event loop: uvloop, as serve
 # which resets every request on the connection, one held in admission's queue included
 PINGS_WELCOME = [("grpc.http2.max_ping_strikes", 0), ("grpc.keepalive_permit_without_calls", 1)]
 SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # grpc.health.v1.HealthCheckResponse{status: 1 or 2}, encoded
+STOPPING = "token-guard is stopping: this processor takes no new stream"
+LIVENESS = "liveness"  # the health service's name for "the process serves" (a Kubernetes liveness probe asks it)
+CUT_S = 0.5  # how long the streams cut at the drain's end get to answer and give back what they held
 
 
 class Processor(ext_proc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -46,18 +58,55 @@ class Processor(ext_proc.ExternalProcessorServicer):  # type: ignore[misc]
 
     async def Process(self, requests: AsyncIterator[ProcessingRequest], context: grpc.aio.ServicerContext) -> None:  # noqa: N802 (gRPC's name)
         """One HTTP exchange: each message answered as it comes; what the request held is given back when Envoy
-        closes the stream, or cancels it (its client left)."""
+        closes the stream, or cancels it (its client left), or the drain cuts it."""
+        drain = self.core.drain
+        if drain.stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
+        task = asyncio.current_task()
+        assert task is not None
+        drain.enter(task)
         stream = Stream(self.core, self.gateway, self.max_body_bytes)
+        decided = False  # Envoy has the answer that sends the request on, or answers it (Stream.decided)
         try:
             async for answers in stream.run(requests):
                 for answer in answers:
                     await context.write(answer)
+                decided = stream.decided  # only once written: until then Envoy may still wait for it
+        except asyncio.CancelledError:
+            if not drain.cutting:  # Envoy cancelled it: its client left
+                raise
+            task.uncancel()
+            await _cut(stream, context, drain, decided)
         finally:
-            await stream.close()
+            try:
+                await stream.close()
+            finally:
+                drain.leave(task)
 
     async def check(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """gRPC's health service. The server's own health (service "", as Envoy's health checks and Kubernetes'
+        readiness probe ask it): SERVING once the guard is ready, NOT_SERVING from the stop. Service "liveness":
+        SERVING while the process serves, whatever the upstream's state (serve's /livez)."""
+        service = _service(request)
+        if service == LIVENESS:
+            return SERVING
+        if service:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f'unknown service {service!r}: ask "" or "{LIVENESS}"')
         status, _ = await self.core.readiness()
         return SERVING if status == 200 else NOT_SERVING
+
+
+def _service(request: bytes) -> str:
+    """grpc.health.v1.HealthCheckRequest's `service` (field 1, a string): its tag, a varint length, its bytes."""
+    if request[:1] != b"\n":
+        return ""
+    length, shift, at = 0, 0, 1
+    while at < len(request):
+        byte = request[at]
+        length, shift, at = length | (byte & 0x7F) << shift, shift + 7, at + 1
+        if byte < 0x80:
+            break
+    return request[at : at + length].decode("utf-8", "replace")
 
 
 def grpc_server(core: Core) -> grpc.aio.Server:
@@ -77,13 +126,30 @@ class Served:
     core: Core
 
 
+async def _cut(stream: Stream, context: grpc.aio.ServicerContext, drain: Drain, decided: bool) -> None:
+    """A stream still open at the drain's end. A request Envoy has not been told to send on is answered 503
+    (Retry-After: another processor takes it), and its stream ends in an error, never cleanly: Envoy takes a clean end
+    as "nothing more to process" and would send the request on unguarded. A request already sent on is let go: its
+    stream ends cleanly, and its answer goes on through Envoy without the processor."""
+    if decided:
+        drain.was_cut("let go mid-answer")
+        return
+    drain.was_cut("answered 503")
+    try:
+        for answer in await stream.cut():
+            await context.write(answer)
+    finally:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
+
+
 @contextlib.asynccontextmanager
 async def running(
     settings: Settings, registry: ModelRegistry, transport: Transport | None = None, port: int | None = None,
     grace_s: float | None = None,
 ) -> AsyncIterator[Served]:  # fmt: skip
     """The processor served on server.host and `port` (default extproc.port; 0: a free one), with the core's
-    background work, until the block exits; yields its port and core. Streams still open get `grace_s` to end."""
+    background work, until the block exits; yields its port and core. Then it drains: streams still open get
+    `grace_s` to end (None: as long as they take), and are cut after it."""
     core = Core(settings, registry, transport, chunk_instead=settings.extproc.chunk_instead)
     server = grpc_server(core)
     host, port = settings.server.host, settings.extproc.port if port is None else port
@@ -94,24 +160,46 @@ async def running(
         try:
             yield Served(int(bound), core)
         finally:
-            await server.stop(grace_s)
+            await _drained(server, core.drain, grace_s)
             for job in jobs:
                 job.cancel()
     await core.aclose()
+    core.drain.report("token-guard extproc", grace_s)
+
+
+async def _drained(server: grpc.aio.Server, drain: Drain, grace_s: float | None) -> None:
+    """New streams refused, those in flight given `grace_s`, the rest cut; then the server stops."""
+    drain.stop()
+    if not await drain.settled(grace_s):
+        drain.cut_all()
+        await drain.settled(CUT_S)
+    await server.stop(0)  # and what is left of a stream that did not end in time is cancelled by gRPC
 
 
 def serve(settings: Settings, registry: ModelRegistry) -> None:
-    """Run until SIGTERM or SIGINT, then let open streams end for up to server.drain_timeout_s."""
-    with asyncio.Runner(loop_factory=NEW_LOOP) as runner:
-        runner.run(_serve(settings, registry))
+    """Run until SIGTERM or SIGINT, then drain: open streams end within server.drain_timeout_s, or are cut."""
+    try:
+        with asyncio.Runner(loop_factory=NEW_LOOP) as runner:
+            runner.run(_serve(settings, registry))
+    finally:
+        close_children()
 
 
 async def _serve(settings: Settings, registry: ModelRegistry) -> None:
-    async with running(settings, registry, grace_s=settings.server.drain_timeout_s) as served:
+    grace_s = settings.server.drain_timeout_s
+    async with running(settings, registry, grace_s=grace_s) as served:
         log.info("token-guard extproc: Envoy's external processor on %s:%d (gRPC), upstream %s",
                  settings.server.host, served.port, ", ".join(settings.upstream.urls))  # fmt: skip
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        told: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stopping.set)
-        await stopping.wait()
+            asyncio.get_running_loop().add_signal_handler(signum, _tell, told, signum)
+        name = signal.Signals(await told).name
+        drain = served.core.drain
+        drain.stop()
+        log.info("token-guard extproc: %s: no new streams (gRPC health NOT_SERVING); %d in flight get up to %g s "
+                 "(server.drain_timeout_s)", name, drain.in_flight, grace_s)  # fmt: skip
+
+
+def _tell(told: asyncio.Future[int], signum: int) -> None:
+    if not told.done():
+        told.set_result(signum)

@@ -30,7 +30,14 @@ from proxy import error_bodies
 from proxy.api.honoured import header_changes
 from proxy.api.routes import Found, Kind, Route
 from proxy.error_bodies import Envelope
-from proxy.errors import GuardError, InvalidRequest, PayloadTooLarge, RequestTimeout, internal_error
+from proxy.errors import (
+    GuardError,
+    GuardUnavailable,
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    internal_error,
+)
 from proxy.exchange.core import Core
 from proxy.exchange.entry import Refusal, target
 from proxy.exchange.headers import Headers, RawHeaders, encode_headers
@@ -77,10 +84,12 @@ class Stream:
         self.deadline: float | None = None  # by when (the loop's clock) that body must have come
         self.pieces: list[bytes] = []
         self.size = 0
+        self.held = core.bodies.hold()  # the body's share of those held at once, given back at the stream's end
         self.ticket: Ticket | None = None
         self.status: int | None = None
         self.ended = False  # the answer ended: an immediate response, or the response's last byte (or headers)
         self.hidden: HiddenUsage | None = None  # takes the usage event the guard asked for out of the answer
+        self.forwarded = False  # a guarded request's answer that sends it on was made
 
     async def run(self, requests: AsyncIterator[ProcessingRequest]) -> AsyncIterator[Answers]:
         """The answers to Envoy's messages, each as it comes. A guarded body still to come at its deadline is
@@ -157,6 +166,8 @@ class Stream:
         declared = next((v for k, v in sent if k == b"content-length"), b"")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise PayloadTooLarge.over(self.max_body_bytes)
+        if declared.isdigit():  # a 503 before Envoy sends a byte of it, when those held at once leave it no room
+            self.held.grow(int(declared))
         if self.request_mode not in (BUFFERED, FULL_DUPLEX) and not message.end_of_stream:
             raise GuardError("token-guard extproc takes request bodies BUFFERED or FULL_DUPLEX_STREAMED only.")
         if message.end_of_stream:  # no body: decided now, from nothing (a guarded route answers it 400)
@@ -174,6 +185,7 @@ class Stream:
         self.size += len(piece)
         if self.size > self.max_body_bytes:
             raise PayloadTooLarge.over(self.max_body_bytes)
+        self.held.grow(self.size)
         self.pieces.append(piece)
         if not end and self.request_mode == FULL_DUPLEX:  # BUFFERED's one message is the whole body, trailers or not
             return []
@@ -212,6 +224,7 @@ class Stream:
 
     async def _forward(self, outcome: Forward, body: bytes, at: str) -> Answers:
         assert self.record is not None
+        self.forwarded = True
         if outcome.cost is not None:
             self.ticket = await _admitted(self.core, outcome.cost, await self.gateway.endpoints.excluded(self.sent))
             if self.ticket.waited_s > 0:
@@ -275,6 +288,7 @@ class Stream:
 
     async def close(self) -> None:
         """The stream ended (Envoy closed it, or it was cancelled): what the request held is given back."""
+        self.held.release()
         if self.ticket is not None:
             self.core.upstream.release(self.ticket)
         record = self.record
@@ -283,6 +297,16 @@ class Stream:
         if record.charge is not None:
             await self.core.meter.settle(record.charge, record, self.status, not self.ended)
         self.core.flow.done(record, self.status, not self.ended)
+
+    @property
+    def decided(self) -> bool:
+        """The request was sent on (guarded and forwarded, or a route the guard does not read) or answered here: a
+        stream that ends cleanly before that lets Envoy send the request on unprocessed."""
+        return self.forwarded or self.status is not None or (self.record is not None and not self.record.guarded)
+
+    async def cut(self) -> Answers:
+        """The drain's end came while Envoy waits for an answer and the client has had nothing: a 503."""
+        return await self._failed(GuardUnavailable.stopping())
 
     async def _failed(self, error: GuardError) -> Answers:
         if self.record is not None:

@@ -1,6 +1,12 @@
 """The ASGI app: the HTTP front end of the guard (exchange/core.py holds what it serves with), dispatching each
 request from the route table to its handler, and running the background work of its lifetime.
 
+On SIGTERM or SIGINT uvicorn stops accepting and lets the requests in flight run for server.drain_timeout_s, then
+cancels those left (server/running.py). Each is ended as its protocol expects (exchange/drain.py counts them): one
+whose answer has not begun gets a 503 in its route's envelope (Retry-After, connection closed), a stream under way
+ends with the error event of a failed stream, any other answer under way has its connection closed. The app then
+waits a moment for what they held to come back, and closes what it serves with.
+
 Raw ASGI rather than a framework's router and middleware stack: on the hot path every object built per request
 costs CPU that a sidecar in front of a GPU's token stream cannot spare (bench/results: ceiling)."""
 
@@ -9,19 +15,22 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from proxy.api.routes import Kind
+from proxy import error_bodies
+from proxy.api.routes import Kind, Route
 from proxy.counting.registry import ModelRegistry
+from proxy.errors import GuardUnavailable
 from proxy.exchange.core import Core
 from proxy.exchange.entry import Refusal, bodiless, target
 from proxy.exchange.headers import encode_headers
 from proxy.exchange.record import REQUEST_ID, request_id
-from proxy.server.asgi import KEY, ROUTE, TARGET, Receive, Reply, Scope, Send
+from proxy.server.asgi import DONE, HELD, KEY, NOTHING, ROUTE, SENT, STREAM, TARGET, Receive, Reply, Scope, Send
 from proxy.server.error_reply import send_error
 from proxy.server.handlers import Handlers
 from proxy.settings import Settings
 from proxy.upstream.transport import Transport
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+CUT_S = 0.5  # how long the requests cut at the drain's end get to answer and give back what they held
 
 
 class GuardApp:
@@ -67,7 +76,33 @@ class GuardApp:
             handler = self._handlers[Kind.RELAY]
         else:
             handler = self._own[route.path] if route.kind is Kind.OWN else self._handlers[route.kind]
-        await handler(scope, receive, send)
+        task, drain = asyncio.current_task(), self.core.drain
+        assert task is not None
+        drain.enter(task)
+        held = scope[HELD] = self.core.bodies.hold()  # the body read_body takes in, given back when the request ends
+        try:
+            await handler(scope, receive, send)
+        except asyncio.CancelledError:  # uvicorn's, once server.drain_timeout_s has passed: the request is cut
+            if SENT not in scope:  # not uvicorn with the guard's protocol: it answers as it does
+                raise
+            task.uncancel()
+            await self._cut(scope, send, route)
+        finally:
+            held.release()
+            drain.leave(task)
+
+    async def _cut(self, scope: Scope, send: Send, route: Route) -> None:
+        """A request cut at the drain's end, ended as its protocol expects."""
+        sent, stopping = scope[SENT](), GuardUnavailable.stopping()
+        if sent == NOTHING:
+            self.core.drain.was_cut("answered 503")
+            given = [(k, v) for k, v in scope["headers"] if k == REQUEST_ID][:1]
+            await send_error(Reply(send), stopping, [*given, (b"connection", b"close")], route.envelope)
+        elif sent == STREAM:
+            self.core.drain.was_cut("streams ended with an error event")
+            await send({"type": "http.response.body", "body": error_bodies.stream_event(stopping, route.envelope)})
+        elif sent != DONE:  # returned unfinished, uvicorn closes the connection: the answer is seen incomplete
+            self.core.drain.was_cut("answers whose connection was closed")
 
     async def _refuse(self, scope: Scope, send: Send, refusal: Refusal) -> None:
         """An answer from the route table itself (400, 401, 403, 404, 405): logged, never forwarded."""
@@ -81,10 +116,12 @@ class GuardApp:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(job) for job in self.core.jobs()]
             await send({"type": "lifespan.startup.complete"})
-            await receive()  # lifespan.shutdown
+            await receive()  # lifespan.shutdown: uvicorn has drained, and cancelled what outlived the drain
+            await self.core.drain.settled(CUT_S)
             for task in tasks:
                 task.cancel()
         await self.core.aclose()
+        self.core.drain.report("token-guard serve", self.settings.server.drain_timeout_s)
         await send({"type": "lifespan.shutdown.complete"})
 
 

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from proxy.errors import PayloadTooLarge, RequestTimeout
+from proxy.exchange.bodies import Held
 from proxy.exchange.headers import Headers
 
 Scope = MutableMapping[str, Any]
@@ -20,8 +21,13 @@ ON_GONE = "token_guard.on_gone"  # scope key: a list of callbacks the server cal
 BODY_IN = "token_guard.body_in"  # scope key: a callable, True once the whole body has arrived (so that receive() will
 # not wait for it)
 TARGET = "token_guard.target"  # scope key: the request line's target exactly as sent (protocol.py)
+SENT = "token_guard.sent"  # scope key: a callable, how much of the answer went out: NOTHING, STREAM (a chunked body
+# under way), WHOLE (a body of declared length under way) or DONE (protocol.py)
+NOTHING, STREAM, WHOLE, DONE = "nothing", "stream", "whole", "done"
 ROUTE = "token_guard.route"  # scope key: the request's route in the table (api/routes.Found), set by the app
 KEY = "token_guard.key"  # scope key: the request's named API key ([[keys]], settings.KeySettings), set by the app
+HELD = "token_guard.held"  # scope key: the request's share of the bodies held at once (exchange/bodies.py), set by
+# the app, which gives it back when the request is done
 
 JSON = b"application/json"
 JOIN_OFF_LOOP_BYTES = 2**20  # a body this large is joined in a worker thread (31 MB: ~25 ms of the loop's time)
@@ -36,7 +42,7 @@ class Incoming:
     log's endpoint; `/v1/responses/{response_id}` for a route with an id), `forward` the path sent upstream, which is
     always a declared route's, and `query` the query string as the client sent it."""
 
-    __slots__ = ("method", "path", "forward", "query", "raw_headers", "client_gone", "on_gone", "body_in")
+    __slots__ = ("method", "path", "forward", "query", "raw_headers", "client_gone", "on_gone", "body_in", "held")
 
     def __init__(self, scope: Scope) -> None:
         self.method: str = scope["method"]
@@ -48,6 +54,7 @@ class Incoming:
         self.client_gone: Callable[[], float | None] = scope.get(CLIENT_GONE, _never)
         self.on_gone: list[Callable[[], None]] | None = scope.get(ON_GONE)  # None: the server does not call back
         self.body_in: Callable[[], bool] = scope.get(BODY_IN, _not_known)
+        self.held: Held | None = scope.get(HELD)
 
     def leave_if_gone(self) -> None:
         """ClientGone when the client has already closed its connection (the server says so at once, see
@@ -70,10 +77,14 @@ class Incoming:
 async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s: float) -> bytes:
     """The whole body: 413 before reading a byte when its declared length is over `limit`, or at the piece that
     takes it past `limit` (nothing more is read; the server discards the rest of the upload); 408 when it has not
-    all arrived within `timeout_s`."""
+    all arrived within `timeout_s`; 503 when the bodies held at once leave no room for it (its declared length
+    before reading a byte, or the piece that would take them past: exchange/bodies.py)."""
     declared = incoming.header(b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge.over(limit)
+    hold = incoming.held.grow if incoming.held is not None else _any_size
+    if declared is not None and declared.isdigit():
+        if int(declared) > limit:
+            raise PayloadTooLarge.over(limit)
+        hold(int(declared))
     pieces: list[bytes] = []
     size = 0
     if incoming.body_in():  # the usual small request: it came with its headers, so nothing can keep it waiting and
@@ -84,6 +95,7 @@ async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s:
         body: bytes = message.get("body", b"")
         if len(body) > limit:
             raise PayloadTooLarge.over(limit)
+        hold(len(body))
         if not message.get("more_body", False):
             return body
         pieces, size = [body], len(body)
@@ -97,6 +109,7 @@ async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s:
                 size += len(piece)
                 if size > limit:
                     raise PayloadTooLarge.over(limit)
+                hold(size)
                 pieces.append(piece)
                 if not message.get("more_body", False):
                     break
@@ -143,6 +156,10 @@ class Reply:
 
 def _never() -> float | None:
     return None
+
+
+def _any_size(size: int) -> None:
+    """No share to hold: a body read outside the app (exchange/bodies.py bounds the app's)."""
 
 
 def _not_known() -> bool:

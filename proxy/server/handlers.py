@@ -4,6 +4,7 @@ line and fed to the metrics when its answer ends."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -76,7 +77,7 @@ class Handlers:
         record = RequestRecord(request_id(incoming.header(REQUEST_ID)), incoming.method, incoming.path, guarded)
         tagged: Headers = [(REQUEST_ID, record.request_id.encode())]
         key = record.findings.api_key = scope.get(KEY)
-        body = b""
+        body, drained = b"", False
         try:
             if incoming.method != "OPTIONS":  # the only OPTIONS let through is a CORS preflight, which has no body
                 body = await read_body(receive, incoming, self.max_body_bytes, self.read_timeout_s)
@@ -107,10 +108,15 @@ class Handlers:
             log.exception("unexpected error on %s %s (request %s)", incoming.method, incoming.path, record.request_id)
             if not reply.started:
                 await send_error(reply, internal_error(), tagged, route.envelope)
+        except asyncio.CancelledError:  # uvicorn cuts what outlived server.drain_timeout_s (server/app.py answers it)
+            drained = True
+            raise
         finally:
             cut = reply.started and not reply.finished
             if record.charge is not None:  # no coroutine for requests without a quota: the hot path
-                await self.meter.settle(record.charge, record, reply.status, record.client_gone or cut)
+                # a client that left pays its reservation; a stream the drain cut, what it relayed (the guard's cut)
+                gone = record.client_gone or (cut and not drained)
+                await self.meter.settle(record.charge, record, reply.status, gone)
             self.flow.done(record, reply.status, cut)
             size, body = len(body), b""  # dropped here, so that the trim finds its pages free
             give_back_after(size)

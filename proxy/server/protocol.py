@@ -8,7 +8,10 @@ started one); a request line and headers larger than `max_header_bytes` (the par
 whether they arrive in one read or many, while still incomplete or once complete. A refusal for a request pipelined
 behind others waits for their answers, so that it is never written into the middle of one.
 What the parser (llhttp) refuses as not HTTP gets uvicorn's 400, here in the usual error envelope instead of plain
-text (error_bodies.raw_reply). The body's own deadline is the app's (asgi.read_body).
+text (error_bodies.raw_reply). The body's own deadline is the app's (asgi.read_body). A request answered before its
+body was read (a 413, or a 503 when the bodies held at once are at their limit) has the rest of its body read and
+dropped, within `header_timeout_s`, before the connection serves another: neither counted as the next request's
+headers (which once got an upload a spurious 431 and a reset) nor cut by uvicorn's keep-alive timer while it arrives.
 
 uvicorn also waits for ever for a client that stops reading its answer: the request's task sleeps in send() holding
 its admission ticket and its key's reservation. The transport's flow control says when its buffer is full
@@ -34,11 +37,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from proxy import error_bodies
 from proxy.errors import GuardError, HeaderTooLarge, InvalidRequest, RequestTimeout
-from proxy.server.asgi import BODY_IN, CLIENT_GONE, ON_GONE, TARGET
+from proxy.server.asgi import BODY_IN, CLIENT_GONE, DONE, NOTHING, ON_GONE, SENT, STREAM, TARGET, WHOLE
 
 log = logging.getLogger("token_guard.server")
 LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
@@ -68,6 +71,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._too_large = False  # the parser was stopped for the size of a request's headers
         self._refusal: GuardError | None = None  # written once the answers to the requests before it are out
         self._in_request = False
+        self._dropping = False  # the rest of the body of a request answered before it was read is arriving
         self._lost_at: float | None = None  # when the connection closed (time.monotonic())
         self._on_gone: list[Callable[[], None]] = []  # the current request's, called when the connection closes
 
@@ -91,11 +95,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                     log.exception("a client-gone callback failed")
 
     def data_received(self, data: bytes) -> None:
-        waiting = self._deadline is not None
+        waiting = self._deadline is not None and not self._dropping
         self._read = len(data)
         self._since_begin += self._read
         super().data_received(data)
-        if waiting and self._deadline is not None:  # the headers are still incomplete after this data
+        if self._dropping:
+            self._unset_keepalive_if_required()
+        elif waiting and self._deadline is not None:  # the headers are still incomplete after this data
             self._header_bytes += len(data)
             if self._header_bytes > self.max_header_bytes:
                 self._refuse(self._header_too_large())
@@ -151,10 +157,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._on_gone = self.scope[ON_GONE] = []
             self.scope[BODY_IN] = lambda: not cycle.more_body  # the parser has seen the body's end
             self.scope[TARGET] = self.url  # the target as sent: uvicorn keeps only the path of an absolute-form one
+            self.scope[SENT] = lambda: _sent(cycle)  # what a request cut at the drain's end can still be told
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._dropping:  # the body answered unread is all in: the connection is idle, the next headers are due
+            self._dropping = False
+            self._disarm()
+            self._arm()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._in_request = False
+        cycle = getattr(self, "cycle", None)
+        self._dropping = cycle is not None and cycle.response_complete and cycle.more_body
         if self._refusal is not None:
             self._refuse(self._refusal)
         elif not self.transport.is_closing():
@@ -204,6 +220,14 @@ def protocol_factory(limits: ConnectionLimits) -> Callable[..., GuardedHttpProto
     """What uvicorn's `http` option is given: it calls it with its own arguments for each connection. A partial of a
     module-level class, so that uvicorn's config still pickles into the worker processes of `serve --workers N`."""
     return partial(GuardedHttpProtocol, limits=limits)
+
+
+def _sent(cycle: RequestResponseCycle) -> str:
+    if not cycle.response_started:
+        return NOTHING
+    if cycle.response_complete:
+        return DONE
+    return STREAM if cycle.chunked_encoding else WHOLE
 
 
 def _address(client: tuple[str, int] | None) -> str:

@@ -37,7 +37,7 @@ def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
     processes too), no access log of its own (the guard logs one line per request), no rewriting of the client
     address and scheme from X-Forwarded-* headers (nothing in the guard reads either: it was one more ASGI layer and
     header scan on every request), and on SIGTERM it stops accepting and lets requests in flight finish for up to
-    server.drain_timeout_s."""
+    server.drain_timeout_s, then cancels those left (app.py ends each as its protocol expects)."""
     limits = ConnectionLimits(header_timeout_s=server.read_timeout_s, write_timeout_s=server.write_timeout_s)
     return {
         "loop": "uvloop",

@@ -63,6 +63,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "metrics_api_key": v.optional_text,
         "passthrough_paths": v.list_of(v.route_path),
         "max_body_bytes": v.integer(1024),
+        "max_held_body_bytes": v.integer(1024),
         "max_json_depth": v.integer(8),
         "max_json_values": v.integer(1024),
         "max_messages": v.integer(1),
@@ -263,6 +264,7 @@ def _validate(merged: _Layer) -> Settings:
             parsed = replica_urls(parsed)
         sections[section] = SECTIONS[section](**parsed)
     _check_policy(sections["policy"], "policy")
+    _check_server(sections["server"])
     models = tuple(_model(i, m, sections["policy"]) for i, m in enumerate(merged.models or []))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
@@ -328,6 +330,14 @@ def _check_policy(policy: PolicySettings, key: str) -> None:
         raise SettingsError(
             f"{key}.chunk_overlap: expected fewer than half of chunk_tokens ({policy.chunk_tokens}), "
             f"got {policy.chunk_overlap}"
+        )
+
+
+def _check_server(server: ServerSettings) -> None:
+    if server.max_held_body_bytes < server.max_body_bytes:
+        raise SettingsError(
+            f"server.max_held_body_bytes: expected at least server.max_body_bytes ({server.max_body_bytes}), so that "
+            f"the largest body fits, got {server.max_held_body_bytes}"
         )
 
 

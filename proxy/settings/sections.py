@@ -19,10 +19,11 @@ class ServerSettings:
     metrics_api_key: str | None = None  # shows key names, usage and models in /metrics and /health (as admin keys do)
     passthrough_paths: tuple[str, ...] = ()  # more read-only routes relayed unchanged (with a client key)
     max_body_bytes: int = 32 * 2**20
+    max_held_body_bytes: int = 128 * 2**20  # the bodies of all requests at once, read or being read: 503 past it
     max_json_depth: int = 64
     max_json_values: int = 2**17  # array items and object members: a prompt of token ids takes one per token
     max_messages: int = 10_000
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = 20.0  # shorter than Kubernetes' default grace period (30 s), with room for a preStop pause
     read_timeout_s: float = 30.0  # a request's headers, and its body, must arrive within this
     write_timeout_s: float = 30.0  # a client that leaves the guard's writes unread this long is disconnected
     workers: int = 1  # processes serving one port; each takes an equal share of the admission budget

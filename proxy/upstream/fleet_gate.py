@@ -138,6 +138,12 @@ class FleetAdmission:
             group.create_task(self.credit.run())
 
     async def aclose(self) -> None:
+        """Give back what this process holds in Redis: reservations released here but not yet there (a request that
+        ended just before the stop; the pump that sends them is stopped), any still held, its blocks, its heartbeat."""
+        for lease, replica in self._held.items():
+            self._unsent[replica].append(lease)
+        self._held.clear()
+        await self._send_releases()
         try:
             await self.credit.aclose()
             await self.presence.leave()
@@ -214,12 +220,16 @@ class FleetAdmission:
                     poll.cancel()
 
     async def _send_releases(self) -> None:
-        unsent, self._unsent = self._unsent, collections.defaultdict(list)
-        for replica, leases in unsent.items():
+        for replica in list(self._unsent):
+            leases, sent = self._unsent.pop(replica), False
             try:
                 await self.budget.release(self.urls[replica], leases)
-            except FleetStateUnavailable:  # kept for when Redis answers again
-                self._unsent[replica] = (leases + self._unsent[replica])[-MAX_UNSENT:]
+                sent = True
+            except FleetStateUnavailable:
+                pass
+            finally:  # kept for when Redis answers again, or for aclose() when the stop cancelled the pump meanwhile
+                if not sent:  # (a release Redis did see is harmless sent twice: it frees only what it still holds)
+                    self._unsent[replica] = (leases + self._unsent[replica])[-MAX_UNSENT:]
 
     async def _admit_waiters(self) -> None:
         """The head of the queue first, then the next, while they get a reservation (FIFO: no overtaking here)."""

@@ -74,6 +74,7 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             stand_in = processor("picker", "FULL_DUPLEX_STREAMED", picker=True)  # reads the body, as GIE's
             listeners = {
                 "buffered": [guarded["buffered"]], "duplex": [guarded["duplex"]], "slow": [guarded["buffered"]],
+                "slow-duplex": [guarded["duplex"]],
                 "down": [processor("nobody", "BUFFERED")],
                 "picker-first": [stand_in, processor("trusting", "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")],
                 "guard-first": [guarded["duplex"], stand_in],
@@ -100,8 +101,8 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 thread.checked()
             for url in (fast_url, slow_url):  # what the checks sent is forgotten: each test sees its own
                 httpx.post(f"{url}/sim/reset", timeout=5)
-            routes = {"slow": "slow", "picker-first": "slow", "guard-first": "slow", "tight": "slow",
-                      "keyed-slow": "slow", "gated-streamed": "gated", "gated-duplex": "gated", "strict": "refusing",
+            routes = {"slow": "slow", "slow-duplex": "slow", "picker-first": "slow", "guard-first": "slow",
+                      "tight": "slow", "keyed-slow": "slow", "gated-streamed": "gated", "gated-duplex": "gated", "strict": "refusing",
                       "raw-duplex": "raw", "raw-buffered": "raw"}  # fmt: skip
             # the gateway's own prefix route, which rewrites it too: what reaches vLLM is still the processor's path
             rewrite = {

@@ -1,5 +1,7 @@
-"""Limits at the door: a body above server.max_body_bytes is a 413 without being read whole (declared or chunked), and
-pathological JSON (deep nesting, too many messages) is a clear 400 before anything else looks at it."""
+"""Limits at the door: a body above server.max_body_bytes is a 413 without being read whole (declared or chunked), a
+body past those the process holds at once (server.max_held_body_bytes) is a 503 with Retry-After before it is read,
+a client answered before its upload was read still gets that answer and keeps its connection, and pathological JSON
+(deep nesting, too many messages) is a clear 400 before anything else looks at it."""
 
 from __future__ import annotations
 
@@ -17,9 +19,12 @@ from starlette.types import Message
 
 from proxy.errors import PayloadTooLarge, RequestTimeout
 from proxy.server.asgi import BODY_IN, Incoming, read_body
+from proxy.server.running import ServerThread
+from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, simulator
 
 LIMIT = 64 * 1024
+HELD = 256 * 1024  # server.max_body_bytes and server.max_held_body_bytes of the `held` guard
 
 
 JSON = {"content-type": "application/json"}
@@ -35,6 +40,14 @@ def sim(deepseek_dir: Path) -> Iterator[Any]:
 def small(sim: Any, deepseek_dir: Path) -> Iterator[str]:
     with guard(sim[0].url, deepseek_dir, **{"server.max_body_bytes": LIMIT}) as server:
         yield server.url
+
+
+@pytest.fixture(scope="module")
+def held(sim: Any, deepseek_dir: Path) -> Iterator[ServerThread]:
+    with guard(
+        sim[0].url, deepseek_dir, **{"server.max_body_bytes": HELD, "server.max_held_body_bytes": HELD}
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +120,67 @@ def test_a_chunked_body_above_the_limit_that_arrives_in_one_piece_is_413(small: 
             answer += conn.recv(65536)
     assert answer.startswith(b"HTTP/1.1 413 ")
     assert sim[1].received == before
+
+
+def begun(url: str, raw: bytes, chunked: bool) -> socket.socket:
+    """An upload whose headers and most of its body are sent, the rest held back."""
+    conn = raw_socket(url)
+    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % len(raw)
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + framing
+    first = raw[:-1000]
+    conn.sendall(head + b"\r\n\r\n" + (b"%x\r\n%s\r\n" % (len(first), first) if chunked else first))
+    return conn
+
+
+def ended(conn: socket.socket, raw: bytes, chunked: bool) -> bytes:
+    rest = raw[-1000:]
+    conn.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest) if chunked else rest)
+    with conn, conn.makefile("rb") as answer:
+        return answer.readline()
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["declared", "chunked"])
+def test_a_body_past_those_held_at_once_is_503_unread_and_the_room_comes_back(
+    held: ServerThread, sim: Any, chunked: bool
+) -> None:
+    raw, bodies = padded(HELD * 3 // 4), held.app.core.bodies
+    holding = begun(held.url, raw, chunked)
+    assert eventually(lambda: bodies.held >= len(raw) - 1000)  # its declared length, or what came of it
+    before = sim[1].received
+    for late in (raw, iter([raw[:100], raw[100:]])):  # declared: refused from its length; chunked: at the piece
+        refused = httpx.post(f"{held.url}/v1/chat/completions", content=late, headers=JSON)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        error = refused.json()["error"]
+        assert (error["type"], error["code"]) == ("ServiceUnavailableError", "server_busy")
+        assert "server.max_held_body_bytes" in error["message"] and refused.headers["x-request-id"]
+    assert sim[1].received == before
+    assert ended(holding, raw, chunked).startswith(b"HTTP/1.1 200 ")
+    assert eventually(lambda: bodies.held == 0)  # given back with its request
+    assert httpx.post(f"{held.url}/v1/chat/completions", content=raw, headers=JSON).status_code == 200
+
+
+def test_an_upload_answered_before_it_was_read_gets_that_answer_and_keeps_its_connection(small: str) -> None:
+    """A client that sends its whole body before it reads (httpx, the OpenAI SDK): the rest of the upload is read
+    and dropped, not taken for the next request's headers (at e63017a: a 431 after the 413, and a reset)."""
+    raw = padded(4 * LIMIT)
+    with raw_socket(small) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))  # fmt: skip
+        conn.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        with conn.makefile("rb") as answers:
+            first, second = _answer(answers), _answer(answers)
+    assert first[0] == 413 and f"limit of {LIMIT} bytes".encode() in first[1]
+    assert second == (200, b'{"status":"alive"}')
+
+
+def _answer(answers: Any) -> tuple[int, bytes]:
+    """One HTTP/1.1 answer with a Content-Length, read off the connection: its status and body."""
+    status, length = int(answers.readline().split()[1]), 0
+    while (line := answers.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.lower() == b"content-length":
+            length = int(value)
+    return status, bytes(answers.read(length))
 
 
 @pytest.mark.parametrize("size", [LIMIT // 2, LIMIT])

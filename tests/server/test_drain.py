@@ -1,27 +1,42 @@
 """Graceful shutdown of `token-guard serve`: on SIGTERM it stops accepting, lets the streams in flight finish (up to
-server.drain_timeout_s), then exits; past the timeout the streams are cut."""
+server.drain_timeout_s), then exits 0; past the timeout each request left is ended as its protocol expects (a stream
+with the error event of a failed stream, a request still waiting for its answer with a 503 and Retry-After), what it
+held comes back (its Redis reservation, its key's charge), and one line says what was cut. A guard that parsed a large
+body in its child process stops too, when the signal goes to its whole process group."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
+from proxy.counting.isolated import LARGE_BODY_BYTES
 from proxy.doctor.samples import BUILTIN_SAMPLES
+from proxy.fleet.budget import FleetBudget
+from proxy.fleet.link import PREFIX, RedisLink
+from proxy.fleet.presence import count_instances
 from proxy.server.running import bind_socket
 from tests.support.polling import eventually
+from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 from tests.support.servers import MODEL, simulator
 
 ROOT = Path(__file__).resolve().parents[2]
+MARGIN_S = 20  # beyond the drain's own time: start-up of nothing, only a guard that hangs would need more
+STOPPED = "token-guard serve stopped"
 
 
 @pytest.fixture(scope="module")
@@ -30,25 +45,40 @@ def sim(deepseek_dir: Path) -> Iterator[Any]:
         yield server, stats
 
 
+@dataclass
+class Guard:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self, drain_s: float) -> int:
+        """SIGTERM to the guard's whole process group (as a terminal's Ctrl-C or a container runtime may send it);
+        its exit status, once it exited within the drain and a margin that only a guard that hangs exceeds."""
+        os.killpg(self.process.pid, signal.SIGTERM)
+        return self.process.wait(timeout=drain_s + MARGIN_S)
+
+    def stopped_lines(self) -> list[str]:
+        return [line for line in self.log.read_text().splitlines() if STOPPED in line]
+
+
 @contextmanager
-def serve(
-    upstream: str, tokenizer: Path, logs: Path, drain_timeout_s: float
-) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def serve(upstream: str, tokenizer: Path, logs: Path, drain_timeout_s: float, **env: str) -> Iterator[Guard]:
     with bind_socket() as probe:
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--model", MODEL,
                "--tokenizer", str(tokenizer), "--port", str(port)]  # fmt: skip
-    env = {**os.environ, "TOKEN_GUARD_SERVER_DRAIN_TIMEOUT_S": str(drain_timeout_s)}
+    environ = {**os.environ, "TOKEN_GUARD_SERVER_DRAIN_TIMEOUT_S": str(drain_timeout_s), **env}
     with logs.open("wb") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         ready = eventually(lambda: process.poll() is not None or _healthy(url), timeout_s=60)
         assert ready and process.poll() is None, logs.read_text()
-        yield process, url
+        yield Guard(process, url, logs)
     finally:
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
 
 
@@ -95,28 +125,146 @@ def read_stream(url: str, max_tokens: int, on_first_token: Any) -> str:
     return "\n".join(received)
 
 
+def sdk(url: str, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
 def test_sigterm_lets_a_stream_in_flight_finish(sim: Any, deepseek_dir: Path, tmp_path: Path) -> None:
     server, stats = sim
-    with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=60) as (process, url):
+    with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=60) as guard:
         checked(stats)
         refused: list[bool] = []
 
         def terminate() -> None:
-            process.send_signal(signal.SIGTERM)
-            refused.append(eventually(lambda: refuses_connections(url)))  # a new client is turned away at once
+            guard.process.send_signal(signal.SIGTERM)
+            refused.append(eventually(lambda: refuses_connections(guard.url)))  # a new client is turned away at once
 
-        text = read_stream(url, 60, terminate)  # 60 tokens: about 3 s, far beyond the moment of the signal
+        text = read_stream(guard.url, 60, terminate)  # 60 tokens: about 3 s, far beyond the moment of the signal
         assert refused == [True]
         assert text.rstrip().endswith("data: [DONE]")
-        assert process.wait(timeout=60) is not None, "the guard exits once the stream is done"
+        assert guard.process.wait(timeout=60) == 0, "the guard exits, and says it stopped as asked"
+        assert len(stopped := guard.stopped_lines()) == 1 and "none cut" in stopped[0]
     assert stats.completed == 1 and stats.aborted == 0
 
 
-def test_streams_are_cut_when_the_drain_timeout_passes(sim: Any, deepseek_dir: Path, tmp_path: Path) -> None:
+def test_a_stream_still_running_when_the_drain_ends_fails_as_a_stream_does(
+    sim: Any, deepseek_dir: Path, tmp_path: Path
+) -> None:
     server, stats = sim
-    with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=0.5) as (process, url):
+    with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=0.5) as guard:
         checked(stats)
-        text = read_stream(url, 2000, lambda: process.send_signal(signal.SIGTERM))  # 2000 tokens: about 100 s
-        assert '"content"' in text and "[DONE]" not in text
-        assert process.wait(timeout=60) is not None
+        stream = sdk(guard.url).chat.completions.create(**chat(2000))  # 2000 tokens: about 100 s
+        with pytest.raises(openai.APIError) as failed:
+            for n, event in enumerate(stream):
+                assert event.choices[0].delta.content is not None  # the answer's text, until the cut
+                if n == 0:
+                    os.killpg(guard.process.pid, signal.SIGTERM)
+        assert "token-guard is stopping" in failed.value.message
+        assert guard.process.wait(timeout=0.5 + MARGIN_S) == 0
+        (stopped,) = guard.stopped_lines()
+        assert "1 cut at the end of the drain" in stopped and "1 streams ended with an error event" in stopped
     assert eventually(lambda: stats.aborted == 1)  # and the upstream stopped generating for nobody
+
+
+def test_a_request_still_waiting_when_the_drain_ends_is_answered_503(
+    sim: Any, deepseek_dir: Path, tmp_path: Path
+) -> None:
+    server, stats = sim
+    one_at_a_time = {"TOKEN_GUARD_ADMISSION_MAX_INFLIGHT_REQUESTS": "1", "TOKEN_GUARD_ADMISSION_QUEUE_TIMEOUT_S": "120"}
+    with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=1, **one_at_a_time) as guard:
+        checked(stats)
+        client = sdk(guard.url)
+        running = client.chat.completions.create(**chat(2000))
+        next(iter(running))  # admitted: the only place is its
+        waited: list[BaseException] = []
+
+        def wait_in_queue() -> None:
+            try:
+                client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
+            except openai.APIStatusError as exc:
+                waited.append(exc)
+
+        waiting = threading.Thread(target=wait_in_queue)
+        waiting.start()
+        assert eventually(lambda: _queued(guard.url) == 1)
+        os.killpg(guard.process.pid, signal.SIGTERM)
+        waiting.join(timeout=1 + MARGIN_S)
+        (refused,) = waited
+        assert isinstance(refused, openai.APIStatusError) and refused.status_code == 503
+        assert refused.code == "shutting_down" and refused.type == "ServiceUnavailableError"
+        assert refused.response.headers["retry-after"] == "1"
+        assert guard.process.wait(timeout=1 + MARGIN_S) == 0
+        (stopped,) = guard.stopped_lines()
+        assert "2 cut at the end of the drain" in stopped and "1 answered 503" in stopped
+    assert stats.received == 1  # the waiting request never reached the upstream
+
+
+def _queued(url: str) -> int:
+    metrics = httpx.get(f"{url}/metrics").text
+    line = next(line for line in metrics.splitlines() if line.startswith("token_guard_admission_queue_depth"))
+    return int(float(line.rsplit(" ", 1)[1]))
+
+
+def test_a_guard_that_parsed_a_large_body_in_its_child_stops_on_a_group_signal(
+    sim: Any, deepseek_dir: Path, tmp_path: Path
+) -> None:
+    """The parse ran in a child process (4 MiB and more), which the signal reaches too. At e63017a an idle child died
+    of it holding its pool's queue lock, and an exit through atexit waited for that lock for ever (`token-guard
+    extproc` never exited; serve died of the signal uvicorn raised again, before atexit)."""
+    server, _ = sim
+    with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=5) as guard:
+        words = "word " * (LARGE_BODY_BYTES // 5 + 1000)
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 5})
+        answer = httpx.post(f"{guard.url}/v1/chat/completions", content=body, timeout=60)
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "context_length_exceeded"
+        assert guard.stop(drain_s=5) == 0
+
+
+LIMIT = 600_000  # the key's tokens a minute: never the reason a request is refused here
+
+
+def test_a_guard_stopped_mid_stream_leaves_nothing_reserved_in_redis(
+    sim: Any, deepseek_dir: Path, tmp_path: Path, redis: RedisServer
+) -> None:
+    server, stats = sim
+    config = tmp_path / "keys.toml"
+    config.write_text(f'[[keys]]\nname = "team"\nkey = "sk-team"\ntokens_per_minute = {LIMIT}\n')
+    fleet = {"TOKEN_GUARD_CONFIG": str(config), "TOKEN_GUARD_REDIS_URL": redis.url,
+             "TOKEN_GUARD_REDIS_LEASE_S": "120",  # nothing of the guard's lapses on its own while the test runs
+             "TOKEN_GUARD_ADMISSION_MAX_INFLIGHT_TOKENS": "50000"}  # fmt: skip
+    with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=0.5, **fleet) as guard:
+        checked(stats)
+        assert eventually(lambda: _fleet(redis.url)[1] == 1)  # its heartbeat
+        stream = sdk(guard.url, "sk-team").chat.completions.create(**chat(4000))  # clamped to the 2048 window
+        events = iter(stream)
+        next(events)
+        tokens, requests = _fleet(redis.url, server.url)[0]
+        assert tokens >= 2000 and requests >= 1  # its reservation (or its block of credit) is held in Redis
+        os.killpg(guard.process.pid, signal.SIGTERM)
+        with pytest.raises(openai.APIError):
+            for _ in events:
+                pass
+        exited = guard.process.wait(timeout=0.5 + MARGIN_S)
+    reserved, instances, bucket = _fleet(redis.url, server.url)
+    assert reserved == (0, 0) and instances == 0  # released at once, not when a lease of 120 s runs out
+    assert LIMIT - float(bucket["tokens"]) < 1_000  # settled: the key paid what it used, not the ~2,040 reserved
+    assert exited == 0
+
+
+def _fleet(redis_url: str, replica: str = "") -> tuple[tuple[int, int], int, dict[str, str]]:
+    """What Redis holds: the replica's reserved (tokens, requests), the guards' heartbeats, the key's bucket."""
+
+    async def read() -> tuple[tuple[int, int], int, dict[str, str]]:
+        link = RedisLink(redis_url, 1000)
+        try:
+            reserved = await FleetBudget(link, 120).in_flight(replica) if replica else (0, 0)
+            bucket = await link.call(lambda client: client.hgetall(PREFIX + "quota:team"))
+            return reserved, await count_instances(link), {_text(k): _text(v) for k, v in bucket.items()}
+        finally:
+            await link.aclose()
+
+    return asyncio.run(read())
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

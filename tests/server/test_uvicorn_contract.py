@@ -22,7 +22,7 @@ from uvicorn.server import ServerState
 
 from proxy import error_bodies
 from proxy.errors import HeaderTooLarge, InvalidRequest
-from proxy.server.asgi import BODY_IN, CLIENT_GONE, ON_GONE, TARGET
+from proxy.server.asgi import BODY_IN, CLIENT_GONE, DONE, NOTHING, ON_GONE, SENT, TARGET
 from proxy.server.protocol import ConnectionLimits, GuardedHttpProtocol, protocol_factory
 from proxy.server.running import uvicorn_options
 from proxy.settings import ServerSettings
@@ -50,7 +50,8 @@ OVERRIDDEN = sorted(
 
 def test_the_subclass_overrides_methods_uvicorn_still_has() -> None:
     expected = ["connection_lost", "connection_made", "data_received", "on_headers_complete", "on_message_begin",
-                "on_response_complete", "pause_writing", "resume_writing", "send_400_response"]  # fmt: skip
+                "on_message_complete", "on_response_complete", "pause_writing", "resume_writing",
+                "send_400_response"]  # fmt: skip
     assert OVERRIDDEN == expected  # a method renamed or dropped in uvicorn would leave an override never called
 
 
@@ -81,8 +82,9 @@ def test_the_limits_reach_worker_processes_with_uvicorns_config() -> None:
 def test_flow_control_has_what_the_subclass_calls() -> None:
     for name in ("pause_reading", "resume_reading", "pause_writing", "resume_writing"):
         assert callable(getattr(FlowControl, name))
-    for name in ("response_complete", "disconnected", "more_body", "scope"):  # read on the request's cycle
-        assert name in inspect.getsource(RequestResponseCycle.__init__)
+    for name in ("response_complete", "disconnected", "more_body", "scope", "response_started", "chunked_encoding"):
+        assert name in inspect.getsource(RequestResponseCycle.__init__)  # read on the request's cycle
+    assert callable(HttpToolsProtocol._unset_keepalive_if_required)  # while the rest of an unread body arrives
 
 
 class Transport(asyncio.Transport):
@@ -147,13 +149,15 @@ def test_a_request_goes_through_the_hooks_with_what_they_read() -> None:
         assert protocol.url == b"/v1/models" and (b"host", b"guard") in protocol.headers
         assert protocol._deadline is None  # on_headers_complete ran: the headers are in
         cycle = protocol.cycle
-        assert cycle.scope is protocol.scope and {CLIENT_GONE, ON_GONE, BODY_IN, TARGET} <= set(protocol.scope)
+        assert cycle.scope is protocol.scope and {CLIENT_GONE, ON_GONE, BODY_IN, TARGET, SENT} <= set(protocol.scope)
         assert protocol.scope[TARGET] == b"/v1/models" and protocol.scope[BODY_IN]() is True
+        assert protocol.scope[SENT]() == NOTHING
         for _ in range(100):  # the app's task runs on this loop
             if cycle.response_complete:
                 break
             await asyncio.sleep(0)
         assert transport.written.startswith(b"HTTP/1.1 200") and transport.written.endswith(b"ok")
+        assert protocol.scope[SENT]() == DONE
         assert not protocol._in_request and protocol._deadline is not None  # on_response_complete: idle, re-armed
         protocol.pause_writing()
         assert protocol.flow.write_paused and protocol._stalled is not None

@@ -74,6 +74,8 @@ def test_single_model_from_environment() -> None:
         ({"TOKEN_GUARD_SERVER_LOG_LEVEL": "loud"}, "server.log_level: expected one of critical"),
         ({"TOKEN_GUARD_SERVER_COLOUR": "red"}, "server.colour: unknown key (from TOKEN_GUARD_SERVER_COLOUR)"),
         ({"TOKEN_GUARD_MAX_MODEL_LEN": "10"}, "models[0].name: required"),
+        ({"TOKEN_GUARD_SERVER_MAX_HELD_BODY_BYTES": "1048576"}, "server.max_held_body_bytes: expected at least "
+                                                                "server.max_body_bytes (33554432)"),
     ],
 )  # fmt: skip
 def test_bad_values_name_the_key_and_the_source(env: dict[str, str], message: str) -> None:

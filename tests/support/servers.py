@@ -30,12 +30,13 @@ IN_MEMORY = "http://simulator.invalid:8000"  # the in-memory simulator's base UR
 
 
 class Tap:
-    """ASGI middleware keeping the response body bytes, the raw query string and the headers of every HTTP request, in
-    order."""
+    """ASGI middleware keeping the response body bytes, the path, the raw query string and the headers of every HTTP
+    request, in order."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.bodies: list[bytes] = []
+        self.paths: list[str] = []
         self.queries: list[bytes] = []
         self.headers: list[list[tuple[bytes, bytes]]] = []
 
@@ -43,6 +44,7 @@ class Tap:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        self.paths.append(scope["path"])
         self.queries.append(scope["query_string"])
         self.headers.append(list(scope["headers"]))
         chunks: list[bytes] = []
