@@ -102,8 +102,8 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             for url in (fast_url, slow_url):  # what the checks sent is forgotten: each test sees its own
                 httpx.post(f"{url}/sim/reset", timeout=5)
             routes = {"slow": "slow", "slow-duplex": "slow", "picker-first": "slow", "guard-first": "slow",
-                      "tight": "slow", "keyed-slow": "slow", "gated-streamed": "gated", "gated-duplex": "gated", "strict": "refusing",
-                      "raw-duplex": "raw", "raw-buffered": "raw"}  # fmt: skip
+                      "tight": "slow", "keyed-slow": "slow", "gated-streamed": "gated", "gated-duplex": "gated",
+                      "strict": "refusing", "raw-duplex": "raw", "raw-buffered": "raw"}  # fmt: skip
             # the gateway's own prefix route, which rewrites it too: what reaches vLLM is still the processor's path
             rewrite = {
                 "match": {"prefix": "/llama/"},
