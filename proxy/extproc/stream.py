@@ -167,7 +167,7 @@ class Stream:
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise PayloadTooLarge.over(self.max_body_bytes)
         if declared.isdigit():  # a 503 before Envoy sends a byte of it, when those held at once leave it no room
-            self.held.grow(int(declared))
+            self.held.check(int(declared))
         if self.request_mode not in (BUFFERED, FULL_DUPLEX) and not message.end_of_stream:
             raise GuardError("token-guard extproc takes request bodies BUFFERED or FULL_DUPLEX_STREAMED only.")
         if message.end_of_stream:  # no body: decided now, from nothing (a guarded route answers it 400)

@@ -77,14 +77,16 @@ class Incoming:
 async def read_body(receive: Receive, incoming: Incoming, limit: int, timeout_s: float) -> bytes:
     """The whole body: 413 before reading a byte when its declared length is over `limit`, or at the piece that
     takes it past `limit` (nothing more is read; the server discards the rest of the upload); 408 when it has not
-    all arrived within `timeout_s`; 503 when the bodies held at once leave no room for it (its declared length
+    all arrived within `timeout_s`; 503 when the bodies held at once leave no room for it (its declared length,
     before reading a byte, or the piece that would take them past: exchange/bodies.py)."""
     declared = incoming.header(b"content-length")
-    hold = incoming.held.grow if incoming.held is not None else _any_size
+    held = incoming.held
+    hold = held.grow if held is not None else _any_size
     if declared is not None and declared.isdigit():
         if int(declared) > limit:
             raise PayloadTooLarge.over(limit)
-        hold(int(declared))
+        if held is not None:
+            held.check(int(declared))
     pieces: list[bytes] = []
     size = 0
     if incoming.body_in():  # the usual small request: it came with its headers, so nothing can keep it waiting and

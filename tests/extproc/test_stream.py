@@ -78,8 +78,10 @@ def upload_ended(sock: socket.socket, raw: bytes, chunked: bool) -> int:
 @pytest.mark.parametrize(("listener", "chunked"), [("buffered", False), ("duplex", False), ("duplex", True)],
                          ids=["buffered", "duplex", "duplex chunked"])  # fmt: skip
 def test_a_body_past_those_held_at_once_is_answered_503_unread(rig: Rig, listener: str, chunked: bool) -> None:
+    """An upload under way through FULL_DUPLEX_STREAMED holds what came of it in the processor (a BUFFERED one is
+    held by Envoy until it is whole); a body that does not fit beside it is refused, through either listener."""
     url, raw, bodies = rig.envoy.urls[listener], body(), rig.processor.core.bodies
-    held = upload_begun(url, raw, chunked)
+    held = upload_begun(rig.envoy.urls["duplex"], raw, chunked)
     assert eventually(lambda: bodies.held >= SIZE - 1000)  # its declared length, or what came of it
     received = rig.stats.received
     refused = httpx.post(f"{url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"},

@@ -1,5 +1,6 @@
 """Limits at the door: a body above server.max_body_bytes is a 413 without being read whole (declared or chunked), a
-body past those the process holds at once (server.max_held_body_bytes) is a 503 with Retry-After before it is read,
+body past those the process holds at once (server.max_held_body_bytes) is a 503 with Retry-After (before it is read
+when its declared length does not fit), a slow upload holds only what it sent,
 a client answered before its upload was read still gets that answer and keeps its connection, and pathological JSON
 (deep nesting, too many messages) is a clear 400 before anything else looks at it."""
 
@@ -157,6 +158,25 @@ def test_a_body_past_those_held_at_once_is_503_unread_and_the_room_comes_back(
     assert ended(holding, raw, chunked).startswith(b"HTTP/1.1 200 ")
     assert eventually(lambda: bodies.held == 0)  # given back with its request
     assert httpx.post(f"{held.url}/v1/chat/completions", content=raw, headers=JSON).status_code == 200
+
+
+def test_a_slow_upload_holds_only_what_it_sent_not_the_room_it_declared(held: ServerThread, sim: Any) -> None:
+    """Three clients that declare most of the room each and send a trickle: at 0d315b6 their declared
+    lengths held every other upload off (503) until server.read_timeout_s ran out; they hold a few bytes."""
+    raw, bodies = padded(HELD * 3 // 4), held.app.core.bodies
+    trickles = []
+    for _ in range(3):
+        conn = raw_socket(held.url)
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw[:100]))  # fmt: skip
+        trickles.append(conn)
+    try:
+        assert eventually(lambda: bodies.held == 300)  # what came of them
+        assert httpx.post(f"{held.url}/v1/chat/completions", content=raw, headers=JSON).status_code == 200
+    finally:
+        for conn in trickles:
+            conn.close()
+    assert eventually(lambda: bodies.held == 0)
 
 
 def test_an_upload_answered_before_it_was_read_gets_that_answer_and_keeps_its_connection(small: str) -> None:
