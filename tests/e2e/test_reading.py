@@ -28,6 +28,7 @@ from tests.e2e.reading import (
     vllm_checked,
     vllm_fields,
     vllm_reads,
+    with_tensors,
 )
 from tests.e2e.runtime import VERSIONS
 
@@ -180,47 +181,52 @@ FORM_BODIES = [
 BODIES = JSON_BODIES + FORM_BODIES
 
 
-def asked(bodies: list[Body]) -> list[tuple[str, list[tuple[str, str]], bytes]]:
-    """What vLLM is asked to read: each body as sent, then each one the guard would forward."""
-    requests = [(b.path, b.sent(), b.raw) for b in bodies]
-    for body in bodies:
-        requests += [(body.path, [("content-type", kind)], raw) for raw, kind in guard_reads(body).forwarded]
-    return requests
+def asked(bodies: list[Body]) -> list[Body]:
+    """What vLLM is asked to read: each body as sent, then each request the guard would forward."""
+    return [*bodies, *(forwarded for body in bodies for forwarded in guard_reads(body).forwarded)]
 
 
 @pytest.fixture(scope="module")
-def readings() -> Iterator[dict[str, list[VllmRead]]]:
+def sent() -> list[Body]:
+    """BODIES with their tensors written, by torch.save in the vLLM environment."""
+    return with_tensors(BODIES)
+
+
+@pytest.fixture(scope="module")
+def readings(sent: list[Body]) -> Iterator[dict[str, list[VllmRead]]]:
     """Every body read by each vLLM version, all in one process per version."""
-    yield {version: vllm_reads(version, asked(BODIES)) for version in VERSIONS}
+    yield {version: vllm_reads(version, asked(sent)) for version in VERSIONS}
 
 
-def forwarded_readings(readings: list[VllmRead], index: int) -> list[VllmRead]:
-    start = len(BODIES) + sum(len(guard_reads(b).forwarded) for b in BODIES[:index])
-    return readings[start : start + len(guard_reads(BODIES[index]).forwarded)]
+def forwarded_readings(readings: list[VllmRead], sent: list[Body], index: int) -> list[VllmRead]:
+    start = len(sent) + sum(len(guard_reads(b).forwarded) for b in sent[:index])
+    return readings[start : start + len(guard_reads(sent[index]).forwarded)]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("index", range(len(BODIES)), ids=[f"{b.path} {b.name}" for b in BODIES])
 def test_what_the_guard_forwards_vllm_reads_as_the_guard_read_it(
-    readings: dict[str, list[VllmRead]], version: str, index: int
+    readings: dict[str, list[VllmRead]], sent: list[Body], version: str, index: int
 ) -> None:
-    body = BODIES[index]
+    body = sent[index]
     guard = guard_reads(body)
-    for read in forwarded_readings(readings[version], index):
+    for read in forwarded_readings(readings[version], sent, index):
         assert guard.checked is not None
         if read.request is not None:  # else vLLM refuses it: nothing runs
-            assert vllm_checked(body.path, read.request) == guard.checked
+            assert vllm_checked(body.path, read) == guard.checked
 
 
-def test_the_guard_refuses_where_vllm_reads_the_clients_bytes_otherwise(readings: dict[str, list[VllmRead]]) -> None:
+def test_the_guard_refuses_where_vllm_reads_the_clients_bytes_otherwise(
+    readings: dict[str, list[VllmRead]], sent: list[Body]
+) -> None:
     """Of the bodies whose own bytes vLLM reads otherwise than the guard, none is forwarded: the guard refuses it,
     or forwards it written anew (a form), which the test above holds to the guard's reading."""
     for version in VERSIONS:
         otherwise = {}
-        for index, body in enumerate(BODIES):
+        for index, body in enumerate(sent):
             guard, read = guard_reads(body), readings[version][index]
             if guard.checked is not None and read.request is not None:
-                theirs = vllm_checked(body.path, read.request)
+                theirs = vllm_checked(body.path, read)
                 if theirs != guard.checked:
                     otherwise[body.name] = (guard.checked, theirs)
         assert all(BODIES[[b.name for b in BODIES].index(name)].path in (TRANSCRIPTIONS, TRANSLATIONS)
@@ -268,9 +274,9 @@ def test_the_form_fields_the_guard_and_the_simulator_know_are_vllms(version: str
     assert SIMULATED["translate"] | {"file"} == FIELDS[TRANSLATIONS]
 
 
-def test_every_body_is_read_by_the_guard_without_an_error_of_its_own() -> None:
+def test_every_body_is_read_by_the_guard_without_an_error_of_its_own(sent: list[Body]) -> None:
     """The guard reads each, or refuses it with a 400 that says why: never another exception."""
-    for body in BODIES:
+    for body in sent:
         read = guard_reads(body)
         assert (read.checked is None) == (read.refusal is not None), body.name
         json.dumps(read.checked, default=str)
