@@ -102,12 +102,28 @@ def turns(messages: Any) -> Any:
     return [(m.get("role"), m.get("content")) for m in messages] if isinstance(messages, list) else messages
 
 
+class Besides(int):
+    """The ids of `kv_transfer_params` the guard counts besides the messages, the larger of the two deciding: vLLM
+    runs what the guard counted if it runs these ids, or the messages instead (None: 0.32 under `echo` or with media
+    parts, whose request model drops the ids)."""
+
+    def __eq__(self, other: object) -> bool:
+        return other is None or int(self) == other
+
+    __hash__ = int.__hash__
+
+
+def _transferred(body: dict[str, Any]) -> Besides | None:
+    ids = transferred_prompt(body)
+    return None if ids is None else Besides(ids)
+
+
 def _chat(body: dict[str, Any], _: Mapping[str, str]) -> Checked:
     r = chat_request(body)
     return {"model": r.model, "messages": turns(r.messages), "max_tokens": r.max_tokens, "n": r.n,
             "max_completion_tokens": r.max_completion_tokens, "min_tokens": r.min_tokens or None, "stream": r.stream,
             "add_generation_prompt": r.add_generation_prompt, "continue_final_message": r.continue_final_message,
-            "add_special_tokens": r.add_special_tokens, "prompt_token_ids": transferred_prompt(body)}  # fmt: skip
+            "add_special_tokens": r.add_special_tokens, "prompt_token_ids": _transferred(body)}  # fmt: skip
 
 
 def _vllm_chat(v: dict[str, Any], runs: dict[str, Any]) -> Checked:
@@ -116,17 +132,12 @@ def _vllm_chat(v: dict[str, Any], runs: dict[str, Any]) -> Checked:
             "min_tokens": v["min_tokens"] or None, "stream": bool(v["stream"]),
             "add_generation_prompt": v["add_generation_prompt"],
             "continue_final_message": v["continue_final_message"],
-            "add_special_tokens": v["add_special_tokens"], "prompt_token_ids": _transferred(v, runs)}  # fmt: skip
+            "add_special_tokens": v["add_special_tokens"], "prompt_token_ids": _ran(runs)}  # fmt: skip
 
 
-def _transferred(v: dict[str, Any], runs: dict[str, Any]) -> Any:
-    """How many ids of `kv_transfer_params` vLLM runs in place of the messages. Where it holds a list of them and
-    renders the messages instead (0.32 under `echo` or with media parts), those run: the guard counts both, the larger
-    deciding, so the held ids are what the guard must have read."""
-    ran = runs["prompt_token_ids"]
-    held = (v["kv_transfer_params"] or {}).get("prompt_token_ids")
-    if ran is None and isinstance(held, list) and held:
-        return len(held)
+def _ran(runs: dict[str, Any]) -> Any:
+    """How many ids of `kv_transfer_params` vLLM runs in place of the messages (None: it renders the messages)."""
+    ran = runs.get("prompt_token_ids")
     return len(ran) if isinstance(ran, list) else ran
 
 
@@ -203,7 +214,8 @@ def _invocation(body: dict[str, Any], headers: Mapping[str, str]) -> Checked:
     kind = invocation_kind(seen)
     if kind == "chat":
         r = chat_request(seen)
-        return {"endpoint": kind, "model": r.model, "prompts": [turns(r.messages)]}
+        return {"endpoint": kind, "model": r.model, "prompts": [turns(r.messages)],
+                "prompt_token_ids": _transferred(seen)}  # fmt: skip
     if kind == "completion":
         return {"endpoint": kind, **{k: v for k, v in _completion(seen, headers).items() if k in ("model", "prompts")}}
     pooled = pooling_request(seen, kind)
@@ -223,11 +235,14 @@ def _vllm_invocation(v: dict[str, Any], runs: dict[str, Any]) -> Checked:
     the guard counts as chat: the same messages, and the generation prompt besides (a few tokens more, never fewer)."""
     endpoint, model = runs["endpoint"], model_of(v["model"])
     if endpoint in ("ChatCompletionRequest", "EmbeddingChatRequest"):
-        return {"endpoint": "chat", "model": model, "prompts": [turns(v["messages"])]}
+        return {"endpoint": "chat", "model": model, "prompts": [turns(v["messages"])], "prompt_token_ids": _ran(runs)}
     if endpoint == "CompletionRequest":
         return {"endpoint": "completion", "model": model, "prompts": runs["prompts"]}
     if endpoint == "EmbeddingCompletionRequest":
         return {"endpoint": "embeddings", "model": model, "prompts": prompts(v["input"])}
+    if endpoint in ("EmbeddingChatInputRequest", "EmbeddingBatchChatInputRequest"):  # conversations in `input`
+        batch = v["messages"] if endpoint.startswith("EmbeddingBatch") else [v["messages"]]
+        return {"endpoint": "embeddings", "model": model, "prompts": [turns(c) for c in batch]}
     if endpoint in SCORED:
         texts = [[t for t in (side if isinstance(side, list) else [side]) if isinstance(t, str)]
                  for side in (v[SCORED[endpoint][0]], v[SCORED[endpoint][1]])]  # fmt: skip

@@ -1,6 +1,7 @@
 """Tensors in torch.save's format, written by hand (torch is not in the guard's environment): the zip with torch's
 member names and order, and the protocol-2 pickle torch writes for a dense tensor, opcode for opcode. The e2e tests
-send these to a real vLLM, which loads them with torch.load (tests/e2e/test_embeds.py)."""
+send these to a real vLLM, which loads them with torch.load (tests/e2e/test_side_inputs.py,
+tests/e2e/test_reading.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pickle
 import struct
 import zipfile
 
-ITEM_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Long": 8}
+ITEM_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2}
 LOCATOR, END64 = 20, 56  # the sizes of zip64's locator and end record
 
 
@@ -53,13 +54,14 @@ def _strides(shape: tuple[int, ...]) -> list[int]:
     return strides
 
 
-def archive(members: list[tuple[str, bytes]], compression: int = zipfile.ZIP_STORED, comment: bytes = b"") -> bytes:
+def archive(members: list[tuple[str, bytes]], compression: int = zipfile.ZIP_STORED, comment: bytes = b"",
+            deflated: tuple[str, ...] = ()) -> bytes:  # fmt: skip
     """A zip of `members` in order (a name given twice is written twice, and zipfile warns), with `comment` after its
-    end record."""
+    end record; the members named in `deflated` are, whatever `compression` says."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression) as z:
         for name, data in members:
-            z.writestr(name, data)
+            z.writestr(name, data, zipfile.ZIP_DEFLATED if name in deflated else None)
         z.comment = comment
     return buffer.getvalue()
 
