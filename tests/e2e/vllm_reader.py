@@ -109,7 +109,7 @@ def app(tasks: tuple[str, ...]) -> Any:
         return JSONResponse({"request": fields, "runs": runs}, status_code=299)
 
     served.add_exception_handler(Read, read)
-    return sagemaker_standards_bootstrap(served)  # replaces vLLM's own /invocations route, as `vllm serve` does
+    return sagemaker_standards_bootstrap(served)  # last, as `vllm serve` sets its app up (its /invocations stays)
 
 
 async def call(served: Any, case: dict[str, Any]) -> dict[str, Any]:
