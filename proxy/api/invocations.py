@@ -11,6 +11,10 @@ classify and pooling), one with `query` and `documents` rerank, one with a score
 which kind of model serves, so a `messages` body stays chat (an embedding model would render it without the generation
 prompt: counted a few tokens high, never low).
 
+A body that holds the prompts of two endpoints (`messages` and `prompt`, `prompt` and `input`, `input` and a rerank
+query, ...) is refused: vLLM hands it to the first request model that validates it whole, so one field the guard never
+reads (`"logprobs": 5` fails chat and leaves completions) decides which prompt runs.
+
 The model is not the body's: vLLM's handler is wrapped in model_hosting_container_standards' `inject_adapter_id(
 adapter_path="model")`, which sets the body's `model` to the `X-Amzn-SageMaker-Adapter-Identifier` header (any case;
 the first of a repeated one), and to null when the header is absent, before the body is read. So `{"model": "b"}`
@@ -39,7 +43,16 @@ def invoked_body(body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, 
 
 
 def invocation_kind(body: dict[str, Any]) -> Literal["chat", "completion", "embeddings", "rerank", "score"]:
-    """The endpoint vLLM dispatches `body` to; a 400 with vLLM's own text when it dispatches it nowhere."""
+    """The endpoint vLLM dispatches `body` to; a 400 with vLLM's own text when it dispatches it nowhere, and the
+    guard's own when it holds the prompts of more than one endpoint."""
+    named = _prompt_fields(body)
+    if len(named) > 1:
+        raise InvalidRequest(
+            f"token-guard refuses an /invocations body with the prompts of more than one endpoint ({named[0]} and "
+            f"{named[1]}): vLLM runs those of the first endpoint whose request model takes the whole body, which "
+            "token-guard does not check. Send the fields of one endpoint.",
+            param=named[1],
+        )
     messages = body.get("messages")
     if isinstance(messages, list) and all(_is_message(m) for m in messages):
         return "chat"
@@ -57,6 +70,19 @@ def invocation_kind(body: dict[str, Any]) -> Literal["chat", "completion", "embe
     if prompt is not None and not _is_prompt(prompt):
         raise InvalidRequest(NO_HANDLER)
     return "completion"
+
+
+def _prompt_fields(body: dict[str, Any]) -> list[str]:
+    """The first field of each endpoint's prompt that `body` holds: chat's messages, completions' prompt or
+    prompt_embeds, embeddings' input, rerank's query and documents, a score pair."""
+
+    def held(*keys: str) -> bool:
+        return all(body.get(key) is not None for key in keys)
+
+    found = [next((key for key in keys if held(key)), None) for keys in (("messages",), ("prompt", "prompt_embeds"),
+                                                                          ("input",))]  # fmt: skip
+    found += ["query" if held("query", "documents") else None, next((a for a, b in SCORE_PAIRS if held(a, b)), None)]
+    return [key for key in found if key is not None]
 
 
 def _is_message(message: Any) -> bool:

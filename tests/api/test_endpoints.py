@@ -73,9 +73,6 @@ def test_messages_refuses_what_vllms_request_model_refuses(body: dict[str, Any])
     "body,kind",
     [
         ({"messages": [{"role": "user", "content": "hi"}]}, "chat"),
-        ({"messages": [{"role": "user", "content": "hi"}], "prompt": "x"}, "chat"),
-        ({"messages": [{"role": "user", "content": 5}], "prompt": "fallback"}, "completion"),
-        ({"messages": "hello", "prompt": "fallback"}, "completion"),
         ({"prompt": [[1, 2], [3]]}, "completion"),
     ],
 )

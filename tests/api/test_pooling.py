@@ -80,7 +80,6 @@ def test_a_rerank_without_documents_is_a_400() -> None:
         ({"input": "x"}, "embeddings"),
         ({"query": "q", "documents": ["d"]}, "rerank"),
         ({"text_1": "a", "text_2": "b"}, "score"),
-        ({"prompt": "x", "input": "y"}, "completion"),
     ],
 )
 def test_invocations_dispatch_pooling_bodies(body: dict[str, Any], kind: str) -> None:

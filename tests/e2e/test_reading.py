@@ -1,11 +1,15 @@
 """The guard and vLLM 0.31.0 / 0.32.0 read the same hostile bodies (tests/e2e/reading.py: vLLM's own routers, FastAPI
 and request models, run in the e2e suite's vLLM environments; no vLLM server): whatever the guard forwards, vLLM
-reads as the guard read it, field by field of what the guard checks, or one of them refuses it. Also what vLLM makes
-of the client's own bytes, where a reader other than python-multipart reads otherwise."""
+reads as the guard read it, field by field of what the guard checks, or one of them refuses it. That takes in what
+vLLM's serving code runs of it: each tensor of `prompt_embeds` as torch.load reads it, the ids of
+`kv_transfer_params` a chat runs in place of its messages, and the endpoint and model /invocations runs. Also what
+vLLM makes of the client's own bytes, where it reads them otherwise than the guard."""
 
 from __future__ import annotations
 
+import base64
 import json
+import warnings
 from collections.abc import Iterator
 
 import httpx
@@ -17,6 +21,7 @@ from tests.e2e.reading import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    INVOCATIONS,
     JSON,
     MESSAGES,
     RESPONSES,
@@ -28,8 +33,11 @@ from tests.e2e.reading import (
     vllm_checked,
     vllm_fields,
     vllm_reads,
+    with_tensors,
 )
 from tests.e2e.runtime import VERSIONS
+from tests.e2e.tensors import Tensor
+from tests.support.torch_save import archive, embeds, members, saved, tensor_pickle
 
 pytestmark = pytest.mark.e2e
 
@@ -106,6 +114,150 @@ JSON_BODIES = [
     Body("embeddings: ids", EMBEDDINGS, b'{"model": "tiny", "input": [1, 2, 3], "add_special_tokens": false}'),
 ]  # fmt: skip
 
+
+def transferred(ids: str, more: str = "") -> bytes:
+    """A chat body whose kv_transfer_params.prompt_token_ids is `ids` (raw JSON), vLLM's ids run in place of the
+    messages; `more` members after it."""
+    return chat(f'"kv_transfer_params": {{"prompt_token_ids": {ids}}}' + (", " + more if more else ""))
+
+
+IMAGE = ('[{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": '
+         '{"url": "data:image/png;base64,iVBORw0KGgo="}}]}]')  # fmt: skip
+TRANSFERRED_BODIES = [
+    Body("transferred ids", CHAT, transferred("[1, 2, 3]")),
+    Body("transferred ids empty", CHAT, transferred("[]")),
+    Body("transferred ids as an empty string", CHAT, transferred('""')),
+    Body("transferred ids as a string", CHAT, transferred('"123"')),
+    Body("transferred ids as 0", CHAT, transferred("0")),
+    Body("transferred ids as true", CHAT, transferred("true")),
+    Body("transferred ids, booleans", CHAT, transferred("[true, 1]")),
+    Body("transferred ids, a negative", CHAT, transferred("[-1, 2]")),
+    Body("transferred ids, floats", CHAT, transferred("[1.0, 2.0]")),
+    Body("transferred ids, nested", CHAT, transferred("[[1, 2]]")),
+    Body("transferred ids, out of the vocabulary", CHAT, transferred("[1, 129280]")),
+    Body("transferred ids, the last of the vocabulary", CHAT, transferred("[129279]")),
+    Body("transferred ids with echo", CHAT, transferred("[1, 2, 3]", '"echo": true')),
+    Body("transferred ids as a string with echo", CHAT, transferred('"x"', '"echo": true')),
+    Body("transferred ids with an image", CHAT, transferred("[1, 2, 3]", f'"messages": {IMAGE}')),
+    Body("transferred ids twice", CHAT, transferred("[1], \"prompt_token_ids\": [1, 2, 3, 4]")),
+    Body("transfer params a list", CHAT, chat('"kv_transfer_params": [1, 2]')),
+]  # fmt: skip
+
+H = 128  # the hidden size of vllm_stages.py's stand-in for the tiny Llama: vLLM refuses another
+E, T = embeds((3, H)), Tensor.MARK.format(0)
+
+
+def completion(name: str, text: str, tensor: Tensor | None = None) -> Body:
+    """A completions body of `text` (raw JSON members); `tensor`: one torch.save writes, its base64 text where `T`
+    is."""
+    return Body(name, COMPLETIONS, b'{"model": "tiny", ' + text.encode() + b"}", tensors=(tensor,) if tensor else ())
+
+
+def by_torch(name: str, expression: str, legacy: bool = False, zip64: bool = True) -> Body:
+    """A completions body whose prompt_embeds torch.save writes of `expression` (tests/e2e/tensors.py)."""
+    return completion(name, f'"prompt_embeds": "{T}"', Tensor(expression, legacy, zip64))
+
+
+def embedded(name: str, raw: bytes, more: str = "") -> Body:
+    """A completions body whose prompt_embeds is `raw` as base64 text, `more` members after it."""
+    return completion(name, f'"prompt_embeds": "{base64.b64encode(raw).decode()}"' + (", " + more if more else ""))
+
+
+def padded() -> str:
+    """A tensor whose base64 text ends in padding."""
+    return next(t for t in (embeds((n, H)) for n in range(1, 9)) if t.endswith("="))
+
+
+with warnings.catch_warnings():  # zipfile's "Duplicate name": the point here
+    warnings.simplefilter("ignore", UserWarning)
+    PICKLE_TWICE = archive([*members((3, H))[:1], ("archive/data.pkl", tensor_pickle((300, H))),
+                            *members((300, H))[1:]])  # fmt: skip
+PLUS = base64.b64encode(saved((3, H), fill=0xFB)).decode()  # its values' bytes make + and / in the text
+LINES = "\\n".join(E[i : i + 76] for i in range(0, len(E), 76))  # JSON's escape of a line feed, as MIME writes it
+EMBEDS_BODIES = [
+    completion("embeds: no prompt", f'"prompt_embeds": "{E}"'),
+    completion("embeds: an empty prompt", f'"prompt_embeds": "{E}", "prompt": ""'),
+    completion("embeds: a prompt of []", f'"prompt_embeds": ["{E}"], "prompt": []'),
+    completion("embeds: a prompt of [[]]", f'"prompt_embeds": ["{E}"], "prompt": [[]]'),
+    completion("embeds: two, and prompts", f'"prompt_embeds": ["{E}", "{embeds((1, 5, H))}"], "prompt": ["a", "b"]'),
+    completion("embeds: an empty string", '"prompt_embeds": "", "prompt": "a"'),
+    completion("embeds: []", '"prompt_embeds": [], "prompt": "a"'),
+    completion("embeds: [] alone", '"prompt_embeds": []'),
+    completion("embeds: a number in the list", f'"prompt_embeds": ["{E}", 5]'),
+    completion("embeds: null in the list", f'"prompt_embeds": ["{E}", null]'),
+    completion("embeds: 1,025", '"prompt_embeds": [' + ", ".join([f'"{embeds((1, H))}"'] * 1025) + "]"),
+    *(embedded(f"embeds: shape {shape}", saved(shape)) for shape in [(1, 5, H), (2, 5, H), (H,), (), (1, 1, 5, H),
+                                                                     (0, H), (1, 0, H), (3, 64)]),
+    embedded("embeds: bfloat16", saved((3, H), "BFloat16")),
+    by_torch("embeds: torch's own", "torch.zeros(3, 128)"),
+    by_torch("embeds: torch's own without zip64", "torch.zeros(3, 128)", zip64=False),
+    by_torch("embeds: torch's own int64", "torch.zeros(3, 128, dtype=torch.int64)"),
+    by_torch("embeds: a view inside a larger storage", "torch.zeros(10, 128)[2:5]"),
+    by_torch("embeds: transposed", "torch.zeros(128, 3).t()"),
+    by_torch("embeds: sparse", "torch.zeros(3, 128).to_sparse()"),
+    by_torch("embeds: a Parameter", "torch.nn.Parameter(torch.zeros(3, 128))"),
+    by_torch("embeds: the legacy format", "torch.zeros(3, 128)", legacy=True),
+    embedded("embeds: a zip comment", archive(members((3, H)), comment=b"a comment")),
+    embedded("embeds: data.pkl twice", PICKLE_TWICE),
+    embedded("embeds: a folder of its own", archive(members((3, H), folder="tensor"))),
+    embedded("embeds: data.pkl deflated", archive(members((3, H)), deflated=("archive/data.pkl",))),
+    embedded("embeds: two archives, one after the other", saved((3, H)) + saved((300, H))),
+    completion("embeds: base64 in lines", f'"prompt_embeds": "{LINES}"'),
+    completion("embeds: base64 unpadded", f'"prompt_embeds": "{padded().rstrip("=")}"'),
+    completion("embeds: base64 URL-safe", f'"prompt_embeds": "{PLUS.replace("+", "-").replace("/", "_")}"'),
+    completion("embeds: base64 with + and /", f'"prompt_embeds": "{PLUS}"'),
+    completion("embeds: base64 with a non-ASCII letter", f'"prompt_embeds": "{E[:40]}é{E[41:]}"'),
+    embedded("embeds: echo", saved((3, H)), '"echo": true'),
+    embedded("embeds: prompt_logprobs", saved((3, H)), '"prompt_logprobs": 1'),
+    embedded("embeds: a suffix", saved((3, H)), '"suffix": "x"'),
+]  # fmt: skip
+
+ADAPTER, SESSION = "X-Amzn-SageMaker-Adapter-Identifier", "X-Amzn-SageMaker-Session-Id"
+TO_CHAT = chat('"max_tokens": 5')
+
+
+def invoked(name: str, text: str, headers: tuple[tuple[str, str], ...] = (), served: str = "generate") -> Body:
+    """An /invocations body of `text` (raw JSON members), sent to a server of a generative or an embedding model."""
+    return Body(name, INVOCATIONS, b"{" + text.encode() + b"}", headers=headers, served=served)
+
+
+INVOCATION_BODIES = [
+    Body("invoked: chat, no adapter header", INVOCATIONS, TO_CHAT),
+    Body("invoked: the adapter header", INVOCATIONS, TO_CHAT, headers=((ADAPTER, "other"),)),
+    Body("invoked: the adapter header empty", INVOCATIONS, TO_CHAT, headers=((ADAPTER, ""),)),
+    Body("invoked: the adapter header twice", INVOCATIONS, TO_CHAT, headers=((ADAPTER, "other"), (ADAPTER, "tiny"))),
+    Body("invoked: the adapter header in capitals", INVOCATIONS, TO_CHAT, headers=((ADAPTER.upper(), "other"),)),
+    Body("invoked: the adapter header as the model", INVOCATIONS, TO_CHAT, headers=((ADAPTER, "tiny"),)),
+    Body("invoked: a session", INVOCATIONS, TO_CHAT, headers=((SESSION, "s-1"),)),
+    Body("invoked: chat as text/plain", INVOCATIONS, TO_CHAT, "text/plain"),
+    invoked("invoked: transferred ids", '"messages": [{"role": "user", "content": "hi"}], '
+                                        '"kv_transfer_params": {"prompt_token_ids": [1, 2, 3]}'),
+    invoked("invoked: completion", '"model": "x", "prompt": "hi", "max_tokens": 3', ((ADAPTER, "tiny"),)),
+    invoked("invoked: completion of ids", '"prompt": [1, 2, 3]'),
+    invoked("invoked: embeds", f'"prompt_embeds": ["{E}"], "prompt": ""'),
+    invoked("invoked: an empty prompt", '"prompt": ""'),
+    invoked("invoked: embeddings, a generative model", '"input": "hi"'),
+    invoked("invoked: rerank, a generative model", '"query": "q", "documents": ["a", "b"]'),
+    invoked("invoked: embeddings", '"input": ["a", "b"]', ((ADAPTER, "tiny"),), "embed"),
+    invoked("invoked: embeddings of ids", '"input": [1, 2]', served="embed"),
+    invoked("invoked: embeddings of messages", '"messages": [{"role": "user", "content": "hi"}]', served="embed"),
+    invoked("invoked: embeddings of a conversation", '"input": [{"role": "user", "content": "hi"}]', served="embed"),
+    invoked("invoked: rerank", '"query": "q", "documents": ["a", "b"]', served="embed"),
+    invoked("invoked: score", '"text_1": "q", "text_2": ["a", "b"]', served="embed"),
+    invoked("invoked: score of queries and documents", '"queries": "q", "documents": ["a"]', served="embed"),
+    invoked("invoked: score of two pairs", '"data_1": "q", "data_2": "a", "text_1": "b c", "text_2": "d e"',
+            served="embed"),
+    invoked("invoked: a new session", '"requestType": "NEW_SESSION"'),
+    invoked("invoked: a session closed", '"requestType": "CLOSE"'),
+    invoked("invoked: a new session and a prompt", '"requestType": "NEW_SESSION", "prompt": "hi"'),
+    invoked("invoked: messages and a prompt", '"messages": [{"role": "user", "content": "hi"}], "prompt": "a b c"'),
+    invoked("invoked: messages and a prompt, chat refused", '"messages": [{"role": "user", "content": "hi"}], '
+                                                           '"prompt": "a b c", "logprobs": 5'),
+    invoked("invoked: a prompt and an input", '"prompt": "p", "input": "a b c"', served="embed"),
+    invoked("invoked: an input and a query, embeddings refused", '"input": "i", "query": "q", "documents": ["a b c"], '
+                                                                 '"dimensions": "x"', served="embed"),
+]  # fmt: skip
+
 WAV = b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\x80\x3e\x00\x00\x00\x7d\x00\x00\x02\x00\x10\x00"
 FORM = "multipart/form-data; boundary=b"
 
@@ -177,57 +329,98 @@ FORM_BODIES = [
          + part(b"file", WAV, filename=b'C:\\\\dir\\\\a \\"b\\".wav') + b"--b--\r\n", FORM),
 ]  # fmt: skip
 
-BODIES = JSON_BODIES + FORM_BODIES
+BODIES = JSON_BODIES + TRANSFERRED_BODIES + EMBEDS_BODIES + INVOCATION_BODIES + FORM_BODIES
 
 
-def asked(bodies: list[Body]) -> list[tuple[str, list[tuple[str, str]], bytes]]:
-    """What vLLM is asked to read: each body as sent, then each one the guard would forward."""
-    requests = [(b.path, b.sent(), b.raw) for b in bodies]
-    for body in bodies:
-        requests += [(body.path, [("content-type", kind)], raw) for raw, kind in guard_reads(body).forwarded]
-    return requests
+def asked(bodies: list[Body]) -> list[Body]:
+    """What vLLM is asked to read: each body as sent, then each request the guard would forward."""
+    return [*bodies, *(forwarded for body in bodies for forwarded in guard_reads(body).forwarded)]
 
 
 @pytest.fixture(scope="module")
-def readings() -> Iterator[dict[str, list[VllmRead]]]:
+def sent() -> list[Body]:
+    """BODIES with their tensors written, by torch.save in the vLLM environment."""
+    return with_tensors(BODIES)
+
+
+@pytest.fixture(scope="module")
+def readings(sent: list[Body]) -> Iterator[dict[str, list[VllmRead]]]:
     """Every body read by each vLLM version, all in one process per version."""
-    yield {version: vllm_reads(version, asked(BODIES)) for version in VERSIONS}
+    yield {version: vllm_reads(version, asked(sent)) for version in VERSIONS}
 
 
-def forwarded_readings(readings: list[VllmRead], index: int) -> list[VllmRead]:
-    start = len(BODIES) + sum(len(guard_reads(b).forwarded) for b in BODIES[:index])
-    return readings[start : start + len(guard_reads(BODIES[index]).forwarded)]
+def forwarded_readings(readings: list[VllmRead], sent: list[Body], index: int) -> list[VllmRead]:
+    start = len(sent) + sum(len(guard_reads(b).forwarded) for b in sent[:index])
+    return readings[start : start + len(guard_reads(sent[index]).forwarded)]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("index", range(len(BODIES)), ids=[f"{b.path} {b.name}" for b in BODIES])
 def test_what_the_guard_forwards_vllm_reads_as_the_guard_read_it(
-    readings: dict[str, list[VllmRead]], version: str, index: int
+    readings: dict[str, list[VllmRead]], sent: list[Body], version: str, index: int
 ) -> None:
-    body = BODIES[index]
+    body = sent[index]
     guard = guard_reads(body)
-    for read in forwarded_readings(readings[version], index):
+    for read in forwarded_readings(readings[version], sent, index):
         assert guard.checked is not None
         if read.request is not None:  # else vLLM refuses it: nothing runs
-            assert vllm_checked(body.path, read.request) == guard.checked
+            assert vllm_checked(body.path, read) == guard.checked
 
 
-def test_the_guard_refuses_where_vllm_reads_the_clients_bytes_otherwise(readings: dict[str, list[VllmRead]]) -> None:
+def test_the_guard_refuses_where_vllm_reads_the_clients_bytes_otherwise(
+    readings: dict[str, list[VllmRead]], sent: list[Body]
+) -> None:
     """Of the bodies whose own bytes vLLM reads otherwise than the guard, none is forwarded: the guard refuses it,
-    or forwards it written anew (a form), which the test above holds to the guard's reading."""
+    or forwards it written anew (a form; on /invocations with the adapter header it read), which the test above holds
+    to the guard's reading."""
     for version in VERSIONS:
         otherwise = {}
-        for index, body in enumerate(BODIES):
+        for index, body in enumerate(sent):
             guard, read = guard_reads(body), readings[version][index]
             if guard.checked is not None and read.request is not None:
-                theirs = vllm_checked(body.path, read.request)
+                theirs = vllm_checked(body.path, read)
                 if theirs != guard.checked:
                     otherwise[body.name] = (guard.checked, theirs)
-        assert all(BODIES[[b.name for b in BODIES].index(name)].path in (TRANSCRIPTIONS, TRANSLATIONS)
+        assert all(BODIES[[b.name for b in BODIES].index(name)].path in (TRANSCRIPTIONS, TRANSLATIONS, INVOCATIONS)
                    for name in otherwise), otherwise  # fmt: skip
         # python-multipart keeps the backslash of `max_completion\_tokens`, a field vLLM does not know: at e63017a,
-        # which forwarded the client's bytes with the limit rewritten, vLLM ran to the window
-        assert set(otherwise) == {"an escape in a quoted name"}, otherwise
+        # which forwarded the client's bytes with the limit rewritten, vLLM ran to the window. Starlette reads the
+        # first of a repeated adapter header, the guard the last, which it sends on alone.
+        assert set(otherwise) == {"an escape in a quoted name", "invoked: the adapter header twice"}, otherwise
+
+
+def read_as(readings: dict[str, list[VllmRead]], version: str, name: str) -> VllmRead:
+    """How vLLM `version` read the client's own request `name`."""
+    return readings[version][[b.name for b in BODIES].index(name)]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_what_vllm_runs_of_bodies_the_guard_refuses(
+    readings: dict[str, list[VllmRead]], sent: list[Body], version: str
+) -> None:
+    """What made the guard refuse these: what vLLM would have run of them."""
+    ran = {name: read_as(readings, version, name).runs for name in (
+        "embeds: data.pkl twice", "invoked: messages and a prompt, chat refused", "invoked: a prompt and an input",
+        "invoked: an input and a query, embeddings refused", "transferred ids, booleans")}  # fmt: skip
+    for name in ran:
+        assert guard_reads(sent[[b.name for b in BODIES].index(name)]).checked is None, name
+    # torch reads the last of two data.pkl (miniz), Python's zipfile too; a reader of the first counts 3 rows
+    assert ran["embeds: data.pkl twice"]["prompts"] == [{"embeds": 300}]
+    # the first request model that takes the whole body runs: a prompt the guard had not counted
+    assert ran["invoked: messages and a prompt, chat refused"] == {"endpoint": "CompletionRequest",
+                                                                   "prompts": ["a b c"]}  # fmt: skip
+    assert ran["invoked: a prompt and an input"] == {"endpoint": "EmbeddingCompletionRequest"}
+    assert ran["invoked: an input and a query, embeddings refused"] == {"endpoint": "RerankRequest"}
+    # 0.31 runs any ids that are not empty, booleans as 0 and 1; 0.32 refuses them
+    booleans = read_as(readings, version, "transferred ids, booleans")
+    assert booleans.runs.get("prompt_token_ids") == ([True, 1] if version == "0.31.0" else None)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_tensors_vllm_loads_which_the_guard_refuses_to_read(readings: dict[str, list[VllmRead]], version: str) -> None:
+    """The price of reading torch.save's format strictly: vLLM loads these, the guard asks for torch.save's own."""
+    for name in ("embeds: sparse", "embeds: a Parameter", "embeds: the legacy format", "embeds: a zip comment"):
+        assert read_as(readings, version, name).runs["prompts"] == [{"embeds": 3}], name
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -268,9 +461,9 @@ def test_the_form_fields_the_guard_and_the_simulator_know_are_vllms(version: str
     assert SIMULATED["translate"] | {"file"} == FIELDS[TRANSLATIONS]
 
 
-def test_every_body_is_read_by_the_guard_without_an_error_of_its_own() -> None:
+def test_every_body_is_read_by_the_guard_without_an_error_of_its_own(sent: list[Body]) -> None:
     """The guard reads each, or refuses it with a 400 that says why: never another exception."""
-    for body in BODIES:
+    for body in sent:
         read = guard_reads(body)
         assert (read.checked is None) == (read.refusal is not None), body.name
         json.dumps(read.checked, default=str)

@@ -4,9 +4,16 @@ whose serving objects are stand-ins: FastAPI reads the body (JSON, or the form),
 (`validate_json_request`), pydantic builds vLLM's request model with its validators, and the stand-in is handed the
 request object the serving code would get, which is what this prints. Nothing is served.
 
-stdin: one JSON object per line, {"path", "headers": [[name, value], ...], "body": base64}
-stdout: one JSON object per line, {"status", "request"}: the request model's fields as vLLM holds them (model_dump,
-the audio file as its size), or null when vLLM refused the body before its serving code (then "error")
+Two servers are stood in: one of a generative model and one of an embedding model, which differ in what `/invocations`
+(SageMaker's route, mounted as vLLM mounts it: its router, then model_hosting_container_standards' bootstrap)
+dispatches a body to. What the serving code then runs of the request before its engine, for the fields the guard
+counts, is vllm_stages.py's.
+
+stdin: one JSON object per line, {"path", "headers": [[name, value], ...], "body": base64, "served": "generate" or
+"embed"}
+stdout: one JSON object per line, {"status", "request", "runs"}: the request model's fields as vLLM holds them
+(model_dump, the audio file as its size) and what vllm_stages.py runs of it, or a null request when vLLM refused the
+body before its engine (then "error")
 `--fields`: instead, the field names (aliases) of the request models, by class name
 """
 
@@ -20,6 +27,8 @@ import logging
 import sys
 from types import SimpleNamespace
 from typing import Any
+
+import vllm_stages  # beside this file, on sys.path when run
 
 ROUTERS = [  # the modules whose `router` holds the routes read here
     "vllm.entrypoints.openai.chat_completion.api_router",
@@ -48,9 +57,14 @@ class Read(Exception):
 
 
 class StandIn:
-    """Every serving object: whatever it is asked to do, it hands back what it was given."""
+    """Every serving object: whatever it is asked to do, it hands back what it was given (an error response it
+    writes as vLLM's do: /invocations' answer to a body it dispatches nowhere)."""
 
     def __getattr__(self, name: str) -> Any:
+        if name == "create_error_response":
+            from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+            return create_error_response
         return self.__call__
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -61,11 +75,13 @@ class StandIn:
         raise Read(request, audio)
 
 
-def app() -> Any:
+def app(tasks: tuple[str, ...]) -> Any:
+    """The routes of a server whose model supports `tasks`."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from starlette.datastructures import State
     from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
+    from vllm.entrypoints.serve.sagemaker.api_router import attach_router, sagemaker_standards_bootstrap
 
     class Stood(State):
         def __getattr__(self, name: str) -> Any:
@@ -79,16 +95,21 @@ def app() -> Any:
     init_exception_handler(served)
     for module in ROUTERS:
         served.include_router(importlib.import_module(module).router)
+    attach_router(served, tasks, vllm_stages.Model())
 
     async def read(_: Any, exc: Exception) -> Any:
         assert isinstance(exc, Read)
         fields = exc.request.model_dump(mode="json", exclude={"file"}, by_alias=True, fallback=repr)
         if exc.audio is not None:
             fields["file"] = {"bytes": len(exc.audio)}
-        return JSONResponse({"request": fields}, status_code=299)
+        try:
+            runs = await vllm_stages.stages(exc.request)
+        except Exception as refused:  # ValueError, or vLLM's own VLLMValidationError (not a ValueError)
+            return JSONResponse({"error": repr(refused)}, status_code=400)
+        return JSONResponse({"request": fields, "runs": runs}, status_code=299)
 
     served.add_exception_handler(Read, read)
-    return served
+    return sagemaker_standards_bootstrap(served)  # last, as `vllm serve` sets its app up (its /invocations stays)
 
 
 async def call(served: Any, case: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +141,7 @@ async def call(served: Any, case: dict[str, Any]) -> dict[str, Any]:
     await served(scope, receive, send)
     answer = json.loads(out["body"] or b"null")
     if out["status"] == 299:
-        return {"status": 299, "request": answer["request"]}
+        return {"status": 299, "request": answer["request"], "runs": answer["runs"]}
     return {"status": out["status"], "request": None, "error": answer}
 
 
@@ -134,12 +155,14 @@ def fields() -> dict[str, list[str]]:
 
 def main() -> None:
     logging.disable(logging.WARNING)
+    out, sys.stdout = sys.stdout, sys.stderr  # model_hosting_container_standards logs its errors to stdout
     if sys.argv[1:] == ["--fields"]:
-        print(json.dumps(fields()))
+        print(json.dumps(fields()), file=out)
         return
-    served = app()
+    served = {kind: app((kind,)) for kind in ("generate", "embed")}  # one after the other: SageMaker's registry
     for line in sys.stdin:
-        print(json.dumps(asyncio.run(call(served, json.loads(line)))), flush=True)
+        case = json.loads(line)
+        print(json.dumps(asyncio.run(call(served[case.get("served", "generate")], case))), file=out, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Tensors in torch.save's format, written by hand (torch is not in the guard's environment): the zip with torch's
 member names and order, and the protocol-2 pickle torch writes for a dense tensor, opcode for opcode. The e2e tests
-send these to a real vLLM, which loads them with torch.load (tests/e2e/test_embeds.py)."""
+send these to a real vLLM, which loads them with torch.load (tests/e2e/test_side_inputs.py,
+tests/e2e/test_reading.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import struct
 import zipfile
 
 ITEM_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2}
+LOCATOR, END64 = 20, 56  # the sizes of zip64's locator and end record
 
 
 def _int(value: int) -> bytes:
@@ -52,25 +54,45 @@ def _strides(shape: tuple[int, ...]) -> list[int]:
     return strides
 
 
-def archive(members: list[tuple[str, bytes]], compression: int = zipfile.ZIP_STORED) -> bytes:
+def archive(members: list[tuple[str, bytes]], compression: int = zipfile.ZIP_STORED, comment: bytes = b"",
+            deflated: tuple[str, ...] = ()) -> bytes:  # fmt: skip
+    """A zip of `members` in order (a name given twice is written twice, and zipfile warns), with `comment` after its
+    end record; the members named in `deflated` are, whatever `compression` says."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression) as z:
         for name, data in members:
-            z.writestr(name, data)
+            z.writestr(name, data, zipfile.ZIP_DEFLATED if name in deflated else None)
+        z.comment = comment
     return buffer.getvalue()
+
+
+def members(shape: tuple[int, ...], dtype: str = "Float", fill: int = 0, data_pkl: bytes | None = None,
+            folder: str = "archive") -> list[tuple[str, bytes]]:  # fmt: skip
+    """torch.save's members for a tensor of `shape`, in its order, its values all the byte `fill` (0: zeros)."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    return [(f"{folder}/{name}", data) for name, data in [
+        ("data.pkl", tensor_pickle(shape, dtype) if data_pkl is None else data_pkl),
+        (".format_version", b"1"), (".storage_alignment", b"64"), ("byteorder", b"little"),
+        ("data/0", bytes([fill]) * numel * ITEM_BYTES[dtype]), ("version", b"3\n"),
+        (".data/serialization_id", b"0" * 40),
+    ]]  # fmt: skip
 
 
 def saved(shape: tuple[int, ...], dtype: str = "Float", fill: int = 0, data_pkl: bytes | None = None) -> bytes:
     """torch.save(tensor) of `shape`, its values all the byte `fill` (0: zeros)."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    return archive([
-        ("archive/data.pkl", tensor_pickle(shape, dtype) if data_pkl is None else data_pkl),
-        ("archive/.format_version", b"1"), ("archive/.storage_alignment", b"64"), ("archive/byteorder", b"little"),
-        ("archive/data/0", bytes([fill]) * numel * ITEM_BYTES[dtype]), ("archive/version", b"3\n"),
-        ("archive/.data/serialization_id", b"0" * 40),
-    ])  # fmt: skip
+    return archive(members(shape, dtype, fill, data_pkl))
+
+
+def without_zip64(raw: bytes) -> bytes:
+    """torch.save's archive with its zip64 end record and locator taken out: the classic end record, which torch
+    writes whole beside them, says the same."""
+    end = len(raw) - 22
+    assert raw[end - LOCATOR : end - LOCATOR + 4] == b"PK\x06\x07", "no zip64 locator before the end record"
+    (at,) = struct.unpack_from("<Q", raw, end - LOCATOR + 8)
+    assert at + END64 == end - LOCATOR and raw[at : at + 4] == b"PK\x06\x06", "a zip64 end record of its own size"
+    return raw[:at] + raw[end:]
 
 
 def embeds(shape: tuple[int, ...], dtype: str = "Float", fill: int = 0) -> str:
