@@ -129,10 +129,10 @@ class BodyParser:
 
     async def parse(self, raw: bytes, max_depth: int, max_values: int = MAX_VALUES) -> dict[str, Any]:
         """As api/body.parse_json_object: small bodies of few values here, the others in the child. A body that is not
-        UTF-8 is refused here, before it is scanned or sent to the child."""
-        check_encoding(raw)
+        UTF-8 is refused before it is scanned (parse_json_object checks it first) or sent to the child."""
         if len(raw) <= LOOP_VALUES or (len(raw) < LARGE_BODY_BYTES and values_bound(raw) <= LOOP_VALUES):
             return parse_json_object(raw, max_depth, max_values)
+        check_encoding(raw)
         try:
             packed = await self.child.call(_parse_packed, (raw, max_depth, max_values), self.time_limit_s,
                                            stop_on_cancel=False)  # fmt: skip

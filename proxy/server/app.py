@@ -63,8 +63,9 @@ class GuardApp:
         path = scope["path"]
         refusal = target(scope.get("raw_path") or path.encode(), path, scope["query_string"], scope.get(TARGET),
                          _host(scope))  # fmt: skip
-        headers = scope["headers"]
-        entered = self._door.enter(scope["method"], path, headers, bodiless(headers)) if refusal is None else refusal
+        method, headers = scope["method"], scope["headers"]
+        empty = method != "OPTIONS" or bodiless(headers)  # only an OPTIONS asks (a CORS preflight has no body)
+        entered = self._door.enter(method, path, headers, empty) if refusal is None else refusal
         if isinstance(entered, Refusal):
             await self._refuse(scope, send, entered)
             return
