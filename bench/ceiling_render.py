@@ -1,5 +1,5 @@
 """The ceiling comparison's figures (medians of the rounds) and its Markdown report: one table per scenario with ratios
-to direct and to the relay, what bounds direct, and issue 11's targets for token-guard against the relay."""
+to direct and to the relay, what bounds direct, and the ceiling's targets for token-guard against the relay."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def markdown(results: dict[str, Any], plots: Sequence[str] = ()) -> str:
             lines += ["", f"## {scenario['title']}", ""]
             lines += _table(scenario, pooled[scenario["key"]])
             lines += ["", _bounds(scenario, pooled[scenario["key"]], machine["cores"], settings["upstream_workers"])]
-    lines += ["", "## Issue 11's targets: token-guard (1 worker) against the relay, this run", ""]
+    lines += ["", "## The ceiling's targets: token-guard (1 worker) against the relay, this run", ""]
     lines += ["| target | measured | verdict |", "|---|---:|---|"]
     for target in targets(pooled):
         shown = target.shown or ("-" if math.isnan(target.measured) else f"{target.measured:.2f}{target.unit}")
@@ -134,7 +134,7 @@ def _envoy_present(pooled: Pooled) -> list[str]:
 
 
 def envoy_targets(pooled: Pooled) -> list[Target]:
-    """The issue's targets for the external processor, each ext_proc system against Envoy alone and serve."""
+    """The targets for the external processor, each ext_proc system against Envoy alone and serve."""
     found = []
     for name in _envoy_present(pooled):
         base = envoy_system(name)

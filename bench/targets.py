@@ -1,4 +1,4 @@
-"""The issue's targets, checked against a run's figures: each one measured, passed or missed, and by how much."""
+"""The ceiling's targets, checked against a run's figures: each one measured, passed or missed, and by how much."""
 
 from __future__ import annotations
 
