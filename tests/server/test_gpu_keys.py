@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.servers import MODEL, InMemorySim, keyed_guard, simulator_in_memory, wait_healthy
+from tests.support.servers import MODEL, InMemorySim, keyed_guard, simulator_in_memory, wait_checked, wait_healthy
 
 KEYS = f"""
 [[keys]]
@@ -83,6 +83,7 @@ def proxy(sim: InMemorySim, deepseek_dir: Path, tmp_path_factory: pytest.TempPat
     config.write_text(KEYS)
     with keyed_guard(sim, deepseek_dir, config) as server:
         wait_healthy(server.url)
+        wait_checked(server, sim)  # the start-up check's generations are not counted as a test's
         yield server.url
 
 
