@@ -9,7 +9,6 @@ group: the idle child died holding its pool's queue lock, which the exit then wa
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,11 +21,9 @@ import pytest
 
 from bench.envoy import cluster, processor
 from proxy.counting.isolated import LARGE_BODY_BYTES
-from proxy.fleet.budget import FleetBudget
-from proxy.fleet.link import PREFIX, RedisLink
-from proxy.fleet.presence import count_instances
 from tests.support.envoy import Envoy, envoy
 from tests.support.extproc import extproc, health
+from tests.support.fleet_state import fleet_state
 from tests.support.polling import eventually
 from tests.support.ports import free_port
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
@@ -130,10 +127,10 @@ def test_at_the_end_of_the_grace_a_waiting_request_gets_503_and_an_answer_under_
                 "TOKEN_GUARD_REDIS_URL": redis.url, "TOKEN_GUARD_REDIS_LEASE_S": "120"}  # fmt: skip
     with rig.processor(tmp_path / "extproc.log", **settings) as guard:
         assert eventually(lambda: rig.ready_through("buffered"), timeout_s=30)
-        assert eventually(lambda: _fleet(redis.url)[1] == 1)  # its heartbeat
+        assert eventually(lambda: fleet_state(redis.url, "bob")[1] == 1)  # its heartbeat
         running = iter(rig.sdk("buffered", "sk-alice").chat.completions.create(**chat(100)))  # about 5 s
         next(running)  # admitted: the only place is its
-        assert _fleet(redis.url, rig.upstream)[0][1] >= 1  # its reservation, in Redis
+        assert fleet_state(redis.url, "bob", rig.upstream)[0][1] >= 1  # its reservation, in Redis
         waited: list[openai.APIStatusError] = []
 
         def wait_in_queue() -> None:
@@ -145,7 +142,8 @@ def test_at_the_end_of_the_grace_a_waiting_request_gets_503_and_an_answer_under_
         waiting = threading.Thread(target=wait_in_queue)
         waiting.start()
         assert eventually(lambda: _queued(rig) == 1)
-        assert LIMIT - float(_fleet(redis.url)[2]["tokens"]) > 2000  # bob's charge, reserved as his request waits
+        bucket = fleet_state(redis.url, "bob")[2]
+        assert LIMIT - float(bucket["tokens"]) > 2000  # bob's charge, reserved as his request waits
         guard.terminate()
         waiting.join(timeout=1 + MARGIN_S)
         (refused,) = waited
@@ -157,7 +155,7 @@ def test_at_the_end_of_the_grace_a_waiting_request_gets_503_and_an_answer_under_
     (stopped,) = guard.lines(STOPPED)
     assert "2 request(s) in flight at the stop; 2 cut" in stopped
     assert "1 answered 503" in stopped and "1 let go mid-answer" in stopped
-    reserved, instances, bucket = _fleet(redis.url, rig.upstream)
+    reserved, instances, bucket = fleet_state(redis.url, "bob", rig.upstream)
     assert reserved == (0, 0) and instances == 0  # given back at once, not when a lease of 120 s runs out
     assert LIMIT - float(bucket.get("tokens", LIMIT)) < 100  # bob's charge came back (a full bucket expires)
 
@@ -193,22 +191,3 @@ def _queued(rig: Rig) -> int:
     metrics = httpx.get(f"{rig.envoy.urls['buffered']}/metrics", timeout=5).text
     line = next(line for line in metrics.splitlines() if line.startswith("token_guard_admission_queue_depth"))
     return int(float(line.rsplit(" ", 1)[1]))
-
-
-def _fleet(redis_url: str, replica: str = "") -> tuple[tuple[int, int], int, dict[str, str]]:
-    """What Redis holds: the replica's reserved (tokens, requests), the guards' heartbeats, bob's bucket."""
-
-    async def read() -> tuple[tuple[int, int], int, dict[str, str]]:
-        link = RedisLink(redis_url, 1000)
-        try:
-            reserved = await FleetBudget(link, 120).in_flight(replica) if replica else (0, 0)
-            bucket = await link.call(lambda client: client.hgetall(PREFIX + "quota:bob"))
-            return reserved, await count_instances(link), {_text(k): _text(v) for k, v in bucket.items()}
-        finally:
-            await link.aclose()
-
-    return asyncio.run(read())
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

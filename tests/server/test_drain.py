@@ -6,7 +6,6 @@ body in its child process stops too, when the signal goes to its whole process g
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -26,10 +25,8 @@ import pytest
 
 from proxy.counting.isolated import LARGE_BODY_BYTES
 from proxy.doctor.samples import BUILTIN_SAMPLES
-from proxy.fleet.budget import FleetBudget
-from proxy.fleet.link import PREFIX, RedisLink
-from proxy.fleet.presence import count_instances
 from proxy.server.running import bind_socket
+from tests.support.fleet_state import fleet_state
 from tests.support.polling import eventually
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 from tests.support.servers import MODEL, simulator
@@ -234,37 +231,18 @@ def test_a_guard_stopped_mid_stream_leaves_nothing_reserved_in_redis(
              "TOKEN_GUARD_ADMISSION_MAX_INFLIGHT_TOKENS": "50000"}  # fmt: skip
     with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=0.5, **fleet) as guard:
         checked(stats)
-        assert eventually(lambda: _fleet(redis.url)[1] == 1)  # its heartbeat
+        assert eventually(lambda: fleet_state(redis.url, "team")[1] == 1)  # its heartbeat
         stream = sdk(guard.url, "sk-team").chat.completions.create(**chat(4000))  # clamped to the 2048 window
         events = iter(stream)
         next(events)
-        tokens, requests = _fleet(redis.url, server.url)[0]
+        tokens, requests = fleet_state(redis.url, "team", server.url)[0]
         assert tokens >= 2000 and requests >= 1  # its reservation (or its block of credit) is held in Redis
         os.killpg(guard.process.pid, signal.SIGTERM)
         with pytest.raises(openai.APIError):
             for _ in events:
                 pass
         exited = guard.process.wait(timeout=0.5 + MARGIN_S)
-    reserved, instances, bucket = _fleet(redis.url, server.url)
+    reserved, instances, bucket = fleet_state(redis.url, "team", server.url)
     assert reserved == (0, 0) and instances == 0  # released at once, not when a lease of 120 s runs out
     assert LIMIT - float(bucket["tokens"]) < 1_000  # settled: the key paid what it used, not the ~2,040 reserved
     assert exited == 0
-
-
-def _fleet(redis_url: str, replica: str = "") -> tuple[tuple[int, int], int, dict[str, str]]:
-    """What Redis holds: the replica's reserved (tokens, requests), the guards' heartbeats, the key's bucket."""
-
-    async def read() -> tuple[tuple[int, int], int, dict[str, str]]:
-        link = RedisLink(redis_url, 1000)
-        try:
-            reserved = await FleetBudget(link, 120).in_flight(replica) if replica else (0, 0)
-            bucket = await link.call(lambda client: client.hgetall(PREFIX + "quota:team"))
-            return reserved, await count_instances(link), {_text(k): _text(v) for k, v in bucket.items()}
-        finally:
-            await link.aclose()
-
-    return asyncio.run(read())
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
