@@ -6,7 +6,6 @@ reads it, and it never reaches the upstream; once the first request is done its 
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from proxy.settings import load_settings
 from tests.support.envoy import Envoy, ProcessorThread, envoy
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, simulator
+from tests.support.uploads import begun, ended
 
 HELD = 2 * 2**20  # server.max_body_bytes and server.max_held_body_bytes: room for one such body at a time
 SIZE = 1_500_000  # each test body: two do not fit at once
@@ -55,33 +55,13 @@ def body() -> bytes:
     return json.dumps({**head, "pad": "x" * pad}).encode()
 
 
-def upload_begun(url: str, raw: bytes, chunked: bool) -> socket.socket:
-    """A request whose headers and first bytes are sent, the rest held back."""
-    port = int(url.rsplit(":", 1)[1])
-    sock = socket.create_connection(("127.0.0.1", port))
-    framing = b"transfer-encoding: chunked" if chunked else b"content-length: %d" % len(raw)
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: guard\r\ncontent-type: application/json\r\n" + framing
-    first = raw[:-1000]
-    sock.sendall(head + b"\r\n\r\n" + (b"%x\r\n%s\r\n" % (len(first), first) if chunked else first))
-    return sock
-
-
-def upload_ended(sock: socket.socket, raw: bytes, chunked: bool) -> int:
-    """The rest sent; the answer's status."""
-    rest = raw[-1000:]
-    sock.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest) if chunked else rest)
-    sock.settimeout(30)
-    with sock, sock.makefile("rb") as answer:
-        return int(answer.readline().split()[1])
-
-
 @pytest.mark.parametrize(("listener", "chunked"), [("buffered", False), ("duplex", False), ("duplex", True)],
                          ids=["buffered", "duplex", "duplex chunked"])  # fmt: skip
 def test_a_body_past_those_held_at_once_is_answered_503_unread(rig: Rig, listener: str, chunked: bool) -> None:
     """An upload under way through FULL_DUPLEX_STREAMED holds what came of it in the processor (a BUFFERED one is
     held by Envoy until it is whole); a body that does not fit beside it is refused, through either listener."""
     url, raw, bodies = rig.envoy.urls[listener], body(), rig.processor.core.bodies
-    held = upload_begun(rig.envoy.urls["duplex"], raw, chunked)
+    held = begun(rig.envoy.urls["duplex"], raw, chunked)
     assert eventually(lambda: bodies.held >= SIZE - 1000)  # its declared length, or what came of it
     received = rig.stats.received
     refused = httpx.post(f"{url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"},
@@ -91,7 +71,7 @@ def test_a_body_past_those_held_at_once_is_answered_503_unread(rig: Rig, listene
     assert error["code"] == "server_busy" and error["type"] == "ServiceUnavailableError"
     assert "server.max_held_body_bytes" in error["message"]
     assert rig.stats.received == received  # it never reached the upstream
-    assert upload_ended(held, raw, chunked) == 200
+    assert ended(held, raw, chunked) == 200
     assert eventually(lambda: bodies.held == 0)  # given back with its request
     again = httpx.post(f"{url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
     assert again.status_code == 200, again.text

@@ -23,6 +23,7 @@ from proxy.server.asgi import BODY_IN, Incoming, read_body
 from proxy.server.running import ServerThread
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, simulator
+from tests.support.uploads import begun, ended
 
 LIMIT = 64 * 1024
 HELD = 256 * 1024  # server.max_body_bytes and server.max_held_body_bytes of the `held` guard
@@ -123,23 +124,6 @@ def test_a_chunked_body_above_the_limit_that_arrives_in_one_piece_is_413(small: 
     assert sim[1].received == before
 
 
-def begun(url: str, raw: bytes, chunked: bool) -> socket.socket:
-    """An upload whose headers and most of its body are sent, the rest held back."""
-    conn = raw_socket(url)
-    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % len(raw)
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + framing
-    first = raw[:-1000]
-    conn.sendall(head + b"\r\n\r\n" + (b"%x\r\n%s\r\n" % (len(first), first) if chunked else first))
-    return conn
-
-
-def ended(conn: socket.socket, raw: bytes, chunked: bool) -> bytes:
-    rest = raw[-1000:]
-    conn.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest) if chunked else rest)
-    with conn, conn.makefile("rb") as answer:
-        return answer.readline()
-
-
 @pytest.mark.parametrize("chunked", [False, True], ids=["declared", "chunked"])
 def test_a_body_past_those_held_at_once_is_503_unread_and_the_room_comes_back(
     held: ServerThread, sim: Any, chunked: bool
@@ -155,7 +139,7 @@ def test_a_body_past_those_held_at_once_is_503_unread_and_the_room_comes_back(
         assert (error["type"], error["code"]) == ("ServiceUnavailableError", "server_busy")
         assert "server.max_held_body_bytes" in error["message"] and refused.headers["x-request-id"]
     assert sim[1].received == before
-    assert ended(holding, raw, chunked).startswith(b"HTTP/1.1 200 ")
+    assert ended(holding, raw, chunked) == 200
     assert eventually(lambda: bodies.held == 0)  # given back with its request
     assert httpx.post(f"{held.url}/v1/chat/completions", content=raw, headers=JSON).status_code == 200
 
