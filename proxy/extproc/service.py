@@ -57,8 +57,9 @@ class Processor(ext_proc.ExternalProcessorServicer):  # type: ignore[misc]
         self.max_body_bytes = core.settings.server.max_body_bytes
 
     async def Process(self, requests: AsyncIterator[ProcessingRequest], context: grpc.aio.ServicerContext) -> None:  # noqa: N802 (gRPC's name)
-        """One HTTP exchange: each message answered as it comes; what the request held is given back when Envoy
-        closes the stream, or cancels it (its client left), or the drain cuts it."""
+        """One HTTP exchange: each message answered as it comes; what the request held is given back when the
+        processor answers it itself, or Envoy closes the stream, or cancels it (its client left), or the drain cuts
+        it."""
         drain = self.core.drain
         if drain.stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)

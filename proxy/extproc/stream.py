@@ -90,6 +90,7 @@ class Stream:
         self.ended = False  # the answer ended: an immediate response, or the response's last byte (or headers)
         self.hidden: HiddenUsage | None = None  # takes the usage event the guard asked for out of the answer
         self.forwarded = False  # a guarded request's answer that sends it on was made
+        self.answered_here = False  # an immediate response was made: Envoy sends nothing more, the stream ends
 
     async def run(self, requests: AsyncIterator[ProcessingRequest]) -> AsyncIterator[Answers]:
         """The answers to Envoy's messages, each as it comes. A guarded body still to come at its deadline is
@@ -110,6 +111,8 @@ class Stream:
                                                         f"got {self.size} bytes."))  # fmt: skip
                 return
             yield await self.answer(message)
+            if self.answered_here:  # ended here rather than when Envoy closes it: what it held comes back at once
+                return
 
     async def answer(self, message: ProcessingRequest) -> Answers:
         phase = message.WhichOneof("request")
@@ -331,7 +334,7 @@ class Stream:
         return self._immediate(status, JSON, json.dumps(body).encode(), "token_guard_health")
 
     def _immediate(self, status: int, headers: Headers, body: bytes, details: str) -> ProcessingResponse:
-        self.status, self.ended = status, True
+        self.status, self.ended, self.answered_here = status, True, True
         return wire.immediate(status, headers, body, details)
 
 
