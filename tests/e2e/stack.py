@@ -82,7 +82,8 @@ class Stacks:
         recorder = self.recorders[version] = Recorder(int(vllm.url.rsplit(":", 1)[1]))
         proxy = self.proxies[version] = runtime.start_proxy(recorder.url, model_dir, self.workdir / f"{version}-guard")
         proxy.wait_ready("/health", PROXY_READY_TIMEOUT)
-        http = httpx.Client(timeout=120)
+        # vLLM's uvicorn closes a connection idle for 5 s: a client keeping one as long reuses it as it closes
+        http = httpx.Client(timeout=120, limits=httpx.Limits(keepalive_expiry=2))
         return Stack(version, vllm.url, proxy.url, client(vllm.url), client(proxy.url), http, recorder)
 
     def model_dir(self) -> Path:

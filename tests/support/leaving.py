@@ -26,7 +26,7 @@ def leave_before_the_headers(
     try:
         for conn in conns:
             conn.sendall(request)
-        assert eventually(lambda: received() >= clients, timeout_s=20), "the requests never got there"
+        assert eventually(lambda: received() >= clients, timeout_s=60), "the requests never got there"
         time.sleep(0.3)
     finally:
         for conn in conns:
