@@ -9,6 +9,7 @@ group: the idle child died holding its pool's queue lock, which the exit then wa
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,7 +96,10 @@ def test_a_processor_envoy_holds_only_idle_connections_to_exits_at_once(rig: Rig
         guard.terminate()
         assert guard.process.wait(timeout=5 + MARGIN_S) == 0
         (stopped,) = guard.lines(STOPPED)
-        assert "0 request(s) in flight at the stop; none cut" in stopped
+        # nothing cut; at most the refused request in flight: gRPC sends an answer from its own thread, so the client
+        # can have the 400 (and the test send the signal) before the processor's stream has ended
+        at_stop = re.search(r"(\d+) request\(s\) in flight at the stop; none cut", stopped)
+        assert at_stop is not None and int(at_stop[1]) <= 1, stopped
 
 
 def test_a_stream_open_at_the_signal_finishes_while_new_ones_are_refused(rig: Rig, tmp_path: Path) -> None:
