@@ -68,7 +68,7 @@ async def settle(
     if plan.error is None:  # a partial count is a lower bound: a limit above the room it leaves overflows anyway
         body = conv.forwarded(plan.changes, plan.max_tokens)
         action = "partial" if conv.partial else plan.action
-        return Forward(body, Decision(action, prompt_tokens, plan.max_tokens), cost)
+        return Forward(body, Decision(action, prompt_tokens, plan.max_tokens, next_turn=plan.next_turn), cost)
     if not isinstance(plan.error, ContextLengthExceeded):  # over the whole KV budget: nothing cut would be admitted
         return Refuse(plan.error, Decision.of(plan))
     if conv.upstream_truncates:  # vLLM cuts the prompt itself, as the client asked

@@ -95,6 +95,12 @@ class PolicySettings:
     chunk_separator: str = "\n\n"
     chunk_merge: str = "concat"
     max_fanout: int = 4
+    # The share of the window a clamp keeps free for the next turn, per route (policy/decide.py): agents re-send the
+    # conversation with an answer that filled its limit appended (Claude Code, Qwen Code and Codex-style clients do),
+    # so a limit of all the room left makes their continuation overflow. 0: the clamp gives all the room.
+    next_turn_share_messages: float = 0.5
+    next_turn_share_responses: float = 0.5
+    next_turn_share_chat: float = 0.0
     # A chat_template sent in a request is refused, as vLLM refuses it without --trust-request-chat-template; when
     # trusted, it renders in a child process with a time and memory limit (counting/isolated.py).
     trust_request_chat_template: bool = False

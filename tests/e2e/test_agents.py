@@ -28,6 +28,9 @@ pytestmark = pytest.mark.e2e
 
 WINDOW = runtime.MAX_MODEL_LEN
 STORE = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+# a clamp that gives all the room the prompt leaves: the thinking budget's rules at the edge of the window
+# (tests/server/test_next_turn.py holds the room kept for the next turn, the default)
+ALL_THE_ROOM = {f"TOKEN_GUARD_POLICY_NEXT_TURN_SHARE_{route}": "0" for route in ("MESSAGES", "RESPONSES")}
 REASONING = ("--reasoning-parser", "deepseek_r1")
 # compact JSON: a constrained answer of random weights ends where its schema does, not in endless whitespace
 TOOLS = ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
@@ -49,7 +52,7 @@ def served(version: str, vllm_args: tuple[str, ...], workdir: Path) -> Iterator[
     processes = [vllm]
     try:
         vllm.wait_ready("/v1/models", VLLM_READY_TIMEOUT)
-        guard = runtime.start_proxy(vllm.url, model, workdir / "guard")
+        guard = runtime.start_proxy(vllm.url, model, workdir / "guard", settings=ALL_THE_ROOM)
         processes.append(guard)
         guard.wait_ready("/health", PROXY_READY_TIMEOUT)
         with httpx.Client(timeout=180) as http:
