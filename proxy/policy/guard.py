@@ -39,7 +39,7 @@ from proxy.counting.source import (
     completion_tokens,
 )
 from proxy.errors import ContextLengthExceeded, InvalidRequest, PermissionDenied
-from proxy.policy import thinking
+from proxy.policy import background, thinking
 from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
 from proxy.policy.choice import choose_policy, whole_prompt
@@ -243,6 +243,9 @@ class Guard:
     ) -> Outcome:
         findings.max_tokens_before = req.max_output_tokens
         model, _, choice, limits = self._target(req.model, headers, findings, req.body, "responses")
+        named, follows = background.named(req, self.settings.admission)
+        if named is not req:  # the guard names a background response: the body forwarded carries its id
+            req, raw = named, with_changes(named.body, {})
         newer = self.registry.upstream_newer()
         prompt_tokens = await self._count(model, responses_chat(req, newer), findings)
 
@@ -255,7 +258,8 @@ class Guard:
             response_turn, response_kept, partial=req.previous_response_id is not None,
             upstream_truncates=req.truncation_auto,
         )  # fmt: skip
-        return await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
+        outcome = await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
+        return replace(outcome, follows=follows) if follows is not None and isinstance(outcome, Forward) else outcome
 
     async def _messages(
         self, req: MessagesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings

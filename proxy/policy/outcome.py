@@ -67,6 +67,7 @@ class Forward:
     cost: int | None = None  # KV tokens it holds while running, for admission
     content_type: str | None = None  # the body's own, in place of the client's (a form written anew)
     usage_asked: bool = False  # the body asks vLLM for a usage event its client did not ask for (usage_event.py)
+    follows: str | None = None  # a background response's id: its ticket is held until vLLM says it ended
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,9 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_inflight_requests": v.integer(0),
         "queue_timeout_s": v.positive_float,
         "max_queue": v.integer(0),
+        "background": v.choice("follow", "refuse"),
+        "background_poll_s": v.positive_float,
+        "background_max_s": v.positive_float,
     },
     "redis": {
         "url": v.redis_url,

@@ -49,6 +49,12 @@ class AdmissionSettings:
     max_inflight_requests: int = 0
     queue_timeout_s: float = 30.0
     max_queue: int = 1000
+    # `background: true` on /v1/responses: "follow" holds its ticket (and a limited key's reservation) until vLLM says
+    # it ended, polling its replica every background_poll_s, at most background_max_s; "refuse": a 400 while admission
+    # keeps a budget
+    background: str = "follow"
+    background_poll_s: float = 1.0
+    background_max_s: float = 3600.0
 
 
 @dataclass(frozen=True)
