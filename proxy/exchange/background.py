@@ -103,8 +103,8 @@ class Followers:
                 log.info("background response %s: its replica did not answer (%s); asking again", followed.response_id,
                          exc.message)  # fmt: skip
                 continue
-            if status == 404:
-                log.warning("background response %s: its replica no longer knows it; its ticket is given back",
+            if status == 404 and not await self._found_elsewhere(followed, path):
+                log.warning("background response %s: no replica knows it; its ticket is given back",
                             followed.response_id)  # fmt: skip
                 return None, b""
             state = _state(raw) if status == 200 else None
@@ -113,6 +113,21 @@ class Followers:
         log.warning("background response %s still running after admission.background_max_s (%g s): no longer "
                     "followed, its ticket given back", followed.response_id, self.max_s)  # fmt: skip
         return None, b""
+
+    async def _found_elsewhere(self, followed: Followed, path: str) -> bool:
+        """Whether another replica stores the response (then followed there): behind Envoy without a picker, the
+        replica admission charged need not be the one Envoy sent the request to."""
+        for replica in self.upstream.urls:
+            if replica == followed.replica:
+                continue
+            try:
+                status, _ = await self.upstream.look(replica, path, followed.credentials, LOOK_TIMEOUT_S, LOOK_BYTES)
+            except GuardError:
+                continue
+            if status == 200:
+                followed.replica = replica
+                return True
+        return False
 
     async def _end(self, followed: Followed, state: str | None, raw: bytes) -> None:
         """Give back the ticket, and settle the key's charge: the usage of a response that ended with one; the input
