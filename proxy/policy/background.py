@@ -6,11 +6,13 @@ a deployment prefers (`admission.background = "refuse"`), refuses it while admis
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import replace
 from typing import Any
 
 from proxy.api.responses import ResponsesRequest
+from proxy.api.routes import ID
 from proxy.errors import InvalidRequest
 from proxy.settings import AdmissionSettings
 
@@ -18,6 +20,12 @@ REFUSED = (
     "This gateway does not take background responses while it admits requests by their KV cost "
     '(admission.background = "refuse"): send the request without `background: true`.'
 )
+
+UNNAMEABLE = (
+    "A background response's request_id must be 1 to 256 letters, digits, '.', '_', ':' or '-', starting with a letter "
+    "or digit: the id it is retrieved by (GET /v1/responses/{id})."
+)
+FOLLOWABLE = re.compile(ID)
 
 
 def admitting(admission: AdmissionSettings) -> bool:
@@ -33,6 +41,8 @@ def named(req: ResponsesRequest, admission: AdmissionSettings) -> tuple[Response
     if admission.background == "refuse" and admitting(admission):
         raise InvalidRequest(REFUSED, param="background")
     if req.request_id is not None:
+        if FOLLOWABLE.fullmatch(req.request_id) is None:  # the guard asks vLLM for it by this id, in a path
+            raise InvalidRequest(UNNAMEABLE, param="request_id")
         return req, req.request_id
     response_id = f"resp_{uuid.uuid4().hex}"
     body: dict[str, Any] = {**req.body, "request_id": response_id}

@@ -43,3 +43,13 @@ def test_refuse_answers_400_only_while_admission_keeps_a_budget() -> None:
 def test_an_id_that_is_not_a_string_is_refused_as_vllm_refuses_it() -> None:
     with pytest.raises(InvalidRequest, match="request_id"):
         responses_request({"model": "m", "input": "hi", "background": True, "request_id": 5})
+
+
+@pytest.mark.parametrize("given", ["../../metrics", "resp x", "", "resp_" + "x" * 300, "resp?stream=true"])
+def test_an_id_the_guard_could_not_ask_for_is_refused(given: str) -> None:
+    """The guard asks the replica for it at /v1/responses/{id}: an id that is no one path segment would ask another
+    route, and one the route table does not take could never be retrieved through the guard."""
+    req = responses_request({"model": "m", "input": "hi", "background": True, "request_id": given})
+    with pytest.raises(InvalidRequest, match="request_id") as refused:
+        named(req, FOLLOW)
+    assert refused.value.param == "request_id"
