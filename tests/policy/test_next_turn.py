@@ -94,3 +94,21 @@ def messages(max_tokens: int, budget: int | None = None) -> Converted:
     req = messages_request(body)
     return Converted("/v1/messages", body, json.dumps(body).encode(), "max_tokens", max_tokens, "messages",
                      "messages", req.messages, message_turn, message_kept, follow=thinking.follower(req))  # fmt: skip
+
+
+def test_a_truncated_prompt_keeps_the_reserve_its_cut_made_for_the_answer() -> None:
+    """truncate cuts the oldest turns to leave the answer its reserve (policy/choice.py); the continuation of such an
+    answer is cut again, so no room is kept for it on top."""
+    items: list[Any] = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                        {"role": "user", "content": "c"}]  # fmt: skip
+
+    async def count(kept: list[Any]) -> int:
+        return 12000 * len(kept)  # 36000 tokens: over the window; the last turn alone fits
+
+    body = {"model": "m", "max_tokens": 16000, "messages": items}
+    req = messages_request(body)
+    conv = Converted("/v1/messages", body, json.dumps(body).encode(), "max_tokens", 16000, "messages", "messages",
+                     req.messages, message_turn, message_kept)  # fmt: skip
+    outcome = asyncio.run(settle(conv, 36000, Limits(W, next_turn=0.5), "truncate", count))
+    assert isinstance(outcome, Forward) and outcome.decision.action == "truncate"
+    assert outcome.decision.max_tokens == 16000 and outcome.decision.next_turn is None  # kept: 10384 with room kept
