@@ -25,6 +25,8 @@ class ResponsesRequest:
     previous_response_id: str | None
     truncation_auto: bool  # `truncation: "auto"`: vLLM cuts an overlong prompt itself instead of refusing it
     stream: bool
+    background: bool = False  # vLLM runs it after answering `queued` (policy/background.py)
+    request_id: str | None = None  # the id vLLM stores the response under (its own random one when absent)
 
     @property
     def requested_output(self) -> tuple[str, int] | None:
@@ -60,4 +62,6 @@ def responses_request(body: dict[str, Any], max_items: int = MAX_ITEMS) -> Respo
         previous_response_id=optional(body, "previous_response_id", str, "a string"),
         truncation_auto=truncation not in (None, "disabled"),
         stream=flag(body, "stream", False),
+        background=flag(body, "background", False),
+        request_id=optional(body, "request_id", str, "a string"),
     )

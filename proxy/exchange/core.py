@@ -1,7 +1,7 @@
 """What every front end serves requests with, built once from the settings: the upstream (model discovery, health, KV
 budgets, admission), the guard, the quotas, the metrics, the keys, the route table, the bytes of request bodies held
 at once and the drain; and the background work of its lifetime (learning the upstream's models, watching replicas'
-health, reading KV budgets, the Redis link)."""
+health, reading KV budgets, the Redis link, following background responses)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from proxy.api.routes import RouteTable
 from proxy.counting.registry import ModelRegistry
 from proxy.doctor.run import drift_warnings
 from proxy.errors import GuardError
+from proxy.exchange.background import Followers
 from proxy.exchange.bodies import BodyBudget
 from proxy.exchange.drain import Drain
 from proxy.exchange.entry import Door
@@ -86,6 +87,7 @@ class Core:
         self.door = Door(self.routes, self.keys)
         self.drain = Drain()
         self.bodies = BodyBudget(server.max_held_body_bytes)
+        self.followers = Followers(self.upstream, self.meter, self.drain, settings.admission, self.metrics)
 
     def sight(self, headers: RawHeaders) -> tuple[bool, bool]:
         """What the guard's own /health and /metrics show a request: (key names and per-key usage, model names). An
@@ -113,7 +115,8 @@ class Core:
 
     def jobs(self) -> list[Coroutine[Any, Any, None]]:
         """The background work of the front end's lifetime, each logged if it fails (never taking the server down)."""
-        jobs = [_learn_models(self.settings, self.registry, self.upstream), self.upstream.watch_health()]
+        jobs = [_learn_models(self.settings, self.registry, self.upstream), self.upstream.watch_health(),
+                self.followers.run()]  # fmt: skip
         if self.upstream.auto_budget:
             jobs.append(self.upstream.learn_budgets())
         if self.link is not None and self.presence is not None:

@@ -176,6 +176,12 @@ class Metrics:
             if record.quota_limited:
                 self.add("key_limited", (found.api_key.name,))
 
+    def charged(self, record: RequestRecord) -> None:
+        """A charge settled after its request's record was observed (a background response's, once it ended)."""
+        key = record.findings.api_key
+        if key is not None and record.charged_tokens:
+            self.add("key_tokens", (key.name,), record.charged_tokens)
+
     def _decided(self, labels: tuple[str, str], decision: Decision, asked: int | None) -> None:
         if decision.action != "uncounted":
             self.observe_value("prompt_tokens", labels, decision.prompt_tokens)

@@ -14,7 +14,8 @@ request trailers  never go on (every one is taken off); they end a body still un
 response headers  the x-token-guard-* and x-ratelimit-* headers, the request id, the queue time
 response body     when Envoy sends it: its tail settles the key's charge from the answer's usage
 the stream's end  Envoy closes it when the HTTP exchange ends, completed or aborted: the admission ticket is
-                  released, the charge settled, the request's record logged
+                  released, the charge settled, the request's record logged; a background response's ticket and
+                  charge are held on until vLLM says it ended (exchange/background.py)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from proxy.errors import (
     RequestTimeout,
     internal_error,
 )
+from proxy.exchange.background import Followed
 from proxy.exchange.core import Core
 from proxy.exchange.entry import Refusal, target
 from proxy.exchange.headers import Headers, RawHeaders, encode_headers
@@ -86,6 +88,7 @@ class Stream:
         self.size = 0
         self.held = core.bodies.hold()  # the body's share of those held at once, given back at the stream's end
         self.ticket: Ticket | None = None
+        self.follows: str | None = None  # a background response's id: its ticket is held past the stream's end
         self.status: int | None = None
         self.ended = False  # the answer ended: an immediate response, or the response's last byte (or headers)
         self.hidden: HiddenUsage | None = None  # takes the usage event the guard asked for out of the answer
@@ -227,7 +230,7 @@ class Stream:
 
     async def _forward(self, outcome: Forward, body: bytes, at: str) -> Answers:
         assert self.record is not None
-        self.forwarded = True
+        self.forwarded, self.follows = True, outcome.follows
         if outcome.cost is not None:
             self.ticket = await _admitted(self.core, outcome.cost, await self.gateway.endpoints.excluded(self.sent))
             if self.ticket.waited_s > 0:
@@ -292,14 +295,28 @@ class Stream:
     async def close(self) -> None:
         """The stream ended (Envoy closed it, or it was cancelled): what the request held is given back."""
         self.held.release()
-        if self.ticket is not None:
-            self.core.upstream.release(self.ticket)
         record = self.record
+        if self.ticket is not None:
+            if self.follows is not None and self.status in (None, 200) and record is not None:
+                self._hand_over(record, self.follows, self.ticket)
+            else:
+                self.core.upstream.release(self.ticket)
         if record is None:
             return
         if record.charge is not None:
             await self.core.meter.settle(record.charge, record, self.status, not self.ended)
         self.core.flow.done(record, self.status, not self.ended)
+
+    def _hand_over(self, record: RequestRecord, follows: str, ticket: Ticket) -> None:
+        """A background response vLLM runs after its answer (policy/background.py): its ticket and charge go to the
+        core's followers (exchange/background.py), held until vLLM says it ended. Without the response's headers (a
+        processing mode that skips them) vLLM's acceptance is not known: a refusal is seen at the first look."""
+        upstream = self.core.upstream
+        replica = upstream.replica_of(ticket)
+        assert replica is not None
+        self.core.followers.follow(Followed(follows, replica, upstream.credentials_of(self._headers()), ticket,
+                                            record.charge, record))  # fmt: skip
+        record.charge = None  # settled by the follower, once vLLM says what it used
 
     @property
     def decided(self) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.api.body import with_changes
@@ -68,7 +68,7 @@ async def settle(
     if plan.error is None:  # a partial count is a lower bound: a limit above the room it leaves overflows anyway
         body = conv.forwarded(plan.changes, plan.max_tokens)
         action = "partial" if conv.partial else plan.action
-        return Forward(body, Decision(action, prompt_tokens, plan.max_tokens), cost)
+        return Forward(body, Decision(action, prompt_tokens, plan.max_tokens, next_turn=plan.next_turn), cost)
     if not isinstance(plan.error, ContextLengthExceeded):  # over the whole KV budget: nothing cut would be admitted
         return Refuse(plan.error, Decision.of(plan))
     if conv.upstream_truncates:  # vLLM cuts the prompt itself, as the client asked
@@ -103,7 +103,9 @@ async def _truncate(conv: Converted, plan: Plan, limits: Limits, recount: CountI
     if cut is None:
         return refuse(plan, "Truncation could not make it fit: the system prompt and the last user turn alone are "
                             "too long.")  # fmt: skip
-    fitted = decide_output(cut.prompt_tokens, limits, conv.limit_field, conv.requested, conv.param)
+    # the reserve the cut kept is the answer's: a continuation that overflows is cut again, not kept room for
+    fitted = decide_output(cut.prompt_tokens, replace(limits, next_turn=0.0), conv.limit_field, conv.requested,
+                           conv.param)  # fmt: skip
     body = conv.forwarded(fitted.changes, fitted.max_tokens, cut.items)
     decision = Decision("truncate", cut.prompt_tokens, fitted.max_tokens, dropped_messages=cut.dropped,
                         truncated_tokens=plan.prompt_tokens - cut.prompt_tokens)  # fmt: skip

@@ -3,7 +3,10 @@
     pass    forward the client's bytes unchanged
     clamp   forward with the output-limit field(s) lowered to what fits (min_tokens lowered with them): in the window,
             and in the KV budget (with admission.max_inflight_tokens, a request whose sequences with their output
-            would hold more than a replica's whole budget has its output limit lowered, or set, so that they fit)
+            would hold more than a replica's whole budget has its output limit lowered, or set, so that they fit);
+            on a route with a next-turn share (policy.next_turn_share_*), with that share of the window kept free
+            for the next turn, at most half the room the prompt leaves: an agent whose answer fills its limit
+            re-sends the conversation with that answer appended, which must fit too (Limits.next_turn_cap)
     reject  answer 400 context_length_exceeded without touching the upstream; or 400 request_too_large when the
             prompt alone (times n) leaves no room in the KV budget: such a request could never be admitted
 
@@ -12,7 +15,7 @@ Overflow policies other than reject (truncate, chunk) slot in as further plan ki
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from proxy.api.chat import ChatRequest
@@ -30,6 +33,7 @@ class Limits:
     default_max_tokens: int | str | None = None
     max_output: int | None = None  # the API key's max_output_tokens: a cap on every output limit
     max_cost: int | None = None  # the most KV tokens one request may hold: the largest replica's whole budget
+    next_turn: float = 0.0  # the share of the window a clamp keeps free for the next turn (policy.next_turn_share_*)
 
     def window(self, sequences: int) -> int:
         """The most tokens each of a request's `sequences` may hold: the model's window, or less where the KV budget
@@ -41,6 +45,17 @@ class Limits:
     def cap(self, room: int) -> int:
         """The most output a request may ask for: the room its prompt leaves, and the key's cap."""
         return room if self.max_output is None else min(room, self.max_output)
+
+    def next_turn_cap(self, prompt_tokens: int, cap: int) -> int:
+        """The most output a clamp leaves with `next_turn` of the window kept free for the next turn: never more than
+        half the room the prompt leaves is kept (the answer gets the other half), nor the answer held below
+        min_output_tokens. An agent's continuation after a length stop is the conversation plus the answer: it fits
+        in what was kept."""
+        if not self.next_turn:
+            return cap
+        room = self.max_model_len - prompt_tokens
+        keep = min(int(self.next_turn * self.max_model_len), room // 2)
+        return min(cap, max(room - keep, self.min_output_tokens))
 
     def unsaid_output(self, cap: int) -> int | None:
         """The output limit of a request that sets none: default_max_tokens, else the key's cap, else None (the
@@ -65,6 +80,12 @@ def limits_for(
     return Limits(max_model_len, policy.min_output_tokens, policy.default_max_tokens, max_output, max_cost)
 
 
+def next_turn_share(policy: PolicySettings, reads: str) -> float:
+    """The share of the window a clamp keeps free for the next turn on a route that reads `reads`."""
+    return {"messages": policy.next_turn_share_messages, "responses": policy.next_turn_share_responses,
+            "chat": policy.next_turn_share_chat}.get(reads, 0.0)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Plan:
     action: Action
@@ -72,6 +93,7 @@ class Plan:
     max_tokens: int | None = None
     changes: dict[str, int] = field(default_factory=dict)
     error: ContextLengthExceeded | RequestTooLarge | None = None
+    next_turn: int | None = None  # the tokens of the window kept free for the next turn, when that lowered the limit
 
     def cost(self, limits: Limits, sequences: int) -> int:
         """KV tokens the request holds while it runs: (prompt + output limit) per sequence; with no limit, vLLM
@@ -84,17 +106,18 @@ def decide_chat(req: ChatRequest, prompt_tokens: int, limits: Limits) -> Plan:
     room = _room(prompt_tokens, limits, req.n, "messages")
     if isinstance(room, Plan):
         return room
-    cap, requested = limits.cap(room), req.requested_output
+    cap, requested = limits.next_turn_cap(prompt_tokens, limits.cap(room)), req.requested_output
     if requested is None:
         default = limits.unsaid_output(cap)
-        if default is None and room < limits.max_model_len - prompt_tokens:  # vLLM would fill the window: too much
+        if default is None and cap < limits.max_model_len - prompt_tokens:  # vLLM would fill the window: too much
             default = cap
         if default is None:  # the upstream picks the output limit (vLLM: whatever room is left)
             return Plan("pass", prompt_tokens)
-        return _limited(prompt_tokens, min(default, cap), {"max_tokens": min(default, cap)}, req.min_tokens)
+        plan = _limited(prompt_tokens, min(default, cap), {"max_tokens": min(default, cap)}, req.min_tokens)
+        return _kept(plan, limits, room)
     sent = {"max_tokens": req.max_tokens, "max_completion_tokens": req.max_completion_tokens}
     changes = {name: cap for name, value in sent.items() if value is not None and value > cap}
-    return _limited(prompt_tokens, min(requested[1], cap), changes, req.min_tokens)
+    return _kept(_limited(prompt_tokens, min(requested[1], cap), changes, req.min_tokens), limits, room)
 
 
 def decide_completion(req: CompletionRequest, prompt_tokens: list[int], limits: Limits) -> Plan:
@@ -117,15 +140,16 @@ def decide_output(
     room = _room(prompt_tokens, limits, sequences, param)
     if isinstance(room, Plan):
         return room
-    cap = limits.cap(room)
+    cap = limits.next_turn_cap(prompt_tokens, limits.cap(room))
     if requested is None:
         requested = limits.unsaid_output(cap)
-        if requested is None and room < limits.max_model_len - prompt_tokens:  # the budget binds: say the limit
+        if requested is None and cap < limits.max_model_len - prompt_tokens:  # budget or next turn binds: say it
             requested = cap
         if requested is None:  # the upstream picks the output limit (vLLM: whatever room is left)
             return Plan("pass", prompt_tokens)
-        return Plan("clamp", prompt_tokens, min(requested, cap), {field: min(requested, cap)})
-    return _limited(prompt_tokens, min(requested, cap), {field: cap} if requested > cap else {}, None)
+        return _kept(Plan("clamp", prompt_tokens, min(requested, cap), {field: min(requested, cap)}), limits, room)
+    return _kept(_limited(prompt_tokens, min(requested, cap), {field: cap} if requested > cap else {}, None), limits,
+                 room)  # fmt: skip
 
 
 def _room(prompt_tokens: int, limits: Limits, sequences: int, param: str) -> int | Plan:
@@ -138,6 +162,13 @@ def _room(prompt_tokens: int, limits: Limits, sequences: int, param: str) -> int
     if budgeted < limits.min_output_tokens:
         return Plan("reject", prompt_tokens, error=_over_budget(prompt_tokens, sequences, limits, param))
     return budgeted
+
+
+def _kept(plan: Plan, limits: Limits, room: int) -> Plan:
+    """A clamp whose limit the next turn's share lowered says how much of the window it keeps free."""
+    if plan.action != "clamp" or plan.max_tokens is None or plan.max_tokens >= limits.cap(room):
+        return plan
+    return replace(plan, next_turn=limits.max_model_len - plan.prompt_tokens - plan.max_tokens)
 
 
 def _limited(prompt_tokens: int, limit: int, changes: dict[str, int], min_tokens: int | None) -> Plan:

@@ -39,7 +39,7 @@ from proxy.counting.source import (
     completion_tokens,
 )
 from proxy.errors import ContextLengthExceeded, InvalidRequest, PermissionDenied
-from proxy.policy import thinking
+from proxy.policy import background, thinking
 from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
 from proxy.policy.choice import choose_policy, whole_prompt
@@ -53,7 +53,15 @@ from proxy.policy.converted import (
     response_turn,
     settle,
 )
-from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion, limits_for, reject_at_least
+from proxy.policy.decide import (
+    Limits,
+    Plan,
+    decide_chat,
+    decide_completion,
+    limits_for,
+    next_turn_share,
+    reject_at_least,
+)
 from proxy.policy.generate import settle_generate
 from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse, outcome_of
 from proxy.policy.overflow import overflow_chat, overflow_completion
@@ -194,7 +202,7 @@ class Guard:
 
     async def _chat(self, req: ChatRequest, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
         findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
-        model, policy, choice, limits = self._target(req.model, headers, findings, req.body)
+        model, policy, choice, limits = self._target(req.model, headers, findings, req.body, "chat")
         if not policy.trust_request_chat_template and _brings_template(req):
             raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
         proven = await refuse_by_size(
@@ -234,7 +242,10 @@ class Guard:
         self, req: ResponsesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
         findings.max_tokens_before = req.max_output_tokens
-        model, _, choice, limits = self._target(req.model, headers, findings, req.body)
+        model, _, choice, limits = self._target(req.model, headers, findings, req.body, "responses")
+        named, follows = background.named(req, self.settings.admission)
+        if named is not req:  # the guard names a background response: the body forwarded carries its id
+            req, raw = named, with_changes(named.body, {})
         newer = self.registry.upstream_newer()
         prompt_tokens = await self._count(model, responses_chat(req, newer), findings)
 
@@ -247,13 +258,14 @@ class Guard:
             response_turn, response_kept, partial=req.previous_response_id is not None,
             upstream_truncates=req.truncation_auto,
         )  # fmt: skip
-        return await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
+        outcome = await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
+        return replace(outcome, follows=follows) if follows is not None and isinstance(outcome, Forward) else outcome
 
     async def _messages(
         self, req: MessagesRequest, raw: bytes, headers: Mapping[str, str], findings: Findings
     ) -> Outcome:
         findings.max_tokens_before = req.max_tokens
-        model, _, choice, limits = self._target(req.model, headers, findings, req.body)
+        model, _, choice, limits = self._target(req.model, headers, findings, req.body, "messages")
         outcome = await self._settle_messages(model, req, raw, limits, choice, findings)
         if not thinking.needs_off(outcome, req):
             return thinking.noted(outcome, req, disabled=False)
@@ -348,10 +360,11 @@ class Guard:
         return recount if findings.count_source == LOCAL else None
 
     def _target(
-        self, name: str | None, headers: Mapping[str, str], findings: Findings, body: Mapping[str, Any] | None = None
-    ) -> tuple[GuardedModel, PolicySettings, str, Limits]:
+        self, name: str | None, headers: Mapping[str, str], findings: Findings, body: Mapping[str, Any] | None = None,
+        reads: str = "",
+    ) -> tuple[GuardedModel, PolicySettings, str, Limits]:  # fmt: skip
         """The model a request is for, its policy, the overflow choice (config or header: reject for a `body` whose
-        prompt must reach vLLM whole) and its limits."""
+        prompt must reach vLLM whole) and its limits (with the next turn's share of the route that `reads` it)."""
         key = findings.api_key
         model = self.registry.resolve(name, key.models if key is not None else None)  # a 404 for one it may not use
         findings.model = model.name
@@ -359,6 +372,8 @@ class Guard:
         max_output = key.max_output_tokens if key is not None else None
         max_cost = self.ceiling() if self.ceiling is not None else None
         limits = limits_for(model.name, model.max_model_len, policy, max_output, max_cost)
+        if reads:
+            limits = replace(limits, next_turn=next_turn_share(policy, reads))
         choice = choose_policy(policy, headers)
         why = whole_prompt(body) if choice != "reject" and body is not None else None
         if why is not None:

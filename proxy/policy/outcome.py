@@ -26,10 +26,12 @@ class Decision:
     truncated_tokens: int | None = None  # truncate
     count_source: str | None = None  # who counted the prompt: "local" or "upstream"
     thinking: str | None = None  # Anthropic thinking under a lowered limit: "budget_tokens=N" or "disabled"
+    next_turn: int | None = None  # clamp: the tokens of the window kept free for the next turn (decide.py)
 
     @classmethod
     def of(cls, plan: Plan, count_source: str | None = None) -> Decision:
-        return cls(plan.action, plan.prompt_tokens, plan.max_tokens, count_source=count_source)
+        return cls(plan.action, plan.prompt_tokens, plan.max_tokens, count_source=count_source,
+                   next_turn=plan.next_turn)  # fmt: skip
 
     @property
     def chunks(self) -> int | None:
@@ -53,6 +55,8 @@ class Decision:
             headers["x-token-guard-count-source"] = self.count_source
         if self.thinking is not None:
             headers["x-token-guard-thinking"] = self.thinking
+        if self.next_turn is not None:
+            headers["x-token-guard-next-turn-tokens"] = str(self.next_turn)
         return headers
 
 
@@ -63,6 +67,7 @@ class Forward:
     cost: int | None = None  # KV tokens it holds while running, for admission
     content_type: str | None = None  # the body's own, in place of the client's (a form written anew)
     usage_asked: bool = False  # the body asks vLLM for a usage event its client did not ask for (usage_event.py)
+    follows: str | None = None  # a background response's id: its ticket is held until vLLM says it ended
 
 
 @dataclass(frozen=True)

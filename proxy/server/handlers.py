@@ -12,6 +12,7 @@ import time
 from proxy.api.honoured import for_upstream
 from proxy.api.routes import Route
 from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable, internal_error
+from proxy.exchange.background import Followed
 from proxy.exchange.core import Core
 from proxy.exchange.headers import Headers
 from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
@@ -130,7 +131,8 @@ class Handlers:
         if isinstance(outcome, Forward):
             if outcome.content_type is not None:  # a form written anew: its own boundary
                 headers["content-type"] = outcome.content_type
-            await self._forward(reply, incoming, outcome.body, headers, record, extra, route, outcome.cost)
+            await self._forward(reply, incoming, outcome.body, headers, record, extra, route, outcome.cost,
+                                follows=outcome.follows)  # fmt: skip
         elif isinstance(outcome, Chunked):
             incoming.leave_if_gone()  # counting and cutting took a while: no chunks for a client that left meanwhile
             fanout = outcome.policy.max_fanout
@@ -145,7 +147,10 @@ class Handlers:
     async def _forward(
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
         extra: Headers, route: Route, cost: int | None, listed: tuple[str, ...] | None = None,
+        follows: str | None = None,
     ) -> None:  # fmt: skip
+        """`follows`: a background response's id (policy/background.py): vLLM runs it after its answer, so what the
+        request holds is handed to the core's followers (exchange/background.py) rather than given back here."""
         incoming.leave_if_gone()  # nor sent upstream, where vLLM would start on it only to be told to abort
         handed = record.charge.hand if record.charge is not None else None  # once admitted: the key pays from then
         opened = await self.upstream.open(incoming.method, incoming.forward, headers, body, cost, incoming.query,
@@ -166,4 +171,9 @@ class Handlers:
                 await relay(reply, upstream, extra, record, route.envelope)
         finally:
             upstream.close()
-            self.upstream.release(opened.ticket)  # streams hold their budget to their last byte
+            if follows is not None and upstream.status == 200:  # vLLM took it: it runs on after its answer
+                self.core.followers.follow(Followed(follows, opened.replica, self.upstream.credentials_of(headers),
+                                                    opened.ticket, record.charge, record))  # fmt: skip
+                record.charge = None  # settled by the follower, once vLLM says what it used
+            else:
+                self.upstream.release(opened.ticket)  # streams hold their budget to their last byte

@@ -49,6 +49,12 @@ class AdmissionSettings:
     max_inflight_requests: int = 0
     queue_timeout_s: float = 30.0
     max_queue: int = 1000
+    # `background: true` on /v1/responses: "follow" holds its ticket (and a limited key's reservation) until vLLM says
+    # it ended, polling its replica every background_poll_s, at most background_max_s; "refuse": a 400 while admission
+    # keeps a budget
+    background: str = "follow"
+    background_poll_s: float = 1.0
+    background_max_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,12 @@ class PolicySettings:
     chunk_separator: str = "\n\n"
     chunk_merge: str = "concat"
     max_fanout: int = 4
+    # The share of the window a clamp keeps free for the next turn, per route (policy/decide.py): agents re-send the
+    # conversation with an answer that filled its limit appended (Claude Code, Qwen Code and Codex-style clients do),
+    # so a limit of all the room left makes their continuation overflow. 0: the clamp gives all the room.
+    next_turn_share_messages: float = 0.5
+    next_turn_share_responses: float = 0.5
+    next_turn_share_chat: float = 0.0
     # A chat_template sent in a request is refused, as vLLM refuses it without --trust-request-chat-template; when
     # trusted, it renders in a child process with a time and memory limit (counting/isolated.py).
     trust_request_chat_template: bool = False

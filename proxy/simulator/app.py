@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
@@ -25,6 +26,7 @@ from proxy.api.pooling import Kind
 from proxy.simulator.audio import Task, hear, plan_audio
 from proxy.simulator.audio import answer as spoken_answer
 from proxy.simulator.audio import events as spoken_events
+from proxy.simulator.background import BackgroundResponses
 from proxy.simulator.batch import plan_batch
 from proxy.simulator.chat import plan_chat
 from proxy.simulator.cohere import cohere_embed
@@ -89,6 +91,7 @@ class Endpoints:
         # vLLM renders and tokenizes prompts in one worker thread (its _tokenizer_executor), not on the event loop,
         # and cancels a request whose client leaves meanwhile (with_cancellation); so do we.
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim-tokenize")
+        self.background = BackgroundResponses(ctx.settings.responses_store)
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._tokenizing, work)
@@ -226,6 +229,8 @@ class Endpoints:
             tracker.finish("rejected")
             return error_response(generation.engine_error)
         work = partial(generate_body, generation, wire, engine, tracker)
+        if generation.endpoint == "responses" and (generation.request or {}).get("background"):
+            return JSONResponse(self.background.start(generation, partial(_tracked, work, tracker)))
         result = await work() if engine.instant else await run_unless_disconnected(request.receive, work)
         if result is None:
             tracker.finish("aborted")
@@ -262,12 +267,35 @@ class Endpoints:
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": self.ctx.settings.vllm_version})
 
+    async def retrieve_response(self, request: Request) -> Response:
+        try:
+            return JSONResponse(self.background.retrieve(request.path_params["response_id"]))
+        except ApiError as error:
+            return error_response(error)
+
+    async def cancel_response(self, request: Request) -> Response:
+        try:
+            return JSONResponse(self.background.cancel(request.path_params["response_id"]))
+        except ApiError as error:
+            return error_response(error)
+
     async def sim_stats(self, request: Request) -> Response:
         return JSONResponse(self.stats.snapshot())
 
     async def sim_reset(self, request: Request) -> Response:
         self.stats.reset()
         return JSONResponse(self.stats.snapshot())
+
+
+async def _tracked(work: Callable[[], Awaitable[dict[str, Any]]], tracker: RequestTracker) -> dict[str, Any]:
+    """A background generation, its end recorded as a request's (cancelled: aborted)."""
+    try:
+        result = await work()
+    except BaseException:
+        tracker.finish("aborted")
+        raise
+    tracker.finish("completed")
+    return result
 
 
 def model_list(settings: SimulatorSettings) -> dict[str, Any]:
@@ -313,6 +341,8 @@ def create_app(settings: SimulatorSettings) -> Starlette:
         Route("/v1/chat/completions", endpoints.chat, methods=["POST"]),
         Route("/v1/completions", endpoints.completions, methods=["POST"]),
         Route("/v1/responses", endpoints.responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", endpoints.retrieve_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", endpoints.cancel_response, methods=["POST"]),
         Route("/v1/messages", endpoints.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", endpoints.count_tokens, methods=["POST"]),
         Route("/invocations", endpoints.invocations, methods=["POST"]),
@@ -330,7 +360,13 @@ def create_app(settings: SimulatorSettings) -> Starlette:
         Route("/sim/stats", endpoints.sim_stats, methods=["GET"]),
         Route("/sim/reset", endpoints.sim_reset, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await endpoints.background.close()  # vLLM's shutdown ends the generations it runs
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.state.stats = stats
     app.state.settings = settings
     return app

@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--enable-prompt-embeds", action="store_true", help="as vLLM's: completions take prompt_embeds")
     parser.add_argument("--hidden-size", type=int, default=64, help="the hidden size prompt_embeds must have")
+    parser.add_argument(
+        "--responses-store",
+        action="store_true",
+        help="as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1: responses stored, background mode served",
+    )
 
 
 def demo_tokenizer_dir() -> Path:
@@ -63,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_queued_reqs=args.max_num_queued_reqs,
             enable_prompt_embeds=args.enable_prompt_embeds,
             hidden_size=args.hidden_size,
+            responses_store=args.responses_store,
         )
         app = create_app(settings)
     except (OSError, ValueError) as exc:

@@ -18,6 +18,7 @@ from proxy.counting.anthropic_probes import EFFORTS, fails_inline_system
 from proxy.counting.conversation import template_inputs, to_conversation, to_tools
 from proxy.counting.responses import responses_chat
 from proxy.errors import GuardError
+from proxy.simulator.background import NO_STORE
 from proxy.simulator.chat import plan_chat
 from proxy.simulator.chat_prompt import ChatOptions, RenderedChat, render_chat
 from proxy.simulator.completions import plan_completion
@@ -36,13 +37,18 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
     req = _read(lambda raw: parse_responses(raw), body)
     chat = _read(lambda _: responses_chat(req, newer=not ctx.profile.reserves_output), body)
     ctx.check_model(req.model)
+    if req.background and req.body.get("store", True) is False:  # the request model's own validator
+        raise validation_error("background can only be used when `store` is true", parameter="background")
+    if req.background and not ctx.settings.responses_store:
+        raise ApiError(NO_STORE, type="invalid_request_error", param="background")
     # truncation "auto": vLLM's TokenizeParams gets truncate_prompt_tokens -1, so the input keeps its last tokens,
     # as many as the window less max_output_tokens (0.31), or all but one (0.32)
     truncate = -1 if req.truncation_auto else None
     request = OutputRequest(ctx.settings.max_model_len, req.max_output_tokens, "max_output_tokens",
                             truncate_prompt_tokens=truncate)  # fmt: skip
     suffix = headers.get("x-request-id") or f"{time.time_ns() & (2**64 - 1):016x}"
-    return _generation(ctx, "responses", f"resp_{suffix}", chat, request, req.body, req.stream)
+    rid = req.request_id or f"resp_{suffix}"  # vLLM stores a response under the body's request_id
+    return _generation(ctx, "responses", rid, chat, request, req.body, req.stream)
 
 
 def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:

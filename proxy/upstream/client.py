@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.errors import GuardError, TooBusy, UpstreamConnectTimeout, UpstreamRefused, UpstreamUnavailable
 from proxy.settings import AdmissionSettings, RedisSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
-from proxy.upstream.headers import Credentials, forwardable, outgoing, upstream_auth
+from proxy.upstream.headers import CREDENTIAL_HEADERS, Credentials, forwardable, outgoing, upstream_auth
 from proxy.upstream.transport import GET_BYTES, METRICS_BYTES, Answer, Transport
 
 if TYPE_CHECKING:
@@ -188,6 +188,21 @@ class Upstream:
 
     def release(self, ticket: Ticket | None) -> None:
         self._release(ticket)
+
+    def replica_of(self, ticket: Ticket | None) -> str | None:
+        """The URL of the replica a ticket admitted a request to."""
+        return None if ticket is None else self.replicas[ticket.replica].url
+
+    def credentials_of(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """The credentials a request's headers carry upstream (upstream.api_key's, or the client's own where the
+        guard checks no key): what the guard's own follow-up calls on that request's behalf send."""
+        sent = outgoing(forwardable(headers), self.credentials)
+        return {k: v for k, v in sent.items() if k.lower() in CREDENTIAL_HEADERS}
+
+    async def look(self, replica: str, path: str, headers: Mapping[str, str], timeout_s: float, limit: int) -> tuple[
+            int, bytes]:  # fmt: skip
+        """A GET on one replica (`replica`: its URL), read whole: status and at most `limit` bytes."""
+        return await self._transport.get(replica, path, headers, timeout_s, limit)
 
     def _release(self, ticket: Ticket | None) -> None:
         if ticket is not None:

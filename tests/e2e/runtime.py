@@ -227,8 +227,9 @@ def start_vllm(
 
 
 def start_proxy(
-    upstream: str, model_dir: Path, workdir: Path, python: str = sys.executable, extra_args: Sequence[str] = ()
-) -> Process:
+    upstream: str, model_dir: Path, workdir: Path, python: str = sys.executable, extra_args: Sequence[str] = (),
+    settings: dict[str, str] | None = None,
+) -> Process:  # fmt: skip
     port = free_port()
     argv: list[str | Path] = [
         python, "-m", "proxy", "serve", "--upstream", upstream,
@@ -238,6 +239,7 @@ def start_proxy(
     workdir.mkdir(parents=True, exist_ok=True)
     # The guard reads every TOKEN_GUARD_* variable as a setting and refuses unknown ones, ours included.
     env = {key: value for key, value in quiet_env().items() if not key.startswith("TOKEN_GUARD_E2E_")}
+    env.update(settings or {})  # TOKEN_GUARD_* settings of its own
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(project_root()), env.get("PYTHONPATH", "")]))
     return spawn("token-guard", argv, workdir / "proxy.log", f"http://127.0.0.1:{port}", env)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +24,16 @@ from pydantic import BaseModel
 from tests.e2e import runtime
 from tests.e2e.stack import PROXY_READY_TIMEOUT, VLLM_READY_TIMEOUT
 from tests.e2e.wire import GUARD_ACTION, GUARD_PROMPT
+from tests.support.polling import eventually
+from tests.support.prometheus import metric
 
 pytestmark = pytest.mark.e2e
 
 WINDOW = runtime.MAX_MODEL_LEN
 STORE = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+# a clamp that gives all the room the prompt leaves: the thinking budget's rules at the edge of the window
+# (tests/server/test_next_turn.py holds the room kept for the next turn, the default)
+ALL_THE_ROOM = {f"TOKEN_GUARD_POLICY_NEXT_TURN_SHARE_{route}": "0" for route in ("MESSAGES", "RESPONSES")}
 REASONING = ("--reasoning-parser", "deepseek_r1")
 # compact JSON: a constrained answer of random weights ends where its schema does, not in endless whitespace
 TOOLS = ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
@@ -49,7 +55,7 @@ def served(version: str, vllm_args: tuple[str, ...], workdir: Path) -> Iterator[
     processes = [vllm]
     try:
         vllm.wait_ready("/v1/models", VLLM_READY_TIMEOUT)
-        guard = runtime.start_proxy(vllm.url, model, workdir / "guard")
+        guard = runtime.start_proxy(vllm.url, model, workdir / "guard", settings=ALL_THE_ROOM)
         processes.append(guard)
         guard.wait_ready("/health", PROXY_READY_TIMEOUT)
         with httpx.Client(timeout=180) as http:
@@ -132,6 +138,42 @@ def test_vllm_alone_refuses_the_same_request(thinking: Served) -> None:
             "messages": [{"role": "user", "content": "Hi"}]}  # fmt: skip
     answer = thinking.http.post(thinking.vllm + "/v1/messages", json=body)
     assert answer.status_code == 400 and "cannot be greater than max_model_len" in answer.text
+
+
+# --- Responses in the background: held in flight until vLLM says they ended ---
+
+
+def test_a_background_response_is_held_in_flight_until_vllm_says_it_ended(thinking: Served, tmp_path: Path) -> None:
+    """vLLM answers `background: true` with the response `queued` and runs it after that answer; a guard with a KV
+    budget in front of the same vLLM counts it in flight (token_guard_inflight_tokens) until vLLM's stored response
+    says it ended, and not after."""
+    model = runtime.tiny_model(runtime.vllm_venv(runtime.VERSIONS[0]) / "bin" / "python")
+    settings = {"TOKEN_GUARD_ADMISSION_MAX_INFLIGHT_TOKENS": "100000", "TOKEN_GUARD_ADMISSION_BACKGROUND_POLL_S": "0.1"}
+    guard = runtime.start_proxy(thinking.vllm, model, tmp_path / "guard", settings=settings)
+    try:
+        guard.wait_ready("/health", PROXY_READY_TIMEOUT)
+        body = {"model": runtime.SERVED_NAME, "input": essay(50), "max_output_tokens": 400, "background": True,
+                "temperature": 0}  # fmt: skip
+        created = thinking.http.post(guard.url + "/v1/responses", json=body)
+        assert created.status_code == 200 and created.json()["status"] == "queued", created.text
+        cost = int(created.headers[GUARD_PROMPT]) + 400
+        stored = thinking.vllm + "/v1/responses/" + created.json()["id"]  # the id the guard named it by
+
+        def inflight() -> float:
+            return metric(thinking.http.get(guard.url + "/metrics").text, "token_guard_inflight_tokens")
+
+        seen: list[tuple[float, str]] = []  # (the guard's count, then vLLM's status)
+        deadline = time.monotonic() + 180
+        while not seen or seen[-1][1] in ("queued", "in_progress"):
+            assert time.monotonic() < deadline, "vLLM never ended it"
+            counted = inflight()
+            seen.append((counted, thinking.http.get(stored).json()["status"]))
+            time.sleep(0.05)
+        assert all(counted >= cost for counted, status in seen if status == "queued")  # held while vLLM runs it
+        assert seen[-1][1] in ("completed", "incomplete")
+        assert eventually(lambda: inflight() == 0, timeout_s=10)  # and given back once vLLM said so
+    finally:
+        guard.stop()
 
 
 # --- Responses: truncation "auto", and a second turn over a stored conversation ---

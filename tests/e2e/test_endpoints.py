@@ -39,6 +39,15 @@ CLAUDE_CODE: dict[str, Any] = {
 
 # Prompts that leave a few dozen tokens of room: the clamp is checked against the window without generating much.
 NEAR_FULL = words(1990)
+
+
+def half_room(prompt_tokens: int) -> int:
+    """A clamp's output on /v1/messages and Responses by default: half the room the prompt leaves, the other half
+    kept for the next turn (policy.next_turn_share_*)."""
+    room = MAX_MODEL_LEN - prompt_tokens
+    return room - room // 2
+
+
 GREEDY = {"temperature": 0}  # this anthropic SDK has no temperature parameter; vLLM reads it
 
 
@@ -83,7 +92,7 @@ def test_responses_clamp_succeeds_where_vllm_alone_refuses(stack: Stack) -> None
     usage = raw.parse().usage
     assert raw.headers[GUARD_ACTION] == "clamp" and usage is not None
     assert raw.headers[GUARD_PROMPT] == str(usage.input_tokens)
-    assert usage.input_tokens + usage.output_tokens == MAX_MODEL_LEN
+    assert usage.output_tokens == half_room(usage.input_tokens)  # the other half kept for the next turn
 
 
 def test_responses_stream_is_clamped(stack: Stack) -> None:
@@ -91,7 +100,7 @@ def test_responses_stream_is_clamped(stack: Stack) -> None:
                                                  temperature=0, stream=True))  # fmt: skip
     assert events[-1].type == "response.completed"  # with status "incomplete": it ran out of output tokens
     usage = events[-1].response.usage
-    assert usage is not None and usage.input_tokens + usage.output_tokens == MAX_MODEL_LEN
+    assert usage is not None and usage.output_tokens == half_room(usage.input_tokens)
 
 
 def test_claude_code_request_is_clamped_and_streams(stack: Stack, claude: anthropic.Anthropic) -> None:
@@ -103,7 +112,7 @@ def test_claude_code_request_is_clamped_and_streams(stack: Stack, claude: anthro
         prompt = int(stream.response.headers[GUARD_PROMPT])
         final = stream.get_final_message()
     assert final.usage.input_tokens == prompt  # the billing header counted as vLLM counts it (0.32 strips it)
-    assert final.usage.input_tokens + final.usage.output_tokens == MAX_MODEL_LEN
+    assert final.usage.output_tokens == half_room(final.usage.input_tokens)
 
 
 def test_overflow_is_refused_in_each_endpoints_shape_and_never_reaches_vllm(

@@ -29,6 +29,15 @@ def sim(deepseek_dir: Path) -> Iterator[InMemorySim]:
         yield running
 
 
+@pytest.fixture(scope="module")
+def proxy(sim: InMemorySim, deepseek_dir: Path) -> Iterator[str]:
+    """A clamp that gives all the room the prompt leaves (no share kept for the next turn): the thinking budget's
+    rules at the edge of the window (tests/server/test_next_turn.py holds them with the share kept)."""
+    shares = {f"policy.next_turn_share_{route}": 0.0 for route in ("messages", "responses")}
+    with guard(sim, deepseek_dir, **shares) as server:
+        yield server.url
+
+
 @pytest.fixture
 def claude(proxy: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy, api_key="unused", max_retries=0, timeout=60)

@@ -28,6 +28,7 @@ from proxy.doctor.samples import BUILTIN_SAMPLES
 from proxy.server.running import bind_socket
 from tests.support.fleet_state import fleet_state
 from tests.support.polling import eventually
+from tests.support.prometheus import metric
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 from tests.support.servers import MODEL, simulator
 
@@ -246,3 +247,35 @@ def test_a_guard_stopped_mid_stream_leaves_nothing_reserved_in_redis(
     assert reserved == (0, 0) and instances == 0  # released at once, not when a lease of 120 s runs out
     assert LIMIT - float(bucket["tokens"]) < 1_000  # settled: the key paid what it used, not the ~2,040 reserved
     assert exited == 0
+
+
+def test_a_background_response_followed_at_the_stop_gives_back_what_it_holds(
+    deepseek_dir: Path, tmp_path: Path, redis: RedisServer
+) -> None:
+    """vLLM runs it on after the guard stops; the guard's follower ends at the stop and gives back its reservation
+    in the fleet's budget at once, rather than when a lease runs out, and the drain's line counts it."""
+    config = tmp_path / "keys.toml"
+    config.write_text(f'[[keys]]\nname = "team"\nkey = "sk-team"\ntokens_per_minute = {LIMIT}\n')
+    fleet = {
+        "TOKEN_GUARD_CONFIG": str(config),
+        "TOKEN_GUARD_REDIS_URL": redis.url,
+        "TOKEN_GUARD_REDIS_LEASE_S": "120",
+        "TOKEN_GUARD_ADMISSION_MAX_INFLIGHT_TOKENS": "50000",
+        "TOKEN_GUARD_ADMISSION_BACKGROUND_POLL_S": "0.1",
+    }
+    with simulator(deepseek_dir, itl_s=0.05, responses_store=True) as (server, stats, _):
+        with serve(server.url, deepseek_dir, tmp_path / "guard.log", drain_timeout_s=0.5, **fleet) as guard:
+            checked(stats)
+            queued = sdk(guard.url, "sk-team").responses.create(
+                model=MODEL, input="Hi", max_output_tokens=1000, background=True
+            )  # about 50 s of generation
+            assert queued.status == "queued"
+            tokens, requests = fleet_state(redis.url, "team", server.url)[0]
+            assert tokens >= 1000 and requests >= 1  # its reservation, or a block of credit, is held in Redis
+            scraped = httpx.get(f"{guard.url}/metrics").text
+            assert metric(scraped, "token_guard_inflight_tokens") >= 1000  # held after its answer ended
+            assert guard.stop(0.5) == 0
+            (stopped,) = guard.stopped_lines()
+        assert fleet_state(redis.url, "team", server.url)[0] == (0, 0)
+        assert "1 background responses no longer followed" in stopped
+        assert stats.active == 1  # vLLM runs it on: the guard only stopped following it

@@ -25,6 +25,13 @@ def claude(proxy: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy, api_key="unused", max_retries=0, timeout=30)
 
 
+def half_room(prompt_tokens: int) -> int:
+    """The output of a clamp on /v1/messages and Responses by default: half the room the prompt leaves, the other
+    half kept for the next turn (policy.next_turn_share_*)."""
+    room = WINDOW - prompt_tokens
+    return room - room // 2
+
+
 def essay(words: int) -> str:
     return " ".join(f"word{i % 50}" for i in range(words))
 
@@ -35,10 +42,11 @@ def test_responses_clamp_succeeds_where_vllm_alone_refuses(oai: openai.OpenAI, s
         direct.responses.create(model=MODEL, input=essay(100), max_output_tokens=2000)
     raw = oai.responses.with_raw_response.create(model=MODEL, input=essay(100), max_output_tokens=2000)
     reply = raw.parse()
-    assert reply.usage is not None and reply.usage.input_tokens + reply.usage.output_tokens == WINDOW
+    kept = int(raw.headers["x-token-guard-next-turn-tokens"])  # policy.next_turn_share_responses: half the room
+    assert reply.usage is not None and reply.usage.input_tokens + reply.usage.output_tokens + kept == WINDOW
     assert raw.headers["x-token-guard-action"] == "clamp"
     assert int(raw.headers["x-token-guard-prompt-tokens"]) == reply.usage.input_tokens
-    assert sim.stats.requests[-1]["max_output_tokens"] == WINDOW - reply.usage.input_tokens
+    assert sim.stats.requests[-1]["max_output_tokens"] == WINDOW - reply.usage.input_tokens - kept
 
 
 def test_responses_stream_is_clamped(oai: openai.OpenAI) -> None:
@@ -49,7 +57,7 @@ def test_responses_stream_is_clamped(oai: openai.OpenAI) -> None:
     events = list(stream)
     completed = events[-1]
     assert completed.type == "response.completed" and completed.response.usage is not None
-    assert completed.response.usage.input_tokens + completed.response.usage.output_tokens == WINDOW
+    assert completed.response.usage.output_tokens == half_room(completed.response.usage.input_tokens)
 
 
 def test_responses_stream_passes_through_byte_for_byte(proxy: str, sim: InMemorySim) -> None:
@@ -104,13 +112,13 @@ def test_claude_code_style_request_is_clamped(claude: anthropic.Anthropic, sim: 
     reply = raw.parse()
     assert raw.headers["x-token-guard-action"] == "clamp"
     assert int(raw.headers["x-token-guard-prompt-tokens"]) == reply.usage.input_tokens
-    assert reply.usage.input_tokens + reply.usage.output_tokens == WINDOW
+    assert reply.usage.output_tokens == half_room(reply.usage.input_tokens)  # the rest kept for the next turn
 
 
 def test_messages_stream_is_clamped(claude: anthropic.Anthropic) -> None:
     with claude.messages.stream(model=MODEL, max_tokens=32000, messages=[{"role": "user", "content": "Hi"}]) as stream:
         final = stream.get_final_message()
-    assert final.usage.input_tokens + final.usage.output_tokens == WINDOW
+    assert final.usage.output_tokens == half_room(final.usage.input_tokens)
 
 
 def test_messages_overflow_answers_in_anthropics_shape(claude: anthropic.Anthropic, sim: InMemorySim) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.policy.decide import next_turn_share
 from proxy.settings import Settings, SettingsError, load_settings
 
 
@@ -219,3 +220,18 @@ def test_the_upstream_flag_takes_several_replicas_comma_joined() -> None:
     assert load_settings(flags_from(args), environ={}).upstream.urls == (A, B)
     with pytest.raises(SettingsError, match="upstream.url: expected an http:// or https:// URL, or a list of them"):
         load_settings({"upstream.url": f"{A},b:2"}, environ={})
+
+
+def test_the_next_turns_share_is_a_policy_key_overridden_per_model(tmp_path: Path) -> None:
+    config = write(
+        tmp_path,
+        "[policy]\nnext_turn_share_messages = 0.25\n"
+        '[[models]]\nname = "a"\ntokenizer = "/a"\n[models.policy]\nnext_turn_share_messages = 0\n'
+        '[[models]]\nname = "b"\ntokenizer = "/b"\n',
+    )
+    settings = load_settings({}, environ={}, config_file=config)
+    first, _ = settings.models
+    assert first.policy is not None and next_turn_share(first.policy, "messages") == 0.0
+    assert next_turn_share(settings.policy, "messages") == 0.25 and next_turn_share(settings.policy, "responses") == 0.5
+    with pytest.raises(SettingsError, match="policy.next_turn_share_chat: expected a number from 0 to 1"):
+        load_settings({}, environ={"TOKEN_GUARD_POLICY_NEXT_TURN_SHARE_CHAT": "1.5"})
