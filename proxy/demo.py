@@ -187,14 +187,21 @@ async def _other_api(
     print(f"   straight to vLLM: HTTP {direct.status_code}")
     print(f"   {_message(direct.json())}")
     response = await client.post(f"{url}{path}", json=body)
-    action, prompt, limit = (
-        response.headers.get(f"x-token-guard-{k}") for k in ("action", "prompt-tokens", "max-tokens")
+    action, prompt, limit, kept = (
+        response.headers.get(f"x-token-guard-{k}")
+        for k in ("action", "prompt-tokens", "max-tokens", "next-turn-tokens")
     )
+    room = f"{WINDOW} - {prompt}" + (f" - {kept} kept for the next turn" if kept else "")
     print(f"   through token-guard: HTTP {response.status_code}, action {action}, prompt tokens {prompt}, "
-          f"{field} {body[field]} -> {limit} (= {WINDOW} - {prompt})")  # fmt: skip
+          f"{field} {body[field]} -> {limit} (= {room})")  # fmt: skip
     usage = response.json()["usage"]
     total = usage["input_tokens"] + usage["output_tokens"]
     print(f"   usage: input {usage['input_tokens']} + output {usage['output_tokens']} = {total} of {WINDOW}")
+    if kept:
+        print(
+            f"   an agent that continues after this answer re-sends it with the conversation: {total} tokens, "
+            f"{WINDOW - total} left for its next answer (policy.next_turn_share_*)"
+        )
 
 
 async def _embeddings(client: httpx.AsyncClient, url: str, upstream: str, inputs: list[str]) -> None:

@@ -104,20 +104,26 @@ def test_step_4_clamps_a_responses_request_vllm_refuses(demo: Run) -> None:
     text = step(demo, 4)
     (asked,) = numbers(r"max_output_tokens (\d+)\.", text)
     assert "straight to vLLM: HTTP 400" in text
-    clamped = r"HTTP 200, action clamp, prompt tokens (\d+), max_output_tokens (\d+) -> (\d+) \(= (\d+) - (\d+)\)"
-    prompt, said, limit, window, again = numbers(clamped, text)
-    assert (said, limit, window, again) == (asked, WINDOW - prompt, WINDOW, prompt)
-    assert numbers(r"usage: input (\d+) \+ output (\d+) = (\d+) of", text) == (prompt, limit, WINDOW)
+    clamped = (r"HTTP 200, action clamp, prompt tokens (\d+), max_output_tokens (\d+) -> (\d+) "
+               r"\(= (\d+) - (\d+) - (\d+) kept for the next turn\)")  # fmt: skip
+    prompt, said, limit, window, again, kept = numbers(clamped, text)
+    assert (said, window, again) == (asked, WINDOW, prompt)
+    assert kept == (WINDOW - prompt) // 2 and limit == WINDOW - prompt - kept  # half the room, the default
+    assert numbers(r"usage: input (\d+) \+ output (\d+) = (\d+) of", text) == (prompt, limit, prompt + limit)
+    assert numbers(r"(\d+) left for its next answer", text) == (kept,)
     assert prompt == numbers(r"A prompt of (\d+) tokens with max_tokens", step(demo, 2))[0]  # the same notes
 
 
 def test_step_5_clamps_a_claude_code_request(demo: Run) -> None:
     text = step(demo, 5)
     assert "max_completion_tokens=32000 cannot be greater than max_model_len=2048" in text
-    clamped = r"HTTP 200, action clamp, prompt tokens (\d+), max_tokens 32000 -> (\d+) \(= (\d+) - (\d+)\)"
-    prompt, limit, window, again = numbers(clamped, text)
-    assert (limit, window, again) == (WINDOW - prompt, WINDOW, prompt)
-    assert numbers(r"usage: input (\d+) \+ output (\d+) = (\d+) of", text) == (prompt, limit, WINDOW)
+    clamped = (r"HTTP 200, action clamp, prompt tokens (\d+), max_tokens 32000 -> (\d+) "
+               r"\(= (\d+) - (\d+) - (\d+) kept for the next turn\)")  # fmt: skip
+    prompt, limit, window, again, kept = numbers(clamped, text)
+    assert (window, again) == (WINDOW, prompt)
+    assert kept == (WINDOW - prompt) // 2 and limit == WINDOW - prompt - kept  # half the room, the default
+    assert numbers(r"usage: input (\d+) \+ output (\d+) = (\d+) of", text) == (prompt, limit, prompt + limit)
+    assert numbers(r"(\d+) left for its next answer", text) == (kept,)
 
 
 def test_step_6_never_cuts_an_embedding_but_counts_the_clients_own_cut(demo: Run) -> None:
