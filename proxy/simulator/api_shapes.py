@@ -89,7 +89,10 @@ async def responses_events(g: Generation, engine: Engine, tracker: RequestTracke
     yield send("response.output_text.done", {"content_index": 0, **at, "logprobs": [], "text": text})
     yield send("response.content_part.done", {"content_index": 0, **at, "part": _text_part(text, None)})
     yield send("response.output_item.done", {"item": {**_output_item(item, text), "summary": []}, "output_index": 0})
-    yield send("response.completed", {"response": responses_object(g, text, count)})
+    completed = responses_object(g, text, count)
+    if g.keep is not None:
+        g.keep(completed)
+    yield send("response.completed", {"response": completed})
 
 
 # --- Anthropic Messages -------------------------------------------------------------------------------------------
@@ -125,7 +128,10 @@ async def message_events(g: Generation, engine: Engine, tracker: RequestTracker)
 
 def whole_body(g: Generation, text: str, output_tokens: int) -> dict[str, Any]:
     if g.endpoint == "responses":
-        return responses_object(g, text, output_tokens)
+        body = responses_object(g, text, output_tokens)
+        if g.keep is not None:
+            g.keep(body)
+        return body
     return message_object(g, text, output_tokens)
 
 

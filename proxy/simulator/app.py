@@ -37,6 +37,7 @@ from proxy.simulator.pooling import pool, pooling_invocation
 from proxy.simulator.responses import Wire
 from proxy.simulator.settings import SimulatorSettings
 from proxy.simulator.stats import RequestTracker, SimulatorStats
+from proxy.simulator.stored import ResponseStore
 from proxy.simulator.streaming import TrackedStream, events, generate_body, run_unless_disconnected
 from proxy.simulator.token_in import plan_generate
 from proxy.simulator.tokenize import detokenize, tokenize
@@ -101,6 +102,19 @@ class Endpoints:
 
     async def responses(self, request: Request) -> Response:
         return await self._generate(request, plan_responses)
+
+    async def retrieve(self, request: Request) -> Response:
+        return self._stored(lambda store, rid: store.retrieve(rid), request)
+
+    async def cancel(self, request: Request) -> Response:
+        return self._stored(lambda store, rid: store.cancel(rid), request)
+
+    def _stored(self, reach: Callable[[ResponseStore, str], dict[str, Any]], request: Request) -> Response:
+        rid = request.path_params["response_id"]
+        try:
+            return JSONResponse(reach(self.ctx.store if self.ctx.store is not None else ResponseStore(), rid))
+        except ApiError as error:
+            return error_response(error)
 
     async def batch(self, request: Request) -> Response:
         return await self._generate(request, plan_batch)
@@ -313,6 +327,8 @@ def create_app(settings: SimulatorSettings) -> Starlette:
         Route("/v1/chat/completions", endpoints.chat, methods=["POST"]),
         Route("/v1/completions", endpoints.completions, methods=["POST"]),
         Route("/v1/responses", endpoints.responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", endpoints.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", endpoints.cancel, methods=["POST"]),
         Route("/v1/messages", endpoints.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", endpoints.count_tokens, methods=["POST"]),
         Route("/invocations", endpoints.invocations, methods=["POST"]),
@@ -333,4 +349,5 @@ def create_app(settings: SimulatorSettings) -> Starlette:
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.stats = stats
     app.state.settings = settings
+    app.state.store = endpoints.ctx.store
     return app

@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_queued_reqs=args.max_num_queued_reqs,
             enable_prompt_embeds=args.enable_prompt_embeds,
             hidden_size=args.hidden_size,
+            store_responses=os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0").lower() in ("1", "true"),
         )
         app = create_app(settings)
     except (OSError, ValueError) as exc:

@@ -27,6 +27,7 @@ class SimulatorSettings:
     max_num_queued_reqs: int | None = None  # as vLLM's --max-num-queued-reqs: over it, 503 "the engine is busy"
     enable_prompt_embeds: bool = False  # as vLLM's --enable-prompt-embeds: completions take prompt_embeds
     hidden_size: int = 64  # the model's, which each prompt_embeds tensor must have
+    store_responses: bool = False  # as VLLM_ENABLE_RESPONSES_API_STORE=1: Responses kept in this replica's memory
 
     def __post_init__(self) -> None:
         get_profile(self.profile)
