@@ -17,20 +17,21 @@ import pytest
 
 from proxy.server.running import ServerThread
 from tests.support.redis import RedisServer, redis_server
-from tests.support.servers import MODEL, Tap, keyed_guard, simulator, wait_checked, wait_healthy
+from tests.support.servers import MODEL, Tap, guard, keyed_guard, simulator, wait_checked, wait_healthy
 
 WINDOW = 2048
 KEYS = '[[keys]]\nname = "bob"\nkey = "sk-bob"\n\n[[keys]]\nname = "alice"\nkey = "sk-alice"\n'
-TOOL = {"type": "function", "name": "shell", "description": "Run a command",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}  # fmt: skip
+COMMAND = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
+TOOL: Any = {"type": "function", "name": "shell", "description": "Run a command", "parameters": COMMAND}
 Replicas = list[tuple[ServerThread, Any, Tap]]
 
 
 @pytest.fixture(scope="module")
 def replicas(deepseek_dir: Path) -> Iterator[Replicas]:
-    with simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW, store_responses=True) as a, simulator(
-        deepseek_dir, profile="0.31", max_model_len=WINDOW, store_responses=True
-    ) as b:
+    with (
+        simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW, store_responses=True) as a,
+        simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW, store_responses=True) as b,
+    ):
         yield [a, b]
 
 
@@ -88,14 +89,14 @@ def conversation(guards: list[str], replicas: Replicas, turns: int, stream: bool
     for turn in range(turns):
         oai = client(guards[turn % len(guards)])
         extra: dict[str, Any] = {"stop": ["that"]}
+        tools: Any = [TOOL] if turn % 3 == 2 else openai.NOT_GIVEN
         raw = oai.responses.with_raw_response.create(
             model=MODEL, input=f"Turn {turn}: what next?", instructions="Be brief.", previous_response_id=previous,
-            max_output_tokens=100000, tools=[TOOL] if turn % 3 == 2 else openai.NOT_GIVEN, stream=stream,
-            extra_body=extra,
+            max_output_tokens=100000, tools=tools, stream=stream, extra_body=extra,
         )  # fmt: skip
         assert raw.http_response.status_code == 200
         assert raw.headers["x-token-guard-action"] == "clamp"
-        reply = _completed(raw.parse()) if stream else raw.parse()
+        reply: Any = _completed(raw.parse()) if stream else raw.parse()
         assert reply.usage is not None
         counts.append((int(raw.headers["x-token-guard-prompt-tokens"]), reply.usage.input_tokens))
         assert holder(replicas, reply.id) != [], "the response is stored on a replica"
@@ -174,9 +175,7 @@ def test_a_create_cannot_take_another_keys_response_id(guard_url: str, replicas:
     assert bobs["id"] == rid and bobs["output"]  # still his
 
 
-def test_an_id_the_ledger_does_not_know_is_not_found_where_keys_are_checked(
-    guard_url: str, replicas: Replicas
-) -> None:
+def test_an_id_the_ledger_does_not_know_is_not_found_where_keys_are_checked(guard_url: str, replicas: Replicas) -> None:
     made = httpx.post(f"{replicas[0][0].url}/v1/responses", json={"model": MODEL, "input": "made before the guard",
                                                                      "max_output_tokens": 3}).json()  # fmt: skip
     for key in ("sk-bob", "sk-alice"):
@@ -193,3 +192,26 @@ def test_a_replica_that_lost_its_store_drops_the_entry(guard_url: str, replicas:
     assert httpx.get(f"{guard_url}/v1/responses/{rid}", headers=bob).status_code == 404  # the replica's own 404
     with pytest.raises(openai.NotFoundError):  # now the guard's, from its ledger: no replica is asked
         client(guard_url).responses.create(model=MODEL, input="again", previous_response_id=rid)
+
+
+def test_without_keys_an_unknown_id_is_continued_as_partial_and_a_lost_replica_is_not_found(
+    deepseek_dir: Path,
+) -> None:
+    with ExitStack() as stack:
+        started = [stack.enter_context(ExitStack()) for _ in range(2)]
+        sims = [started[i].enter_context(simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW,
+                                                   store_responses=True)) for i in range(2)]  # fmt: skip
+        server = stack.enter_context(guard(urls(sims), deepseek_dir))
+        body = {"model": MODEL, "input": "next", "previous_response_id": "resp_made_elsewhere"}
+        unknown = httpx.post(f"{server.url}/v1/responses", json=body)
+        assert unknown.headers["x-token-guard-action"] == "partial" and unknown.status_code == 404  # vLLM's own
+        rid = client(server.url).responses.create(model=MODEL, input="Hi", max_output_tokens=5).id
+        (index,) = holder(sims, rid)
+        started[index].close()  # the replica that holds it goes away
+        other = sims[1 - index][2].paths
+        asked = len(other)
+        gone = httpx.get(f"{server.url}/v1/responses/{rid}")
+        assert gone.status_code == 404 and gone.json()["error"]["message"] == f"Response with id '{rid}' not found."
+        with pytest.raises(openai.NotFoundError):  # never answered by the other replica
+            client(server.url).responses.create(model=MODEL, input="again", previous_response_id=rid)
+        assert other[asked:] == []  # nothing was sent to the replica that does not hold it
