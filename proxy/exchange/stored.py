@@ -16,6 +16,7 @@ from proxy.errors import ResponseNotFound
 from proxy.exchange.headers import RawHeaders
 from proxy.exchange.keys import ApiKeys, given_key
 from proxy.policy.ledger import NOBODY, Ledger, MemoryLedger, Stored, Turn, history_after
+from proxy.policy.outcome import Findings
 from proxy.settings import Settings
 from proxy.upstream.transport import Answer
 
@@ -67,6 +68,16 @@ async def reach(ledger: Ledger, response_id: str, owner: str) -> Stored | None:
     return entry
 
 
+def recorder_for(ledger: Ledger, findings: Findings, limit: int) -> Recorder | None:
+    """The recorder of a guarded request the ledger follows (a Responses create vLLM stores, or one continuing a
+    stored response); None for any other."""
+    turn, decision = findings.turn, findings.decision
+    if turn is None:
+        return None
+    exact = decision is not None and decision.action != "truncate"  # the guard's cut: not what it counted whole
+    return Recorder(ledger, turn, turn.previous, limit, exact)
+
+
 class Recorder:
     """Taps one answer to a create vLLM stores, and records its response in the ledger from it; forgets the entry a
     request named when that entry's replica answers 404 for it (it restarted, its store is gone)."""
@@ -84,10 +95,15 @@ class Recorder:
 
     @property
     def replica(self) -> str | None:
-        return self.named.replica if self.named is not None else None
+        """The replica the request must reach; None: any (an entry recorded where the replica was not known)."""
+        return self.named.replica or None if self.named is not None else None
+
+    def records(self, status: int) -> bool:
+        """Whether an answer of `status` is read for the ledger: a create vLLM stores, answered 200."""
+        return self.turn is not None and self.turn.store and status == 200
 
     def tap(self, answer: Answer) -> Answer:
-        if self.turn is None or not self.turn.store or answer.status != 200:
+        if not self.records(answer.status):
             return answer
         self.url = answer.url
         return _Tapped(answer, self)

@@ -23,7 +23,7 @@ from proxy.errors import (
 from proxy.exchange.core import Core
 from proxy.exchange.headers import Headers
 from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
-from proxy.exchange.stored import Recorder, named_id, owner_of, reach
+from proxy.exchange.stored import Recorder, named_id, owner_of, reach, recorder_for
 from proxy.policy.outcome import Answer, Chunked, Forward
 from proxy.policy.quota import CHARGE
 from proxy.server.asgi import KEY, ROUTE, ClientGone, Incoming, Receive, Reply, Scope, Send, read_body
@@ -153,7 +153,7 @@ class Handlers:
         if isinstance(outcome, Forward):
             if outcome.content_type is not None:  # a form written anew: its own boundary
                 headers["content-type"] = outcome.content_type
-            recorder = self._recorder(record)
+            recorder = recorder_for(self.core.ledger, record.findings, self.core.settings.responses.max_bytes)
             await self._forward(reply, incoming, outcome.body, headers, record, extra, route, outcome.cost,
                                 recorder=recorder)  # fmt: skip
         elif isinstance(outcome, Chunked):
@@ -166,14 +166,6 @@ class Handlers:
             await reply.whole(200, extra, outcome.body)
         else:
             await send_error(reply, outcome.error, extra, route.envelope)
-
-    def _recorder(self, record: RequestRecord) -> Recorder | None:
-        """A Responses create the ledger follows: recorded from its answer, on the replica of what it continues."""
-        turn, decision = record.findings.turn, record.findings.decision
-        if turn is None:
-            return None
-        exact = decision is not None and decision.action != "truncate"
-        return Recorder(self.core.ledger, turn, turn.previous, self.core.settings.responses.max_bytes, exact)
 
     async def _forward(
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
