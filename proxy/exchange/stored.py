@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
-from proxy.api.routes import ID, Route
+from proxy.api.routes import Route
 from proxy.errors import ResponseNotFound
 from proxy.exchange.headers import RawHeaders
 from proxy.exchange.keys import ApiKeys, given_key
+from proxy.policy.continued import PLAIN_ID
 from proxy.policy.ledger import NOBODY, Ledger, MemoryLedger, Stored, Turn, history_after
 from proxy.policy.outcome import Findings
 from proxy.settings import Settings
@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("token_guard.responses")
 
-PLAIN_ID = re.compile(ID)
 ID_ROUTES = frozenset({"/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel"})
 COMPLETED = b"event: response.completed"
+ANSWER_BYTES = 8 * 2**20  # the most of one answer held to read its response: past it, recorded without its conversation
 SEPARATOR = b"\n\n"
 
 
@@ -85,34 +85,42 @@ class Recorder:
     def __init__(self, ledger: Ledger, turn: Turn | None, named: Stored | None, limit: int, exact: bool) -> None:
         """`named`: the entry the request reaches (continued, retrieved, cancelled); `limit`: the most bytes of an
         answer held to read it; `exact`: the messages of `turn` are what was forwarded (not cut by the guard)."""
-        self.ledger, self.turn, self.named, self.limit = ledger, turn, named, limit
+        self.ledger, self.turn, self.named, self.limit = ledger, turn, named, min(limit, ANSWER_BYTES)
         self.messages = turn.messages if turn is not None and exact else None
         self.url = ""
         self._held: list[bytes] = []
         self._size = 0
         self._over = False  # more than `limit` bytes to hold: the conversation is not read
         self._recorded = False
+        self._status = 0
+        self._gone = False  # the replica said it does not hold the named response
 
     @property
     def replica(self) -> str | None:
         """The replica the request must reach; None: any (an entry recorded where the replica was not known)."""
         return self.named.replica or None if self.named is not None else None
 
-    def records(self, status: int) -> bool:
-        """Whether an answer of `status` is read for the ledger: a create vLLM stores, answered 200."""
-        return self.turn is not None and self.turn.store and status == 200
+    def reads(self, status: int) -> bool:
+        """Whether an answer of `status` is read: a create vLLM stores, answered 200 (recorded), or a 404 to a
+        request that named a stored response (vLLM's "not found" for it: its replica restarted, so it is forgotten)."""
+        self._status = status
+        recorded = self.turn is not None and self.turn.store and status == 200
+        return recorded or (status == 404 and self.named is not None)
 
     def tap(self, answer: Answer) -> Answer:
-        if not self.records(answer.status):
+        if not self.reads(answer.status):
             return answer
-        self.url = answer.url
+        self.url = self.url or answer.url
         return _Tapped(answer, self)
 
-    async def answered(self, status: int) -> None:
-        if status == 404 and self.named is not None:
+    async def answered(self) -> None:
+        if self._gone and self.named is not None:
             await self.ledger.drop(self.named.id)
 
     async def read(self, piece: bytes, sse: bool) -> None:
+        if self._status == 404:  # vLLM's words for an id its store does not hold (a small JSON body, one piece)
+            self._gone = self._gone or b"Response with id '" in piece
+            return
         if self._recorded or self._over:
             return
         if self._size + len(piece) > self.limit:
@@ -131,7 +139,7 @@ class Recorder:
                 await self._record(_data(event), final=False)
 
     async def end(self, sse: bool) -> None:
-        if not sse and not self._over and not self._recorded:
+        if self._status == 200 and not sse and not self._over and not self._recorded:
             await self._record(_json(b"".join(self._held)), final=True)
 
     async def _record(self, body: Any, final: bool) -> None:

@@ -316,7 +316,7 @@ class Stream:
     async def _response_body(self, piece: bytes, end: bool) -> Answers:
         record, hidden, out = self.record, self.hidden, piece
         recorder = self.recorder
-        if recorder is not None and self.status is not None and recorder.records(self.status):
+        if recorder is not None and self.status is not None and recorder.reads(self.status):
             await recorder.read(piece, self.sse)  # recorded before the answer's last bytes go on
             if end:
                 await recorder.end(self.sse)
@@ -340,8 +340,8 @@ class Stream:
         record = self.record
         if record is None:
             return
-        if self.recorder is not None and self.status is not None:
-            await self.recorder.answered(self.status)  # a 404 from the replica that held it: forgotten
+        if self.recorder is not None:
+            await self.recorder.answered()  # vLLM's 404 from the replica that held it: forgotten
         if record.charge is not None:
             await self.core.meter.settle(record.charge, record, self.status, not self.ended)
         self.core.flow.done(record, self.status, not self.ended)

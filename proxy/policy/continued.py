@@ -11,15 +11,21 @@ stored response refused.
 
 from __future__ import annotations
 
+import re
+
 from proxy.api.responses import ResponsesRequest
+from proxy.api.routes import ID
 from proxy.errors import InvalidRequest, ResponseNotFound
 from proxy.policy.ledger import NOBODY, Ledger, Stored
+
+PLAIN_ID = re.compile(ID)
 
 
 async def continued(ledger: Ledger, req: ResponsesRequest, owner: str) -> Stored | None:
     """The entry `req` continues (None: it continues none, or one the ledger does not know and no key is checked).
-    Raises ResponseNotFound for one this key may not reach, InvalidRequest for a `request_id` that is another's."""
-    if req.request_id is not None and req.store:
+    Raises ResponseNotFound for one this key may not reach, InvalidRequest for a `request_id` that is another's.
+    Only ids of the route table's shape are looked up: the ledger records no other (nor can a path name one)."""
+    if req.request_id is not None and req.store and PLAIN_ID.fullmatch(req.request_id):
         taken = await ledger.find(req.request_id)
         if taken is not None and taken.owner != owner:
             raise InvalidRequest(
@@ -28,7 +34,7 @@ async def continued(ledger: Ledger, req: ResponsesRequest, owner: str) -> Stored
     previous = req.previous_response_id
     if previous is None:
         return None
-    entry = await ledger.find(previous)
+    entry = await ledger.find(previous) if PLAIN_ID.fullmatch(previous) else None
     if entry is None:
         if owner != NOBODY:
             raise ResponseNotFound(previous)

@@ -243,11 +243,11 @@ class Guard:
         # a harmony model's stored conversation is harmony messages, which the ledger does not follow
         history = entry.history if entry is not None and model.tokenizer.rendering.mode != "harmony" else None
         chat = responses_chat(req, newer, history)
-        prompt_tokens = await self._count(model, chat, findings)
         partial = req.previous_response_id is not None and history is None
-        if self.ledger is not None and (req.store or entry is not None):
+        if self.ledger is not None and (req.store or entry is not None):  # before counting: an uncounted one too
             messages = None if partial or req.background else chat.messages  # background: answered empty at first
             findings.turn = Turn(findings.owner, model.name, messages, entry, req.store)
+        prompt_tokens = await self._count(model, chat, findings)
 
         async def recount(items: list[Any]) -> int:
             cut = replace(req, input=items, body={**req.body, "input": items})

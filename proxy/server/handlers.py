@@ -10,7 +10,7 @@ import logging
 import time
 
 from proxy.api.honoured import for_upstream
-from proxy.api.routes import Kind, Route
+from proxy.api.routes import Route
 from proxy.errors import (
     GuardError,
     ResponseNotFound,
@@ -23,7 +23,7 @@ from proxy.errors import (
 from proxy.exchange.core import Core
 from proxy.exchange.headers import Headers
 from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
-from proxy.exchange.stored import Recorder, named_id, owner_of, reach, recorder_for
+from proxy.exchange.stored import ID_ROUTES, Recorder, named_id, owner_of, reach, recorder_for
 from proxy.policy.outcome import Answer, Chunked, Forward
 from proxy.policy.quota import CHARGE
 from proxy.server.asgi import KEY, ROUTE, ClientGone, Incoming, Receive, Reply, Scope, Send, read_body
@@ -38,7 +38,6 @@ log = logging.getLogger("token_guard.app")
 
 QUEUE_HEADER = b"x-token-guard-queue-ms"
 RESPONSES = "/v1/responses"
-RELAY = Kind.RELAY
 METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -64,7 +63,7 @@ class Handlers:
 
     async def _reached(self, route: Route, path: str, record: RequestRecord) -> Recorder | None:
         """A retrieve or cancel of a stored response: its key's only, on the replica that holds it (exchange/
-        stored.py); None for any other relay route."""
+        stored.py)."""
         response_id = named_id(route, path)
         if response_id is None:
             return None
@@ -109,7 +108,7 @@ class Handlers:
                 if guarded:
                     await self._guard(route, reply, incoming, body, headers, record, tagged)
                 else:
-                    reached = await self._reached(route, incoming.forward, record) if route.kind is RELAY else None
+                    reached = await self._reached(route, incoming.forward, record) if route.path in ID_ROUTES else None
                     if key is not None and key.limited:  # a request of its minute's, no token; nothing for the rest
                         await self.meter.charge(key, 0, CHARGE, record, tagged)
                     await self._forward(reply, incoming, body, headers, record, tagged, route, None, listed, reached)
@@ -153,7 +152,9 @@ class Handlers:
         if isinstance(outcome, Forward):
             if outcome.content_type is not None:  # a form written anew: its own boundary
                 headers["content-type"] = outcome.content_type
-            recorder = recorder_for(self.core.ledger, record.findings, self.core.settings.responses.max_bytes)
+            recorder = None
+            if record.findings.turn is not None:  # a Responses create the ledger follows
+                recorder = recorder_for(self.core.ledger, record.findings, self.core.settings.responses.max_bytes)
             await self._forward(reply, incoming, outcome.body, headers, record, extra, route, outcome.cost,
                                 recorder=recorder)  # fmt: skip
         elif isinstance(outcome, Chunked):
@@ -201,4 +202,4 @@ class Handlers:
             upstream.close()
             self.upstream.release(opened.ticket)  # streams hold their budget to their last byte
         if recorder is not None:
-            await recorder.answered(upstream.status)
+            await recorder.answered()
