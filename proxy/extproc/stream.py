@@ -309,8 +309,9 @@ class Stream:
             if record.charge is not None and self.response_mode != NONE:  # the body comes here: read it
                 self.hidden = _reading(record.charge, self.status, wire.headers_of(message.headers))
         self.ended = message.end_of_stream or self.response_mode == NONE  # no body comes: its end is not seen
-        self.sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in
-                       wire.headers_of(message.headers))  # fmt: skip
+        if self.recorder is not None:  # a stored response's answer is read: JSON or an event stream
+            self.sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in
+                           wire.headers_of(message.headers))  # fmt: skip
         return [wire.response_headers(self.extra or self.tagged)]
 
     async def _response_body(self, piece: bytes, end: bool) -> Answers:
