@@ -731,3 +731,20 @@ def test_a_stored_response_is_its_keys_only_and_continued_exactly_behind_envoy(r
     answer = httpx.post(url + RESPONSES, json=continued, headers=alice, timeout=30)
     assert answer.status_code == 200 and answer.headers["x-token-guard-action"] == "clamp"  # the stored part known
     assert int(answer.headers["x-token-guard-prompt-tokens"]) == answer.json()["usage"]["input_tokens"]
+
+
+@pytest.mark.parametrize("listener", ["keyed-streamed", "keyed-duplex"])
+def test_a_background_response_is_its_keys_only_behind_envoy(rig: Rig, listener: str) -> None:
+    alice, bob = {"authorization": "Bearer sk-alice"}, {"authorization": "Bearer sk-bob"}
+    url = rig.url(listener)
+    body = {"model": MODEL, "input": "Alice's background plan", "max_output_tokens": 5, "background": True}
+    queued = httpx.post(url + RESPONSES, json=body, headers=alice, timeout=30)
+    assert queued.status_code == 200 and queued.json()["status"] == "queued", queued.text
+    rid = queued.json()["id"]  # the processor named it, and recorded it for alice from the answer
+    for method, path in (("GET", f"{RESPONSES}/{rid}"), ("POST", f"{RESPONSES}/{rid}/cancel")):
+        answer = httpx.request(method, url + path, headers=bob, timeout=30)
+        assert answer.status_code == 404 and answer.json()["error"]["param"] == "response_id"
+    taken = httpx.post(url + RESPONSES, json={**body, "input": "mine", "request_id": rid}, headers=bob, timeout=30)
+    assert taken.status_code == 400 and "taken" in taken.json()["error"]["message"]
+    mine = httpx.get(url + f"{RESPONSES}/{rid}", headers=alice, timeout=30)
+    assert mine.status_code == 200 and mine.json()["id"] == rid

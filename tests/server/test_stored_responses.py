@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from proxy.server.running import ServerThread
+from tests.support.polling import eventually
 from tests.support.redis import RedisServer, redis_server
 from tests.support.servers import MODEL, Tap, guard, keyed_guard, simulator, wait_checked, wait_healthy
 
@@ -216,3 +217,43 @@ def test_without_keys_an_unknown_id_is_continued_as_partial_and_a_lost_replica_i
         with pytest.raises(openai.NotFoundError):  # never answered by the other replica
             client(server.url).responses.create(model=MODEL, input="again", previous_response_id=rid)
         assert other[asked:] == []  # nothing was sent to the replica that does not hold it
+
+
+def test_a_background_response_is_its_keys_alone(guard_url: str) -> None:
+    bob, alice = client(guard_url), client(guard_url, "sk-alice")
+    rid = bob.responses.create(model=MODEL, input="Bob's background plan", max_output_tokens=5, background=True).id
+    assert rid.startswith("resp_")  # the guard named it (the id it follows), and the ledger holds it for bob
+    for method, path in (("GET", f"/v1/responses/{rid}"), ("POST", f"/v1/responses/{rid}/cancel")):
+        seen = httpx.request(method, guard_url + path, headers={"Authorization": "Bearer sk-alice"}, timeout=30)
+        assert seen.status_code == 404 and seen.json()["error"]["param"] == "response_id"
+    with pytest.raises(openai.BadRequestError, match="taken"):
+        alice.responses.create(model=MODEL, input="Mine now", background=True, extra_body={"request_id": rid})
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.create(model=MODEL, input="And then?", previous_response_id=rid)
+    assert eventually(lambda: bob.responses.retrieve(rid).status == "incomplete", timeout_s=30)
+    raw = bob.responses.with_raw_response.create(model=MODEL, input="And then?", previous_response_id=rid,
+                                                 max_output_tokens=5)  # fmt: skip
+    assert raw.http_response.status_code == 200
+    assert raw.headers["x-token-guard-action"] == "partial"  # recorded without its conversation: answered empty
+    assert alice.responses.create(model=MODEL, input="Mine", max_output_tokens=5, background=True).id != rid
+
+
+def test_a_background_continuation_runs_and_is_followed_on_the_replica_that_holds_what_it_continues(
+    guard_url: str, replicas: Replicas
+) -> None:
+    oai = client(guard_url)
+    first = oai.responses.create(model=MODEL, input="Hi", max_output_tokens=5)
+    (index,) = holder(replicas, first.id)
+    marks = [len(tap.paths) for _, _, tap in replicas]
+    queued = oai.responses.create(model=MODEL, input="And then?", previous_response_id=first.id, max_output_tokens=5,
+                                  background=True)  # fmt: skip
+    assert queued.status == "queued"
+    polled = f"/v1/responses/{queued.id}"
+    holding, other = replicas[index][2].paths, replicas[1 - index][2].paths
+    assert eventually(lambda: polled in holding[marks[index] :], timeout_s=30)  # the guard's follower looks there
+    assert holding[marks[index] :].count("/v1/responses") == 1
+    assert {"/v1/responses", polled}.isdisjoint(other[marks[1 - index] :])  # neither the create nor a look went there
+    assert eventually(lambda: oai.responses.retrieve(queued.id).status == "incomplete", timeout_s=30)
+    done = oai.responses.retrieve(queued.id)
+    assert done.usage is not None and first.usage is not None
+    assert done.usage.input_tokens > first.usage.input_tokens  # rendered with the conversation it continues
