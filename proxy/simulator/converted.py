@@ -9,7 +9,6 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 from proxy.api.anthropic import MessagesRequest, parse_messages
@@ -64,7 +63,8 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
     planned = with_endings(planned, ctx.tokenizer, rules)
     if ctx.store is None or not req.store:
         return planned
-    return replace(planned, keep=partial(ctx.store.keep, chat.messages))
+    ctx.store.rendered(rid, chat.messages)
+    return replace(planned, keep=ctx.store.keep)
 
 
 def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:

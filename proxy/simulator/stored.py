@@ -46,12 +46,15 @@ class ResponseStore:
                 stored += [{"role": "assistant", "content": part["text"]} for part in item.get("content") or []]
         return stored
 
-    def keep(self, messages: list[dict[str, Any]], response: dict[str, Any]) -> None:
-        """A response complete: stored with the messages rendered for it, unless it was cancelled meanwhile."""
-        rid = response["id"]
-        self.messages[rid] = messages
-        if self.responses.get(rid, {}).get("status") != "cancelled":
-            self.responses[rid] = response
+    def rendered(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+        """The messages rendered for a response, kept as its create is accepted (vLLM's msg_store, set before the
+        generation runs: a continuation of a background response still queued renders them)."""
+        self.messages[response_id] = messages
+
+    def keep(self, response: dict[str, Any]) -> None:
+        """A response complete: stored, unless it was cancelled meanwhile."""
+        if self.responses.get(response["id"], {}).get("status") != "cancelled":
+            self.responses[response["id"]] = response
 
     def start(self, generation: Generation, run: Callable[[], Awaitable[object]]) -> dict[str, Any]:
         """Store a background response `queued` and run it after the answer, which is the queued response."""
