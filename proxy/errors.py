@@ -10,6 +10,7 @@
     ├── PermissionDenied            403  an administrative route without a key of server.admin_api_keys
     ├── ModelNotFound               404  a model the guard has no tokenizer for, or the API key may not use
     ├── RouteNotFound               404  a path the route table does not declare, or closes (api/routes.py)
+    ├── ResponseNotFound            404  a stored response the key did not create, or its replica cannot answer for
     ├── MethodNotAllowed            405  a guarded path asked with another method than POST
     ├── RequestTimeout              408  the client sent its body too slowly (server.read_timeout_s)
     ├── PayloadTooLarge             413  a body above server.max_body_bytes
@@ -102,6 +103,17 @@ class RouteNotFound(GuardError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="route_not_found")
+
+
+class ResponseNotFound(GuardError):
+    """vLLM's own answer for a response id its store does not hold, word for word (responses/serving.py
+    _make_not_found_error): what a key gets for a response it did not create, so that it learns nothing of it."""
+
+    status = 404
+    error_type = "invalid_request_error"
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"Response with id '{response_id}' not found.", param="response_id")
 
 
 class MethodNotAllowed(GuardError):

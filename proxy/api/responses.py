@@ -25,8 +25,10 @@ class ResponsesRequest:
     previous_response_id: str | None
     truncation_auto: bool  # `truncation: "auto"`: vLLM cuts an overlong prompt itself instead of refusing it
     stream: bool
+    store: bool = False  # vLLM stores the response (when started with VLLM_ENABLE_RESPONSES_API_STORE=1)
     background: bool = False  # vLLM runs it after answering `queued` (policy/background.py)
-    request_id: str | None = None  # the id vLLM stores the response under (its own random one when absent)
+    # the id vLLM stores the response under (vLLM's own extra field; its own random one when absent)
+    request_id: str | None = None
 
     @property
     def requested_output(self) -> tuple[str, int] | None:
@@ -62,6 +64,7 @@ def responses_request(body: dict[str, Any], max_items: int = MAX_ITEMS) -> Respo
         previous_response_id=optional(body, "previous_response_id", str, "a string"),
         truncation_auto=truncation not in (None, "disabled"),
         stream=flag(body, "stream", False),
+        store=flag(body, "store", True),
         background=flag(body, "background", False),
         request_id=optional(body, "request_id", str, "a string"),
     )

@@ -27,9 +27,11 @@ INPUT_PARTS = frozenset({"input_text", "input_image", "input_file", "input_audio
 CONTINUING = ("in_progress", "incomplete")  # an item with this status is continued, not answered
 
 
-def responses_chat(req: ResponsesRequest, newer: bool) -> ChatRequest:
-    """The chat request vLLM renders for `req`; `newer`: the upstream is vLLM 0.32+ (custom tools). Raises
-    InvalidRequest with vLLM's own text where vLLM refuses the request before rendering it."""
+def responses_chat(req: ResponsesRequest, newer: bool, history: list[dict[str, Any]] | None = None) -> ChatRequest:
+    """The chat request vLLM renders for `req`; `newer`: the upstream is vLLM 0.32+ (custom tools); `history`: the
+    stored conversation its `previous_response_id` continues (policy/ledger.py), rendered between the instructions
+    and the new input. Raises InvalidRequest with vLLM's own text where vLLM refuses the request before rendering
+    it."""
     body = req.body
     if body.get("prompt") is not None:
         raise _vllm_refuses("prompt template is not supported", "prompt")
@@ -43,7 +45,7 @@ def responses_chat(req: ResponsesRequest, newer: bool) -> ChatRequest:
     if not req.tools and choice in ("auto", "none"):
         choice = "none"
     items = req.input if isinstance(req.input, str) else [_item(i, item) for i, item in enumerate(req.input)]
-    messages = input_messages(req.instructions, items, newer)
+    messages = input_messages(req.instructions, items, newer, history)
     return _as_chat(req, messages, tool_dicts(req.tools, newer), _kwargs(body, kwargs or {}, items))
 
 
@@ -118,10 +120,15 @@ def _is_output_part(part: Any) -> bool:
 # --- construct_input_messages -------------------------------------------------------------------------------------
 
 
-def input_messages(instructions: str | None, items: str | list[dict[str, Any]], newer: bool) -> list[dict[str, Any]]:
-    """The chat messages vLLM builds: the instructions as a first system message, then one message per item, where
-    function calls and reasoning join the previous assistant message of this request's input."""
+def input_messages(
+    instructions: str | None, items: str | list[dict[str, Any]], newer: bool,
+    history: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The chat messages vLLM builds: the instructions as a first system message, the stored conversation continued
+    (`history`), then one message per item, where function calls and reasoning join the previous assistant message
+    of this request's input."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    messages += copy.deepcopy(history or [])
     if isinstance(items, str):
         return [*messages, {"role": "user", "content": items}]
     converted: list[dict[str, Any]] = []

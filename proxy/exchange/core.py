@@ -23,6 +23,7 @@ from proxy.exchange.keys import ApiKeys
 from proxy.exchange.metering import Meter
 from proxy.exchange.metrics import Metrics
 from proxy.exchange.quotas import Quotas
+from proxy.exchange.stored import ledger_for
 from proxy.policy.guard import Guard
 from proxy.settings import RedisSettings, Settings
 from proxy.upstream.client import Upstream
@@ -73,7 +74,9 @@ class Core:
             fleet_gate = gate if isinstance(gate, FleetAdmission) else None
             self.presence = fleet_gate.presence if fleet_gate else Presence(self.link, settings.redis.lease_s)
             self.metrics.register(FleetState(self.link, fleet_gate))
-        self.guard = Guard(settings, registry, RemoteCounter(self.upstream), self.upstream.ceiling, chunk_instead)
+        self.ledger = ledger_for(settings, self.link)
+        self.guard = Guard(settings, registry, RemoteCounter(self.upstream), self.upstream.ceiling, chunk_instead,
+                           self.ledger)  # fmt: skip
         presence = self.presence
         self.quotas = Quotas(settings, self.link, (lambda: presence.alive) if presence is not None else None)
         self.meter = Meter(self.quotas)

@@ -23,25 +23,43 @@ RESOLVE_EVERY_S = 5.0  # an endpoint not known is looked up again at most this o
 class Endpoints:
     def __init__(self, urls: tuple[str, ...], trusted: bool) -> None:
         """`trusted`: the header is the picker's (it runs before the guard); otherwise it is ignored."""
-        self.trusted = trusted
+        self.trusted, self.urls = trusted, urls
         self._replicas = [_host_port(url) for url in urls]
         self._index = {_address(host, port): i for i, (host, port) in enumerate(self._replicas)}
         self._others = {i: frozenset(range(len(urls))) - {i} for i in range(len(urls))}
         self._resolved = -RESOLVE_EVERY_S
 
+    def pinned(self, url: str) -> tuple[frozenset[int], bytes] | None:
+        """For a request that must reach the replica at `url` (it holds a stored response), where the picker's
+        header routes the request (trusted): the replicas it may not be admitted on, and the header's new value;
+        None where the processor does not choose the replica."""
+        if not self.trusted or url not in self.urls:
+            return None
+        index = self.urls.index(url)
+        return self._others[index], _address(*self._replicas[index]).encode("latin-1")
+
+    async def chosen(self, headers: RawHeaders) -> str | None:
+        """The URL of the replica the picker named (trusted only), for the ledger to record; None when not known."""
+        index = await self._named(headers)
+        return None if index is None else self.urls[index]
+
     async def excluded(self, headers: RawHeaders) -> frozenset[int]:
         """The replicas the request may not be admitted on: all but the picker's choice, when there is one."""
+        index = await self._named(headers)
+        return POOL if index is None else self._others[index]
+
+    async def _named(self, headers: RawHeaders) -> int | None:
         if not self.trusted:
-            return POOL
+            return None
         chosen = next((v for k, v in headers if k == DESTINATION), None)
         if chosen is None:
-            return POOL
+            return None
         address = chosen.split(b",", 1)[0].strip().decode("latin-1").lower()
         index = self._index.get(address)
         if index is None and time.monotonic() - self._resolved > RESOLVE_EVERY_S:
             await self._resolve()
             index = self._index.get(address)
-        return POOL if index is None else self._others[index]
+        return index
 
     async def _resolve(self) -> None:
         """Index the replicas by the addresses their host names resolve to now."""

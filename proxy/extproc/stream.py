@@ -44,7 +44,9 @@ from proxy.exchange.core import Core
 from proxy.exchange.entry import Refusal, target
 from proxy.exchange.headers import Headers, RawHeaders, encode_headers
 from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
+from proxy.exchange.stored import Recorder, named_id, owner_of, reach, recorder_for
 from proxy.extproc import wire
+from proxy.extproc.endpoints import DESTINATION
 from proxy.extproc.gateway import Gateway, Upward
 from proxy.extproc.wire import (
     BUFFERED,
@@ -69,6 +71,7 @@ QUEUE_HEADER = b"x-token-guard-queue-ms"
 METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 Answers = list[ProcessingResponse]
 HEADERS, BODY, TRAILERS = "headers", "body", "trailers"  # the message a request's decision answers
+RESPONSES = "/v1/responses"
 
 
 class Stream:
@@ -94,6 +97,8 @@ class Stream:
         self.hidden: HiddenUsage | None = None  # takes the usage event the guard asked for out of the answer
         self.forwarded = False  # a guarded request's answer that sends it on was made
         self.answered_here = False  # an immediate response was made: Envoy sends nothing more, the stream ends
+        self.recorder: Recorder | None = None  # a stored response's: read from the answer, or forgotten on a 404
+        self.sse = False  # the answer is an event stream
 
     async def run(self, requests: AsyncIterator[ProcessingRequest]) -> AsyncIterator[Answers]:
         """The answers to Envoy's messages, each as it comes. A guarded body still to come at its deadline is
@@ -130,7 +135,7 @@ class Stream:
             if phase == "response_headers":
                 return self._response_headers(message.response_headers)
             if phase == "response_body":
-                return self._response_body(message.response_body.body, message.response_body.end_of_stream)
+                return await self._response_body(message.response_body.body, message.response_body.end_of_stream)
             if phase == "request_trailers":
                 return await self._request_trailers(message.request_trailers)
         except GuardError as exc:
@@ -165,10 +170,13 @@ class Stream:
         guarded = route.guarded and not entered.preflight
         self.record = RequestRecord(rid, method, route.path, guarded)
         self.record.findings.api_key = self.key
+        if route.path.startswith(RESPONSES):  # stored responses belong to the key that created them
+            self.record.findings.owner = owner_of(self.core.keys, sent)
         if not guarded:
+            pinned = await self._reached(route, path)
             if self.key is not None and self.key.limited:  # a request of its minute's, no token (as serve)
                 await self.core.meter.charge(self.key, 0, CHARGE, self.record, self.tagged)
-            return [self._onward(self.tagged[:1])]
+            return [self._onward([*self.tagged[:1], *pinned])]
         declared = next((v for k, v in sent if k == b"content-length"), b"")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise PayloadTooLarge.over(self.max_body_bytes)
@@ -184,6 +192,17 @@ class Stream:
         # BUFFERED sends no body message for a body of no bytes: without a length, the trailers may be its only end
         unsized = not declared.isdigit() or int(declared) == 0
         return [self._onward(trailers_of=self.response_mode if unsized else None)]
+
+    async def _reached(self, route: Route, path: str) -> Headers:
+        """A retrieve or cancel of a stored response: its key's only (exchange/stored.py), and where the picker's
+        header routes requests, sent to the replica that holds it; the headers that pin it."""
+        response_id = named_id(route, path)
+        if response_id is None or self.record is None:
+            return []
+        entry = await reach(self.core.ledger, response_id, self.record.findings.owner)
+        self.recorder = Recorder(self.core.ledger, None, entry, 0, False)
+        pinned = self.gateway.endpoints.pinned(entry.replica) if entry is not None else None
+        return [(DESTINATION, pinned[1])] if pinned is not None else []
 
     async def _request_body(self, piece: bytes, end: bool) -> Answers:
         if not self.pending:  # a body a relay route carries on unread
@@ -231,15 +250,16 @@ class Stream:
     async def _forward(self, outcome: Forward, body: bytes, at: str) -> Answers:
         assert self.record is not None
         self.forwarded, self.follows = True, outcome.follows
+        excluded, pin = await self._pinned()  # a background response's ticket is on the pinned replica: followed there
         if outcome.cost is not None:
-            self.ticket = await _admitted(self.core, outcome.cost, await self.gateway.endpoints.excluded(self.sent))
+            self.ticket = await _admitted(self.core, outcome.cost, excluded)
             if self.ticket.waited_s > 0:
                 self.record.queue_s = self.ticket.waited_s
                 self.extra.append((QUEUE_HEADER, str(round(self.ticket.waited_s * 1000)).encode()))
         if self.record.charge is not None:  # admitted, it goes on to the upstream: the key pays from here
             self.record.charge.hand(True)
         pinned, stripped = header_changes(self.route.reads if self.route else None, self._headers())
-        decided = [*self.tagged[:1], *encode_headers(outcome.decision.headers()), *encode_headers(pinned)]
+        decided = [*self.tagged[:1], *encode_headers(outcome.decision.headers()), *encode_headers(pinned), *pin]
         if outcome.content_type is not None:  # a form written anew: its own boundary, in place of every one sent
             decided.append((b"content-type", outcome.content_type.encode("latin-1")))
         changed = outcome.body is not body
@@ -252,6 +272,22 @@ class Stream:
         if changed:
             decided.append((b"content-length", str(len(outcome.body)).encode()))
         return [wire.request_body(outcome.body if changed else None, decided, remove=stripped)]
+
+    async def _pinned(self) -> tuple[frozenset[int], Headers]:
+        """The replicas a forwarded request may not be admitted on, and the headers that send it to the one that
+        holds the stored response it continues, where the picker's header routes it (endpoints.py); the ledger's
+        reading of its answer readied."""
+        assert self.record is not None
+        endpoints, findings = self.gateway.endpoints, self.record.findings
+        recorder = self.recorder = recorder_for(self.core.ledger, findings, self.core.settings.responses.max_bytes)
+        if recorder is None:
+            return await endpoints.excluded(self.sent), []
+        pinned = endpoints.pinned(recorder.replica) if recorder.replica is not None else None
+        if pinned is not None:
+            recorder.url = recorder.replica or ""
+            return pinned[0], [(DESTINATION, pinned[1])]
+        recorder.url = await endpoints.chosen(self.sent) or ""
+        return await endpoints.excluded(self.sent), []
 
     def _headers(self) -> dict[str, str]:
         """The request's headers as the guard reads them: one value each (the last of a repeated one)."""
@@ -276,10 +312,18 @@ class Stream:
             if record.charge is not None and self.response_mode != NONE:  # the body comes here: read it
                 self.hidden = _reading(record.charge, self.status, wire.headers_of(message.headers))
         self.ended = message.end_of_stream or self.response_mode == NONE  # no body comes: its end is not seen
+        if self.recorder is not None:  # a stored response's answer is read: JSON or an event stream
+            self.sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in
+                           wire.headers_of(message.headers))  # fmt: skip
         return [wire.response_headers(self.extra or self.tagged)]
 
-    def _response_body(self, piece: bytes, end: bool) -> Answers:
+    async def _response_body(self, piece: bytes, end: bool) -> Answers:
         record, hidden, out = self.record, self.hidden, piece
+        recorder = self.recorder
+        if recorder is not None and self.status is not None and recorder.reads(self.status):
+            await recorder.read(piece, self.sse)  # recorded before the answer's last bytes go on
+            if end:
+                await recorder.end(self.sse)
         if record is not None and record.charge is not None:
             record.charge.tail.feed(piece)
         if hidden is not None:
@@ -303,6 +347,8 @@ class Stream:
                 self.core.upstream.release(self.ticket)
         if record is None:
             return
+        if self.recorder is not None:
+            await self.recorder.answered()  # vLLM's 404 from the replica that held it: forgotten
         if record.charge is not None:
             await self.core.meter.settle(record.charge, record, self.status, not self.ended)
         self.core.flow.done(record, self.status, not self.ended)

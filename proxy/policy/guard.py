@@ -44,6 +44,7 @@ from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
 from proxy.policy.choice import choose_policy, whole_prompt
 from proxy.policy.cohere import settle_cohere
+from proxy.policy.continued import continued
 from proxy.policy.converted import (
     Converted,
     count_answer,
@@ -63,6 +64,7 @@ from proxy.policy.decide import (
     reject_at_least,
 )
 from proxy.policy.generate import settle_generate
+from proxy.policy.ledger import Ledger, Turn
 from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse, outcome_of
 from proxy.policy.overflow import overflow_chat, overflow_completion
 from proxy.policy.pooling import Pooled, settle_pooling
@@ -96,6 +98,7 @@ class Guard:
     remote: RemoteCount | None = None  # counts through the upstream (counting.source); None: always local
     ceiling: Callable[[], int | None] | None = None  # the largest replica's whole KV budget (None: no token budget)
     chunk_instead: str | None = None  # a front end that cannot fan out: "reject" or "truncate" for chunk (None: chunk)
+    ledger: Ledger | None = None  # the stored responses a Responses create continues (policy/ledger.py)
 
     def __post_init__(self) -> None:
         self._policies = {m.name: m.policy for m in self.settings.models if m.policy is not None}
@@ -247,16 +250,23 @@ class Guard:
         if named is not req:  # the guard names a background response: the body forwarded carries its id
             req, raw = named, with_changes(named.body, {})
         newer = self.registry.upstream_newer()
-        prompt_tokens = await self._count(model, responses_chat(req, newer), findings)
+        entry = await continued(self.ledger, req, findings.owner) if self.ledger is not None else None
+        # a harmony model's stored conversation is harmony messages, which the ledger does not follow
+        history = entry.history if entry is not None and model.tokenizer.rendering.mode != "harmony" else None
+        chat = responses_chat(req, newer, history)
+        partial = req.previous_response_id is not None and history is None
+        if self.ledger is not None and (req.store or entry is not None):  # before counting: an uncounted one too
+            messages = None if partial or req.background else chat.messages  # background: answered empty at first
+            findings.turn = Turn(findings.owner, model.name, messages, entry, req.store)
+        prompt_tokens = await self._count(model, chat, findings)
 
         async def recount(items: list[Any]) -> int:
             cut = replace(req, input=items, body={**req.body, "input": items})
-            return await count_chat(model.tokenizer, responses_chat(cut, newer), model.counter)
+            return await count_chat(model.tokenizer, responses_chat(cut, newer, history), model.counter)
 
         conv = Converted(
             "/v1/responses", req.body, raw, LIMIT_FIELD, req.max_output_tokens, "input", "input", req.input,
-            response_turn, response_kept, partial=req.previous_response_id is not None,
-            upstream_truncates=req.truncation_auto,
+            response_turn, response_kept, partial=partial, upstream_truncates=req.truncation_auto,
         )  # fmt: skip
         outcome = await settle(conv, prompt_tokens, limits, choice, self._recount(findings, recount))
         return replace(outcome, follows=follows) if follows is not None and isinstance(outcome, Forward) else outcome

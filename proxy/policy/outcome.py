@@ -11,6 +11,7 @@ from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
 from proxy.errors import GuardError
 from proxy.policy.decide import Plan
+from proxy.policy.ledger import NOBODY, Turn
 from proxy.settings import PolicySettings
 from proxy.settings.sections import KeySettings
 
@@ -113,6 +114,8 @@ class Findings:
     decision: Decision | None = None
     chunk_refused: bool = False  # its chunk policy became reject where the guard cannot fan out (Guard.chunk_instead)
     kept_whole: str | None = None  # why its truncate or chunk policy became reject (policy/choice.py, whole_prompt)
+    owner: str = NOBODY  # the key that creates or reaches a stored response (policy/ledger.py), set by the front end
+    turn: Turn | None = None  # a Responses create vLLM stores: recorded in the ledger from its answer
 
 
 def outcome_of(plan: Plan, body: dict[str, Any], raw: bytes, cost: int, source: str | None) -> Outcome:

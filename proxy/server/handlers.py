@@ -11,11 +11,20 @@ import time
 
 from proxy.api.honoured import for_upstream
 from proxy.api.routes import Route
-from proxy.errors import GuardError, UpstreamTimeout, UpstreamUnavailable, internal_error
+from proxy.errors import (
+    GuardError,
+    ResponseNotFound,
+    UpstreamConnectTimeout,
+    UpstreamRefused,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    internal_error,
+)
 from proxy.exchange.background import Followed
 from proxy.exchange.core import Core
 from proxy.exchange.headers import Headers
 from proxy.exchange.record import REQUEST_ID, RequestRecord, request_id
+from proxy.exchange.stored import ID_ROUTES, Recorder, named_id, owner_of, reach, recorder_for
 from proxy.policy.outcome import Answer, Chunked, Forward
 from proxy.policy.quota import CHARGE
 from proxy.server.asgi import KEY, ROUTE, ClientGone, Incoming, Receive, Reply, Scope, Send, read_body
@@ -29,6 +38,7 @@ from proxy.upstream.chunks import ChunkRunner
 log = logging.getLogger("token_guard.app")
 
 QUEUE_HEADER = b"x-token-guard-queue-ms"
+RESPONSES = "/v1/responses"
 METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -51,6 +61,15 @@ class Handlers:
         key = scope.get(KEY)
         listed = key.models if key is not None and scope[ROUTE].route.path == "/v1/models" else None
         await self._handle(scope, receive, send, guarded=False, listed=listed)
+
+    async def _reached(self, route: Route, path: str, record: RequestRecord) -> Recorder | None:
+        """A retrieve or cancel of a stored response: its key's only, on the replica that holds it (exchange/
+        stored.py)."""
+        response_id = named_id(route, path)
+        if response_id is None:
+            return None
+        entry = await reach(self.core.ledger, response_id, record.findings.owner)
+        return Recorder(self.core.ledger, None, entry, 0, False)
 
     async def control(self, scope: Scope, receive: Receive, send: Send) -> None:
         """An administrative route, reached with an admin key (the app checked it): forwarded unchanged."""
@@ -78,6 +97,8 @@ class Handlers:
         record = RequestRecord(request_id(incoming.header(REQUEST_ID)), incoming.method, incoming.path, guarded)
         tagged: Headers = [(REQUEST_ID, record.request_id.encode())]
         key = record.findings.api_key = scope.get(KEY)
+        if route.path.startswith(RESPONSES):  # stored responses belong to the key that created them
+            record.findings.owner = owner_of(self.core.keys, scope["headers"])
         body, drained = b"", False
         try:
             if incoming.method != "OPTIONS":  # the only OPTIONS let through is a CORS preflight, which has no body
@@ -88,9 +109,10 @@ class Handlers:
                 if guarded:
                     await self._guard(route, reply, incoming, body, headers, record, tagged)
                 else:
+                    reached = await self._reached(route, incoming.forward, record) if route.path in ID_ROUTES else None
                     if key is not None and key.limited:  # a request of its minute's, no token; nothing for the rest
                         await self.meter.charge(key, 0, CHARGE, record, tagged)
-                    await self._forward(reply, incoming, body, headers, record, tagged, route, None, listed)
+                    await self._forward(reply, incoming, body, headers, record, tagged, route, None, listed, reached)
         except ClientGone:  # its upstream request, chunks or place in the queue are given up by now
             record.client_gone = True
             left = incoming.client_gone()
@@ -131,8 +153,11 @@ class Handlers:
         if isinstance(outcome, Forward):
             if outcome.content_type is not None:  # a form written anew: its own boundary
                 headers["content-type"] = outcome.content_type
+            recorder = None
+            if record.findings.turn is not None:  # a Responses create the ledger follows
+                recorder = recorder_for(self.core.ledger, record.findings, self.core.settings.responses.max_bytes)
             await self._forward(reply, incoming, outcome.body, headers, record, extra, route, outcome.cost,
-                                follows=outcome.follows)  # fmt: skip
+                                recorder=recorder, follows=outcome.follows)  # fmt: skip
         elif isinstance(outcome, Chunked):
             incoming.leave_if_gone()  # counting and cutting took a while: no chunks for a client that left meanwhile
             fanout = outcome.policy.max_fanout
@@ -147,15 +172,24 @@ class Handlers:
     async def _forward(
         self, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str], record: RequestRecord,
         extra: Headers, route: Route, cost: int | None, listed: tuple[str, ...] | None = None,
-        follows: str | None = None,
+        recorder: Recorder | None = None, follows: str | None = None,
     ) -> None:  # fmt: skip
-        """`follows`: a background response's id (policy/background.py): vLLM runs it after its answer, so what the
-        request holds is handed to the core's followers (exchange/background.py) rather than given back here."""
+        """`recorder`: the stored response the request creates or names (exchange/stored.py): its answer is recorded in
+        the ledger, and a request naming one is pinned to the replica that holds it. `follows`: a background response's
+        id (policy/background.py): vLLM runs it after its answer, so what the request holds is handed to the core's
+        followers (exchange/background.py), which poll the replica that answered, rather than given back here."""
         incoming.leave_if_gone()  # nor sent upstream, where vLLM would start on it only to be told to abort
         handed = record.charge.hand if record.charge is not None else None  # once admitted: the key pays from then
-        opened = await self.upstream.open(incoming.method, incoming.forward, headers, body, cost, incoming.query,
-                                          handed)  # fmt: skip
-        upstream = opened.response
+        pin = recorder.replica if recorder is not None else None
+        try:
+            opened = await self.upstream.open(incoming.method, incoming.forward, headers, body, cost, incoming.query,
+                                              handed, pin)  # fmt: skip
+        except (UpstreamRefused, UpstreamConnectTimeout) as exc:
+            if pin is None or recorder is None or recorder.named is None:
+                raise
+            log.warning("stored response %s: its replica cannot be reached (%s)", recorder.named.id, exc.message)
+            raise ResponseNotFound(recorder.named.id) from None
+        upstream = opened.response if recorder is None else recorder.tap(opened.response)
         try:
             record.upstream_first_byte_s = time.perf_counter() - record.started
             if upstream.status >= 500:
@@ -177,3 +211,5 @@ class Handlers:
                 record.charge = None  # settled by the follower, once vLLM says what it used
             else:
                 self.upstream.release(opened.ticket)  # streams hold their budget to their last byte
+        if recorder is not None:
+            await recorder.answered()

@@ -27,6 +27,7 @@ from proxy.settings.sections import (
     ModelSettings,
     PolicySettings,
     RedisSettings,
+    ResponsesSettings,
     ServerSettings,
     Settings,
     UpstreamSettings,
@@ -99,6 +100,10 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "lease_s": v.lease_seconds,
         "block_share": v.fraction,
     },
+    "responses": {
+        "ttl_s": v.positive_float,
+        "max_bytes": v.integer(0),
+    },
     "policy": {
         "min_output_tokens": v.integer(1),
         "default_max_tokens": v.default_max_tokens,
@@ -149,6 +154,7 @@ SECTIONS = {
     "counting": CountingSettings,
     "admission": AdmissionSettings,
     "redis": RedisSettings,
+    "responses": ResponsesSettings,
     "extproc": ExtprocSettings,
 }
 

@@ -72,6 +72,16 @@ class RedisSettings:
 
 
 @dataclass(frozen=True)
+class ResponsesSettings:
+    """The ledger of stored responses (policy/ledger.py): what the guard remembers of each response vLLM stores, so
+    that a continued turn is counted whole, sent to the replica that holds it, and reached only by its key. In this
+    process's memory, or in Redis when redis.url is set."""
+
+    ttl_s: float = 3600.0  # an entry is forgotten this long after it was written (its next turn is then partial)
+    max_bytes: int = 64 * 2**20  # the entries' encoded size, all together: past it the oldest are evicted
+
+
+@dataclass(frozen=True)
 class ExtprocSettings:
     """`token-guard extproc`: the guard as Envoy's external processor (gRPC), on server.host."""
 
@@ -166,6 +176,7 @@ class Settings:
     counting: CountingSettings = field(default_factory=CountingSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
+    responses: ResponsesSettings = field(default_factory=ResponsesSettings)
     extproc: ExtprocSettings = field(default_factory=ExtprocSettings)
     models: tuple[ModelSettings, ...] = ()
     keys: tuple[KeySettings, ...] = ()

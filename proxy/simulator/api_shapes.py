@@ -58,8 +58,8 @@ def responses_object(g: Generation, text: str | None, output_tokens: int) -> dic
         "parallel_tool_calls": request.get("parallel_tool_calls", True),
         "temperature": float(request.get("temperature", 1.0)), "tool_choice": request.get("tool_choice") or (
             "auto" if tools else "none"), "tools": tools, "top_p": float(request.get("top_p", 1.0)),
-        "background": False, "max_output_tokens": g.prompts[0].max_tokens, "max_tool_calls": None,
-        "previous_response_id": request.get("previous_response_id"), "prompt": None,
+        "background": bool(request.get("background")), "max_output_tokens": g.prompts[0].max_tokens,
+        "max_tool_calls": None, "previous_response_id": request.get("previous_response_id"), "prompt": None,
         "reasoning": request.get("reasoning"), "service_tier": "auto",
         "status": "incomplete" if done else "in_progress",
         "text": None, "top_logprobs": None, "truncation": request.get("truncation") or "disabled",
@@ -89,7 +89,10 @@ async def responses_events(g: Generation, engine: Engine, tracker: RequestTracke
     yield send("response.output_text.done", {"content_index": 0, **at, "logprobs": [], "text": text})
     yield send("response.content_part.done", {"content_index": 0, **at, "part": _text_part(text, None)})
     yield send("response.output_item.done", {"item": {**_output_item(item, text), "summary": []}, "output_index": 0})
-    yield send("response.completed", {"response": responses_object(g, text, count)})
+    completed = responses_object(g, text, count)
+    if g.keep is not None:
+        g.keep(completed)
+    yield send("response.completed", {"response": completed})
 
 
 # --- Anthropic Messages -------------------------------------------------------------------------------------------
@@ -125,7 +128,10 @@ async def message_events(g: Generation, engine: Engine, tracker: RequestTracker)
 
 def whole_body(g: Generation, text: str, output_tokens: int) -> dict[str, Any]:
     if g.endpoint == "responses":
-        return responses_object(g, text, output_tokens)
+        body = responses_object(g, text, output_tokens)
+        if g.keep is not None:
+            g.keep(body)
+        return body
     return message_object(g, text, output_tokens)
 
 

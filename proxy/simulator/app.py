@@ -26,7 +26,6 @@ from proxy.api.pooling import Kind
 from proxy.simulator.audio import Task, hear, plan_audio
 from proxy.simulator.audio import answer as spoken_answer
 from proxy.simulator.audio import events as spoken_events
-from proxy.simulator.background import BackgroundResponses
 from proxy.simulator.batch import plan_batch
 from proxy.simulator.chat import plan_chat
 from proxy.simulator.cohere import cohere_embed
@@ -39,6 +38,7 @@ from proxy.simulator.pooling import pool, pooling_invocation
 from proxy.simulator.responses import Wire
 from proxy.simulator.settings import SimulatorSettings
 from proxy.simulator.stats import RequestTracker, SimulatorStats
+from proxy.simulator.stored import ResponseStore
 from proxy.simulator.streaming import TrackedStream, events, generate_body, run_unless_disconnected
 from proxy.simulator.token_in import plan_generate
 from proxy.simulator.tokenize import detokenize, tokenize
@@ -91,7 +91,6 @@ class Endpoints:
         # vLLM renders and tokenizes prompts in one worker thread (its _tokenizer_executor), not on the event loop,
         # and cancels a request whose client leaves meanwhile (with_cancellation); so do we.
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim-tokenize")
-        self.background = BackgroundResponses(ctx.settings.responses_store)
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._tokenizing, work)
@@ -104,6 +103,19 @@ class Endpoints:
 
     async def responses(self, request: Request) -> Response:
         return await self._generate(request, plan_responses)
+
+    async def retrieve(self, request: Request) -> Response:
+        return self._stored(lambda store, rid: store.retrieve(rid), request)
+
+    async def cancel(self, request: Request) -> Response:
+        return self._stored(lambda store, rid: store.cancel(rid), request)
+
+    def _stored(self, reach: Callable[[ResponseStore, str], dict[str, Any]], request: Request) -> Response:
+        rid = request.path_params["response_id"]
+        try:
+            return JSONResponse(reach(self.ctx.store if self.ctx.store is not None else ResponseStore(), rid))
+        except ApiError as error:
+            return error_response(error)
 
     async def batch(self, request: Request) -> Response:
         return await self._generate(request, plan_batch)
@@ -229,8 +241,9 @@ class Endpoints:
             tracker.finish("rejected")
             return error_response(generation.engine_error)
         work = partial(generate_body, generation, wire, engine, tracker)
-        if generation.endpoint == "responses" and (generation.request or {}).get("background"):
-            return JSONResponse(self.background.start(generation, partial(_tracked, work, tracker)))
+        store = self.ctx.store  # a background request reaches here only with the store on (plan_responses)
+        if store is not None and generation.endpoint == "responses" and (generation.request or {}).get("background"):
+            return JSONResponse(store.start(generation, partial(_tracked, work, tracker)))
         result = await work() if engine.instant else await run_unless_disconnected(request.receive, work)
         if result is None:
             tracker.finish("aborted")
@@ -266,18 +279,6 @@ class Endpoints:
 
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": self.ctx.settings.vllm_version})
-
-    async def retrieve_response(self, request: Request) -> Response:
-        try:
-            return JSONResponse(self.background.retrieve(request.path_params["response_id"]))
-        except ApiError as error:
-            return error_response(error)
-
-    async def cancel_response(self, request: Request) -> Response:
-        try:
-            return JSONResponse(self.background.cancel(request.path_params["response_id"]))
-        except ApiError as error:
-            return error_response(error)
 
     async def sim_stats(self, request: Request) -> Response:
         return JSONResponse(self.stats.snapshot())
@@ -341,8 +342,8 @@ def create_app(settings: SimulatorSettings) -> Starlette:
         Route("/v1/chat/completions", endpoints.chat, methods=["POST"]),
         Route("/v1/completions", endpoints.completions, methods=["POST"]),
         Route("/v1/responses", endpoints.responses, methods=["POST"]),
-        Route("/v1/responses/{response_id}", endpoints.retrieve_response, methods=["GET"]),
-        Route("/v1/responses/{response_id}/cancel", endpoints.cancel_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", endpoints.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", endpoints.cancel, methods=["POST"]),
         Route("/v1/messages", endpoints.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", endpoints.count_tokens, methods=["POST"]),
         Route("/invocations", endpoints.invocations, methods=["POST"]),
@@ -364,9 +365,11 @@ def create_app(settings: SimulatorSettings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
-        await endpoints.background.close()  # vLLM's shutdown ends the generations it runs
+        if endpoints.ctx.store is not None:
+            await endpoints.ctx.store.close()  # vLLM's shutdown ends the background generations it runs
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.state.stats = stats
     app.state.settings = settings
+    app.state.store = endpoints.ctx.store
     return app

@@ -38,8 +38,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--responses-store",
         action="store_true",
-        help="as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1: responses stored, background mode served",
+        help="as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1 (which also turns it on): responses stored for "
+        "retrieval and previous_response_id, background mode served",
     )
+
+
+def store_in_environment() -> bool:
+    """vLLM's own switch for its Responses store, read as vLLM reads it (envs.py: an integer, non-zero is on)."""
+    try:
+        return bool(int(os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0")))
+    except ValueError:
+        return False
 
 
 def demo_tokenizer_dir() -> Path:
@@ -68,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_queued_reqs=args.max_num_queued_reqs,
             enable_prompt_embeds=args.enable_prompt_embeds,
             hidden_size=args.hidden_size,
-            responses_store=args.responses_store,
+            responses_store=args.responses_store or store_in_environment(),
         )
         app = create_app(settings)
     except (OSError, ValueError) as exc:

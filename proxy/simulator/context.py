@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from proxy.simulator.errors import ApiError, not_found_model, validation_error
 from proxy.simulator.profiles import Profile, get_profile
 from proxy.simulator.settings import SimulatorSettings
+from proxy.simulator.stored import ResponseStore
 from proxy.simulator.tokenizer import SimTokenizer
 
 T = TypeVar("T")
@@ -23,6 +24,7 @@ class Context:
     profile: Profile
     tokenizer: SimTokenizer
     fingerprint: str
+    store: ResponseStore | None = None  # VLLM_ENABLE_RESPONSES_API_STORE: this replica's Responses store
 
     @classmethod
     def load(cls, settings: SimulatorSettings) -> Context:
@@ -30,9 +32,8 @@ class Context:
         seed = f"{settings.model}|{settings.max_model_len}|{settings.model_root}|{settings.profile}"
         digest = hashlib.sha256(seed.encode()).hexdigest()[:8]
         fingerprint = f"vllm-{settings.vllm_version}-{digest}"
-        return cls(
-            settings=settings, profile=get_profile(settings.profile), tokenizer=tokenizer, fingerprint=fingerprint
-        )
+        store = ResponseStore() if settings.responses_store else None
+        return cls(settings, get_profile(settings.profile), tokenizer, fingerprint, store)
 
     def check_model(self, model: str | None) -> None:
         """An omitted or empty model means the served one; anything else must be its name."""

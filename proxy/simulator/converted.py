@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from proxy.api.anthropic import MessagesRequest, parse_messages
@@ -18,14 +20,16 @@ from proxy.counting.anthropic_probes import EFFORTS, fails_inline_system
 from proxy.counting.conversation import template_inputs, to_conversation, to_tools
 from proxy.counting.responses import responses_chat
 from proxy.errors import GuardError
-from proxy.simulator.background import NO_STORE
 from proxy.simulator.chat import plan_chat
 from proxy.simulator.chat_prompt import ChatOptions, RenderedChat, render_chat
 from proxy.simulator.completions import plan_completion
 from proxy.simulator.context import Context, engine_error, raise_if, response_id, unwrap
+from proxy.simulator.endings import check_stops, read_stops, with_endings
 from proxy.simulator.errors import ApiError, validation_error
 from proxy.simulator.generation import Generation, PromptPlan
 from proxy.simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
+from proxy.simulator.stored import NO_STORE, not_found
+from proxy.simulator.wire import Fields
 
 NO_REASONING = (
     "thinking_token_budget is set but reasoning_config is not configured. Please set --reasoning-parser and/or "
@@ -35,20 +39,32 @@ NO_REASONING = (
 
 def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
     req = _read(lambda raw: parse_responses(raw), body)
-    chat = _read(lambda _: responses_chat(req, newer=not ctx.profile.reserves_output), body)
     ctx.check_model(req.model)
-    if req.background and req.body.get("store", True) is False:  # the request model's own validator
+    if req.background and not req.store:  # the request model's own validator
         raise validation_error("background can only be used when `store` is true", parameter="background")
-    if req.background and not ctx.settings.responses_store:
+    if req.background and ctx.store is None:
         raise ApiError(NO_STORE, type="invalid_request_error", param="background")
+    history = None
+    if req.previous_response_id is not None:  # looked up whether the store is on or not: off, it is empty
+        if ctx.store is None:
+            raise not_found(req.previous_response_id)
+        history = ctx.store.history(req.previous_response_id)
+    chat = _read(lambda _: responses_chat(req, not ctx.profile.reserves_output, history), body)
     # truncation "auto": vLLM's TokenizeParams gets truncate_prompt_tokens -1, so the input keeps its last tokens,
     # as many as the window less max_output_tokens (0.31), or all but one (0.32)
     truncate = -1 if req.truncation_auto else None
     request = OutputRequest(ctx.settings.max_model_len, req.max_output_tokens, "max_output_tokens",
                             truncate_prompt_tokens=truncate)  # fmt: skip
-    suffix = headers.get("x-request-id") or f"{time.time_ns() & (2**64 - 1):016x}"
-    rid = req.request_id or f"resp_{suffix}"  # vLLM stores a response under the body's request_id
-    return _generation(ctx, "responses", rid, chat, request, req.body, req.stream)
+    # the body's request_id, else a new one (X-Request-Id is not read: the Responses API takes no header's id)
+    rid = req.request_id or f"resp_{uuid.uuid4().hex}"
+    planned = _generation(ctx, "responses", rid, chat, request, req.body, req.stream)
+    rules = read_stops(Fields(req.body), 0)  # ResponsesRequest's stop and stop_token_ids (to_sampling_params)
+    check_stops(rules)
+    planned = with_endings(planned, ctx.tokenizer, rules)
+    if ctx.store is None or not req.store:
+        return planned
+    ctx.store.rendered(rid, chat.messages)
+    return replace(planned, keep=ctx.store.keep)
 
 
 def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:

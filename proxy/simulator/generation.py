@@ -8,7 +8,7 @@ sequences' tokens and finish up front and puts them in `Generation.scripted`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,6 +55,8 @@ class Generation:
     scripted: tuple[Sequence, ...] | None = None
     # Responses and Anthropic Messages answers echo fields of the request (instructions, tools, temperature...)
     request: Mapping[str, Any] | None = None
+    # A Responses answer vLLM stores: handed the response once it is complete (stored.py)
+    keep: Callable[[dict[str, Any]], None] | None = None
 
     @property
     def kv_tokens(self) -> int:

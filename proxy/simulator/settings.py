@@ -27,7 +27,7 @@ class SimulatorSettings:
     max_num_queued_reqs: int | None = None  # as vLLM's --max-num-queued-reqs: over it, 503 "the engine is busy"
     enable_prompt_embeds: bool = False  # as vLLM's --enable-prompt-embeds: completions take prompt_embeds
     hidden_size: int = 64  # the model's, which each prompt_embeds tensor must have
-    responses_store: bool = False  # as VLLM_ENABLE_RESPONSES_API_STORE=1: stored responses, background mode
+    responses_store: bool = False  # as VLLM_ENABLE_RESPONSES_API_STORE=1: stored Responses, background mode
 
     def __post_init__(self) -> None:
         get_profile(self.profile)

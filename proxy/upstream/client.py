@@ -109,16 +109,19 @@ class Upstream:
 
     async def open(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, cost: int | None = None, query: str = "",
-        handed: Callable[[bool], None] | None = None,
+        handed: Callable[[bool], None] | None = None, pin: str | None = None,
     ) -> Opened:  # fmt: skip
         """Send the request (`path`: a declared route's, `query` as the client sent it) and return once a replica's
         status and headers have arrived (body unread). With a `cost`, the request first passes the admission gate;
         the returned ticket must be released by the caller. `handed` is told each time the request leaves for a
-        replica (True, once admitted) and each time that replica could not be reached after all (False)."""
+        replica (True, once admitted) and each time that replica could not be reached after all (False). `pin`: the
+        URL of the one replica that may answer (it holds a stored response), tried once, never another; one that is
+        not among the replicas raises UpstreamRefused."""
+        only = self._pinned(pin)
         tried: set[int] = set()
         for attempt in range(self.settings.retries + 1):
-            last = attempt == self.settings.retries or len(tried) + 1 >= len(self.replicas)
-            ticket, index = await self._choose(cost, tried)
+            last = attempt == self.settings.retries or len(tried) + 1 >= len(self.replicas) or only is not None
+            ticket, index = await self._choose(cost, tried, only)
             replica = self.replicas[index]
             sent = outgoing(forwardable(headers), self.credentials)
             if handed is not None:
@@ -168,8 +171,21 @@ class Upstream:
             raise TooBusy(f"The upstream is at its request queue limit: {busy}", self.admission.retry_after(cost or 0))
         return False
 
-    async def _choose(self, cost: int | None, tried: set[int]) -> tuple[Ticket | None, int]:
-        up = {i for i, r in enumerate(self.replicas) if r.budget.available and i not in tried}
+    def _pinned(self, pin: str | None) -> int | None:
+        if pin is None:
+            return None
+        for index, replica in enumerate(self.replicas):
+            if replica.url == pin:
+                return index
+        raise UpstreamRefused("The replica that holds the stored response is not one of this guard's.")
+
+    async def _choose(self, cost: int | None, tried: set[int], only: int | None = None) -> tuple[Ticket | None, int]:
+        if only is not None:  # a stored response is on its replica or nowhere: never another
+            if not self.replicas[only].budget.available:
+                raise UpstreamRefused(f"{self.replicas[only]} is out, and it holds the stored response.")
+            up = {only}
+        else:
+            up = {i for i, r in enumerate(self.replicas) if r.budget.available and i not in tried}
         if not up:  # every replica is out: try the one that failed longest ago rather than refuse outright
             rest = [i for i in range(len(self.replicas)) if i not in tried] or list(range(len(self.replicas)))
             up = {min(rest, key=lambda i: self.replicas[i].down_until)}

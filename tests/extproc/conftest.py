@@ -34,7 +34,10 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     work = tmp_path_factory.mktemp("envoy")
     gate = Gate()
     with (
-        upstream(deepseek_dir, max_model_len=2048, reasoning_parser="deepseek_r1") as (fast_url, fast),
+        upstream(deepseek_dir, max_model_len=2048, reasoning_parser="deepseek_r1", responses_store=True) as (
+            fast_url,
+            fast,
+        ),
         upstream(deepseek_dir, max_model_len=2048, ttft_s=0.05, itl_s=0.05) as (slow_url, slow),
         ServerThread(gate.app) as gated,
         ServerThread(fake_vllm(renders=False)) as refusing,

@@ -55,6 +55,10 @@ tokens_per_minute = 1000
 name = "few"
 key = "sk-few"
 requests_per_minute = 5
+
+[[keys]]
+name = "bob"
+key = "sk-bob"
 """
 # the gateway processor's own: keys the guard checks, vLLM's key, a gateway prefix it takes off, a short body deadline
 GATEWAY = {"server.api_keys": "sk-client", "server.admin_api_keys": "sk-admin", "upstream.api_key": "sk-upstream",

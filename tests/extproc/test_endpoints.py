@@ -39,3 +39,14 @@ def test_a_header_no_picker_set_is_ignored() -> None:
     endpoints = Endpoints(URLS, trusted=False)
     assert excluded(endpoints, b"10.0.0.2:8000") is POOL
     assert excluded(endpoints, b"127.0.0.5:443") is POOL
+
+
+def test_a_stored_responses_replica_is_what_the_header_names_where_the_picker_routes_by_it() -> None:
+    endpoints = Endpoints(URLS, trusted=True)
+    assert endpoints.pinned("http://[fd00::3]:8000") == (frozenset({0, 1, 3}), b"[fd00::3]:8000")
+    assert endpoints.pinned("https://127.0.0.5") == (frozenset({0, 1, 2}), b"127.0.0.5:443")
+    assert endpoints.pinned("http://10.9.9.9:8000") is None  # not one of the replicas: left to the picker
+    assert Endpoints(URLS, trusted=False).pinned(URLS[0]) is None  # the processor does not route: nothing to set
+    chosen = [(b"host", b"x"), (DESTINATION, b"10.0.0.2:8000")]
+    assert asyncio.run(endpoints.chosen(chosen)) == URLS[1]  # what the ledger records as the replica that holds it
+    assert asyncio.run(Endpoints(URLS, trusted=False).chosen(chosen)) is None

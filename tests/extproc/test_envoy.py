@@ -702,3 +702,49 @@ def test_the_headers_vllm_acts_on_reach_it_as_the_guard_read_them(rig: Rig, list
     _, path, seen, body = rig.fast.last()
     assert path == "/invocations" and seen[adapter] == MODEL and "x-data-parallel-rank" not in seen
     assert json.loads(body)["model"] == MODEL  # the body names the model the guard checked
+
+
+RESPONSES = "/v1/responses"
+
+
+@pytest.mark.parametrize("listener", ["keyed-streamed", "keyed-duplex"])
+def test_a_stored_response_is_its_keys_only_and_continued_exactly_behind_envoy(rig: Rig, listener: str) -> None:
+    alice, bob = {"authorization": "Bearer sk-alice"}, {"authorization": "Bearer sk-bob"}
+    url = rig.url(listener)
+    made = httpx.post(url + RESPONSES, json={"model": MODEL, "input": "Alice's plan", "max_output_tokens": 5},
+                      headers=alice, timeout=30)  # fmt: skip
+    assert made.status_code == 200, made.text
+    rid = made.json()["id"]
+    not_found = {"message": f"Response with id '{rid}' not found.", "type": "invalid_request_error",
+                 "param": "response_id", "code": 404}  # fmt: skip
+    before = len(rig.fast.seen)
+    for method, path in (("GET", f"{RESPONSES}/{rid}"), ("POST", f"{RESPONSES}/{rid}/cancel")):
+        answer = httpx.request(method, url + path, headers=bob, timeout=30)
+        assert answer.status_code == 404 and answer.json()["error"] == not_found
+    continued = {"model": MODEL, "input": "and?", "previous_response_id": rid, "max_output_tokens": 100_000}
+    taken = httpx.post(url + RESPONSES, json=continued, headers=bob, timeout=30)
+    assert taken.status_code == 404 and taken.json()["error"] == not_found
+    chosen = httpx.post(url + RESPONSES, json={"model": MODEL, "input": "mine", "request_id": rid}, headers=bob)
+    assert chosen.status_code == 400 and "request_id" in chosen.json()["error"]["message"]
+    assert rig.fast.since(before) == []  # none of bob's reached vLLM
+    assert httpx.get(url + f"{RESPONSES}/{rid}", headers=alice, timeout=30).json()["id"] == rid
+    answer = httpx.post(url + RESPONSES, json=continued, headers=alice, timeout=30)
+    assert answer.status_code == 200 and answer.headers["x-token-guard-action"] == "clamp"  # the stored part known
+    assert int(answer.headers["x-token-guard-prompt-tokens"]) == answer.json()["usage"]["input_tokens"]
+
+
+@pytest.mark.parametrize("listener", ["keyed-streamed", "keyed-duplex"])
+def test_a_background_response_is_its_keys_only_behind_envoy(rig: Rig, listener: str) -> None:
+    alice, bob = {"authorization": "Bearer sk-alice"}, {"authorization": "Bearer sk-bob"}
+    url = rig.url(listener)
+    body = {"model": MODEL, "input": "Alice's background plan", "max_output_tokens": 5, "background": True}
+    queued = httpx.post(url + RESPONSES, json=body, headers=alice, timeout=30)
+    assert queued.status_code == 200 and queued.json()["status"] == "queued", queued.text
+    rid = queued.json()["id"]  # the processor named it, and recorded it for alice from the answer
+    for method, path in (("GET", f"{RESPONSES}/{rid}"), ("POST", f"{RESPONSES}/{rid}/cancel")):
+        answer = httpx.request(method, url + path, headers=bob, timeout=30)
+        assert answer.status_code == 404 and answer.json()["error"]["param"] == "response_id"
+    taken = httpx.post(url + RESPONSES, json={**body, "input": "mine", "request_id": rid}, headers=bob, timeout=30)
+    assert taken.status_code == 400 and "taken" in taken.json()["error"]["message"]
+    mine = httpx.get(url + f"{RESPONSES}/{rid}", headers=alice, timeout=30)
+    assert mine.status_code == 200 and mine.json()["id"] == rid

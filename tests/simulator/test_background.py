@@ -71,3 +71,14 @@ def test_background_needs_the_store(deepseek_dir: Path, options: dict[str, Any],
         oai = openai.OpenAI(base_url=f"{sim.url}/v1", api_key="x", max_retries=0, http_client=sim.client)
         with pytest.raises(openai.BadRequestError, match=says):
             oai.responses.create(model=MODEL, input="Hi", background=True, extra_body=options)
+
+
+def test_a_queued_response_is_continued_with_the_messages_rendered_for_it(oai: openai.OpenAI) -> None:
+    queued = oai.responses.create(model=MODEL, input="Hi", instructions="Be brief.", max_output_tokens=1000,
+                                  background=True)  # fmt: skip
+    later = oai.responses.create(model=MODEL, input="More", previous_response_id=queued.id, max_output_tokens=5)
+    turns: Any = [{"role": "user", "content": "Hi"}, {"role": "user", "content": "More"}]
+    alone = oai.responses.create(model=MODEL, input=turns, max_output_tokens=5, store=False)
+    assert later.usage is not None and alone.usage is not None
+    assert later.usage.input_tokens == alone.usage.input_tokens  # as vLLM: its msg_store is set before it runs
+    assert oai.responses.cancel(queued.id).status == "cancelled"

@@ -71,6 +71,24 @@ def _start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Pop
 
 
 @contextmanager
+def simulator_process(
+    tokenizer: Path, log: Path, flags: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """`token-guard simulate` alone on a free loopback port (its URL), as an operator starts it, stopped on the way
+    out."""
+    port = free_port()
+    sim = _start(["simulate", "--tokenizer", str(tokenizer), "--model", MODEL, "--port", str(port), *flags], log,
+                 {**os.environ, **(env or {})})  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert eventually(lambda: healthy(url), timeout_s=60), log.read_text()
+        yield url
+    finally:
+        sim.terminate()
+        sim.wait(timeout=60)
+
+
+@contextmanager
 def guard_and_simulator(
     tokenizer: Path, logs: Path, window: int = 2048, sim_flags: tuple[str, ...] = (), env: dict[str, str] | None = None
 ) -> Iterator[Stack]:
