@@ -37,18 +37,19 @@ pytestmark = pytest.mark.serial  # its memory peaks and lease timings hold on a 
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW = 2048
-LEASE_S = 1.0
+LEASE_S = 5.0  # long enough that a process slowed by a shared host renews its leases in time (it renews every third)
+SHORT_LEASE_S = 1.0  # for the guard that is killed: its reservations are freed within this
 HUGE = 10**9  # a KV capacity that never slows the simulator down: it only records what runs at once
 GROUPS: dict[str, int] = {}  # a guard's URL -> its process group
 
 
 @contextmanager
 def serve(upstream: str, tokenizer: Path, logs: Path, redis_url: str, budget: int, guards: int = 1,
-          env: dict[str, str] | None = None) -> Iterator[list[str]]:  # fmt: skip
+          env: dict[str, str] | None = None, lease_s: float = LEASE_S) -> Iterator[list[str]]:  # fmt: skip
     """`guards` processes of `token-guard serve --workers 2` sharing `budget` through `redis_url`, started at once,
     each in a process group of its own (GROUPS: a guard's URL -> its group, for kill())."""
     environ = {**os.environ, "TOKEN_GUARD_ADMISSION_MAX_INFLIGHT_TOKENS": str(budget),
-               "TOKEN_GUARD_REDIS_LEASE_S": str(LEASE_S),
+               "TOKEN_GUARD_REDIS_LEASE_S": str(lease_s),
                # generous: a late answer on a loaded machine would admit one request on its own share (or refuse it),
                # while a killed Redis refuses connections at once whatever the timeout
                "TOKEN_GUARD_REDIS_TIMEOUT_MS": "2000", **(env or {})}  # fmt: skip
@@ -143,7 +144,7 @@ def test_two_guards_of_two_workers_share_one_budget_and_fall_back_open(
 
             responses = asyncio.run(burst(urls, 32, 60))
             assert [r.status_code for r in responses] == [200] * 32
-            assert stats.kv.peak <= budget  # the whole budget, not each process's
+            assert stats.kv.peak <= budget, f"{fallbacks(urls)} admitted on a local share"  # not each process's
             assert stats.kv.peak > budget // 2  # and used by more than one process at a time
 
             stats.kv.reset()
@@ -201,7 +202,7 @@ def closed(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     with redis_server() as redis, simulator(deepseek_dir, max_model_len=WINDOW, itl_s=0.02,
                                             kv_capacity_tokens=HUGE) as (sim, _, _):  # fmt: skip
         budget = 4 * cost_of(sim.url, 20)
-        with serve(sim.url, deepseek_dir, logs, redis.url, budget, guards=2, env=env) as guards:
+        with serve(sim.url, deepseek_dir, logs, redis.url, budget, guards=2, env=env, lease_s=SHORT_LEASE_S) as guards:
             yield ClosedStack(redis, sim.url, budget, guards)
 
 
@@ -238,7 +239,7 @@ def refused(client: openai.OpenAI, messages: Any) -> bool:
 def test_a_guard_killed_with_reservations_held_frees_them_within_its_lease(closed: ClosedStack) -> None:
     doomed, survivor = closed.guards
     redis_url, sim_url = closed.redis.url, closed.sim_url
-    hold = closed.budget - cost_of(sim_url, 0)  # one stream as costly as the whole budget: 2 s, twice the lease
+    hold = closed.budget - cost_of(sim_url, 0)  # one stream as costly as the whole budget: 2 s, twice its lease
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", f"{doomed}/v1/chat/completions", json=body(hold, stream=True)) as held:
             lines = held.iter_lines()  # kept: a dropped generator would close the stream
@@ -247,7 +248,7 @@ def test_a_guard_killed_with_reservations_held_frees_them_within_its_lease(close
             kill(doomed)
             answer = client.post(f"{survivor}/v1/chat/completions", json=body(20))
     assert answer.status_code == 200 and "x-token-guard-queue-ms" in answer.headers  # it waited for the lease
-    assert eventually(lambda: reserved(redis_url, sim_url) == (0, 0), timeout_s=3 * LEASE_S)
+    assert eventually(lambda: reserved(redis_url, sim_url) == (0, 0), timeout_s=3 * SHORT_LEASE_S)
 
 
 def test_a_guard_with_redis_and_no_budget_counts_itself_and_reserves_nothing(
