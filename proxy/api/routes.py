@@ -12,7 +12,7 @@ charges and its error envelope. A path that is not here is a 404 and never reach
     control     vLLM's administrative routes (sleep, RPCs, LoRA, ...)   admin key     nothing
     unguarded   vLLM generates here in a form the guard cannot count    nobody        (closed: 404 with the reason)
 
-The routes are vLLM 0.31's and 0.32's (tests/api/test_routes.py holds their route tables and fails when one is not
+The routes are vLLM 0.31's to 0.34's (tests/api/test_routes.py holds their route tables and fails when one is not
 declared here). `server.passthrough_paths` adds relay routes of the operator's own; it never opens a route the table
 declares otherwise, except an unguarded one, which the operator then opens on purpose.
 """
@@ -89,14 +89,17 @@ CONTROL_POST = (
     "/reset_mm_cache", "/reset_encoder_cache", "/start_profile", "/stop_profile", "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter", "/init_weight_transfer_engine", "/shutdown_weight_transfer_engine",
     "/start_weight_update", "/start_draft_weight_update", "/update_weights", "/finish_weight_update",
-    "/update_weight_version", "/weight_checker", "/fault_tolerance/apply",
+    "/update_weight_version", "/weight_checker", "/fault_tolerance/apply", "/v1/fault_tolerance/apply",
+    "/checkpoint/prepare", "/checkpoint/restore",
 )  # fmt: skip
 CONTROL_GET = (
     "/server_info", "/is_sleeping", "/is_paused", "/get_world_size", "/weight_info", "/fault_tolerance/status",
     "/kv_event_sources", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect", "/static", "/ready", "/readyz",
+    "/v1/fault_tolerance/status", "/checkpoint/status",
 )  # fmt: skip
 UNGUARDED = (  # generation the guard cannot count or clamp in the form vLLM takes it
     "/cohere/v2/chat", "/generative_scoring", "/v1/systemone", "/v1/realtime",
+    "/v1/decisions",  # 0.33: a prefill and one token per question, up to 64 engine requests per call; not counted yet
 )  # fmt: skip
 
 ROUTES: tuple[Route, ...] = (

@@ -15,8 +15,9 @@ TABLE = RouteTable()
 CASES = [(version, method, path) for version, routes in VLLM_ROUTES.items() for method, path in routes]
 
 
-def test_the_snapshot_holds_both_versions() -> None:
-    assert set(VLLM_ROUTES) == {"0.31.0", "0.32.0"} and all(len(r) > 70 for r in VLLM_ROUTES.values())
+def test_the_snapshot_holds_every_version_the_guard_follows() -> None:
+    assert set(VLLM_ROUTES) == {"0.31.0", "0.32.0", "0.33.0", "0.34.0"}
+    assert all(len(r) > 70 for r in VLLM_ROUTES.values())
 
 
 @pytest.mark.parametrize(("version", "method", "path"), CASES, ids=[f"{v}-{m}-{p}" for v, m, p in CASES])
@@ -32,7 +33,10 @@ def test_every_vllm_route_is_declared(version: str, method: str, path: str) -> N
 ADMINISTRATIVE = ["/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/pause", "/resume", "/scale_elastic_ep",
                   "/reset_prefix_cache", "/reset_mm_cache", "/start_profile", "/stop_profile", "/server_info",
                   "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/abort_requests",
-                  "/inference/v1/abort_requests", "/update_weights"]  # fmt: skip
+                  "/inference/v1/abort_requests", "/update_weights",
+                  # 0.34: taken with --enable-sleep-mode, and vLLM's own --api-key does not protect them
+                  "/checkpoint/prepare", "/checkpoint/restore", "/checkpoint/status",
+                  "/v1/fault_tolerance/apply", "/v1/fault_tolerance/status"]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", ADMINISTRATIVE)
@@ -50,6 +54,14 @@ GPU = {"/v1/chat/completions/batch": Kind.GENERATE, "/inference/v1/generate": Ki
 def test_every_route_that_reaches_the_gpu_is_guarded(path: str, kind: Kind) -> None:
     found = TABLE.find(path)
     assert found is not None and found.route.kind is kind and found.route.guarded and found.route.reads
+
+
+def test_decisions_stay_closed_until_the_guard_counts_them() -> None:
+    """vLLM 0.33's /v1/decisions runs a prefill and a token for each of up to 64 questions: uncounted, nobody reaches
+    it unless the operator opens it on purpose (server.passthrough_paths)."""
+    found = TABLE.find("/v1/decisions")
+    assert found is not None and found.route.kind is Kind.UNGUARDED and found.route.who is Access.NOBODY
+    assert RouteTable(passthrough=["/v1/decisions"]).unguarded == ["/v1/decisions"]
 
 
 def test_lookups() -> None:
