@@ -16,6 +16,7 @@ COMMANDS = {  # name -> (module, help)
     "admission": ("bench.admission", "a burst of long requests against a small KV cache, admission off vs on"),
     "ceiling": ("bench.ceiling", "the proxies as the bottleneck, in front of an upstream that answers at once"),
     "plot-ceiling": ("bench.ceiling_plots", "the PNG plots of a ceiling result: CPU per request and requests/s"),
+    "calls": ("bench.calls", "Python function calls per request, checkouts side by side (a count: host load aside)"),
     "bodies": ("bench.bodies", "what the largest bodies cost the guard: time, peak and final RSS, /livez meanwhile"),
 }
 
