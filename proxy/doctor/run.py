@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proxy.api.models import ModelCard
+from proxy.counting.isolated import IsolatedRenderer
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.doctor.compare import Window, drift_lines
 from proxy.doctor.defaults import learn
@@ -62,6 +63,8 @@ async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: 
 
 async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) -> Report:
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
+    sandbox = IsolatedRenderer()  # a sample's own chat template renders in it, as a request's does when serving
+    registry.render_requests_in(sandbox)
     upstream = Upstream(settings.upstream, HttpClient(settings.upstream))
     try:
         cards = await _discover(upstream, wait_s, settings.upstream.connect_timeout_s)
@@ -84,6 +87,7 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
         raise CheckError(exc.message) from None
     finally:
         await upstream.aclose()
+        await asyncio.to_thread(sandbox.close)
     return Report(upstream.where, version, version_error, rows, windows, infos, await fleet_info(settings.redis))
 
 
