@@ -42,7 +42,7 @@ class ModelRegistry:
         self.discovering = discovering
         self._counting = counting or CountingSettings()
         self.upstream_version: str | None = None  # vLLM's, once the start-up check has read it
-        self.checked = False  # the start-up check has run (doctor/run.py): count sources are decided
+        self.checked = False  # the start-up check has run (drift/startup.py): count sources are decided
         self.default: str | None = None  # the model the upstream serves a request that names none (its first card)
         self._discovered = False
         self._sandbox: IsolatedRenderer | None = None

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.api.routes import RouteTable
 from proxy.counting.isolated import BodyParser, IsolatedRenderer
 from proxy.counting.registry import ModelRegistry
-from proxy.doctor.run import drift_warnings
+from proxy.drift.startup import drift_warnings
 from proxy.errors import GuardError
 from proxy.exchange.background import Followers
 from proxy.exchange.bodies import BodyBudget
@@ -201,7 +201,7 @@ async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: U
             continue
         registry.apply_discovery(cards)
         break
-    for line in await drift_warnings(settings, registry, upstream):
+    for line in await drift_warnings(registry, upstream):
         log.warning("%s", line)
 
 
