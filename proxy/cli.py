@@ -129,7 +129,6 @@ def settings_from(args: argparse.Namespace, port: str = "server.port") -> Settin
 def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -> int:
     import uvicorn
 
-    from proxy.counting.isolated import close_children
     from proxy.server import worker
     from proxy.server.running import settle_heap, uvicorn_options
 
@@ -155,7 +154,6 @@ def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -
             uvicorn.run("proxy.server.worker:app", factory=True, workers=server.workers, **options)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        close_children()
     return 0
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.doctor.samples import WEATHER_TOOL as SAMPLE_TOOL
+from proxy.drift.samples import WEATHER_TOOL as SAMPLE_TOOL
 
 LONG_TEXT = (
     "The quick brown fox jumps over the lazy dog. " * 40

@@ -1,6 +1,7 @@
-"""The layout holds: imports point one way (server and extproc -> exchange -> check -> upstream -> fleet -> policy ->
-counting -> api -> settings, errors and error bodies), and the pure packages (api, counting, policy) import nothing
-that speaks HTTP or Redis. Every import in every module counts, also those inside functions."""
+"""The layout holds: imports point one way (server and extproc -> doctor -> exchange -> drift -> upstream -> fleet ->
+policy -> counting -> api -> settings, errors and error bodies; the request path never imports the doctor command),
+and the pure packages (api, counting, policy) import nothing that speaks HTTP or Redis. Every import in every module
+counts, also those inside functions."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ LAYERS = [  # lowest first: a module may import its own layer and the layers bel
     {"policy"},
     {"fleet"},
     {"upstream"},
-    {"doctor"},
+    {"drift"},
     {"exchange"},
+    {"doctor"},
     {"server", "extproc"},
     {"simulator", "demo", "cli", "__main__"},
 ]

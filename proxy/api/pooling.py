@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from proxy.api.body import MAX_DEPTH, count_field, flag, kind_of, model_name, parse_json_object, token_ids
+from proxy.api.body import count_field, flag, kind_of, model_name, token_ids
 from proxy.errors import InvalidRequest
 
 Kind = Literal["embeddings", "pooling", "classify", "score", "rerank"]
@@ -67,10 +67,6 @@ class ScoringRequest:
     max_tokens_per_query: int
     max_tokens_per_doc: int
     truncate_prompt_tokens: int | None
-
-
-def parse_pooling(raw: bytes, kind: Kind, max_depth: int = MAX_DEPTH) -> PoolingRequest | ScoringRequest:
-    return pooling_request(parse_json_object(raw, max_depth), kind)
 
 
 def pooling_request(body: dict[str, Any], kind: Kind) -> PoolingRequest | ScoringRequest:

@@ -10,16 +10,16 @@
   (server.max_json_values of them at most, counted in the child before anything is built) faster than parsing them.
 
 Each kind has one long-lived child, spawned on first use; calls queue for it (both are rare, and each is bounded, so
-a queue is cheaper than a pool of processes). An idle child ignores SIGTERM and SIGINT: the guard ends it when it
-stops (`close_children`). Killed by a signal to the whole process group, an idle child died holding its pool's queue
-lock, and the pool's terminate, at exit, then waited for that lock for ever: the guard never exited. At work it
-holds no lock, and SIGTERM ends it (the pool's terminate sends it, past a call's time limit).
+a queue is cheaper than a pool of processes). The core a front end serves with creates one of each and closes them
+when its lifetime ends (exchange/core.py); nothing here is global to the process. An idle child ignores SIGTERM and
+SIGINT: its owner ends it when the guard stops. Killed by a signal to the whole process group, an idle child died
+holding its pool's queue lock, and the pool's terminate, at exit, then waited for that lock for ever: the guard never
+exited. At work it holds no lock, and SIGTERM ends it (the pool's terminate sends it, past a call's time limit).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import marshal
 import multiprocessing
 import multiprocessing.pool
@@ -50,7 +50,6 @@ class ChildProcess:
         self.memory_limit_mb = memory_limit_mb
         self._pool: multiprocessing.pool.Pool | None = None
         self._turn: asyncio.Lock | None = None
-        self._closing_registered = False
 
     async def call(self, fn: Callable[..., T], args: tuple[Any, ...], time_limit_s: float, stop_on_cancel: bool) -> T:
         """fn(*args) in the child; TimeoutError (and the child killed) past `time_limit_s`. A call whose caller is
@@ -85,9 +84,6 @@ class ChildProcess:
         context = multiprocessing.get_context("spawn")  # not a fork of a process holding tokenizers and sockets
         pool = context.Pool(1, initializer=_child_setup, initargs=(self.memory_limit_mb,))
         pool.apply(_ready)  # started and its imports done: the time limit is the work's alone
-        if self._pool is None and not self._closing_registered:
-            atexit.register(self.close)  # before the interpreter tears down what Pool.__del__ needs
-            self._closing_registered = True
         self._pool = pool
         return pool
 
@@ -185,15 +181,3 @@ def _work(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         return fn(*args)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-RENDERER = IsolatedRenderer()
-"""The process's one renderer of request templates (its child process starts on first use)."""
-PARSER = BodyParser()
-"""The process's one parser of the largest bodies (its child process starts on first use)."""
-
-
-def close_children() -> None:
-    """End the process's child processes (a front end that stops calls it last; atexit would too)."""
-    RENDERER.close()
-    PARSER.close()

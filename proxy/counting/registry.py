@@ -10,13 +10,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.api.models import ModelCard
 from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import ModelTokenizer, TokenizerLoadError, load_tokenizer
 from proxy.errors import ModelNotFound, NotReady
 from proxy.settings import CountingSettings, ModelSettings
+
+if TYPE_CHECKING:
+    from proxy.counting.isolated import IsolatedRenderer
 
 log = logging.getLogger("token_guard.registry")
 
@@ -39,9 +42,10 @@ class ModelRegistry:
         self.discovering = discovering
         self._counting = counting or CountingSettings()
         self.upstream_version: str | None = None  # vLLM's, once the start-up check has read it
-        self.checked = False  # the start-up check has run (doctor/run.py): count sources are decided
+        self.checked = False  # the start-up check has run (drift/startup.py): count sources are decided
         self.default: str | None = None  # the model the upstream serves a request that names none (its first card)
         self._discovered = False
+        self._sandbox: IsolatedRenderer | None = None
 
     @classmethod
     def from_settings(
@@ -74,6 +78,13 @@ class ModelRegistry:
         """The server's default_chat_template_kwargs for this model, learned from the upstream."""
         model = self._models[name]
         self._models[name] = replace(model, tokenizer=replace(model.tokenizer, default_kwargs=kwargs))
+
+    def render_requests_in(self, sandbox: IsolatedRenderer) -> None:
+        """Where a chat template a request brings renders, for every model: a child process, which the caller owns
+        and closes (exchange/core.py; the doctor command)."""
+        self._sandbox = sandbox
+        for name, model in self._models.items():
+            self._models[name] = replace(model, tokenizer=replace(model.tokenizer, sandbox=sandbox))
 
     def set_upstream_version(self, version: str) -> None:
         """What the upstream's vLLM version changes in counting: 0.32 strips a billing-header line (see
@@ -171,7 +182,7 @@ class ModelRegistry:
                      card.id, root, length, tok.rendering.mode, tok.rendering.reason)  # fmt: skip
 
     def _load(self, root: str, name: str) -> tuple[ModelTokenizer, TokenCounter]:
-        tok = load_tokenizer(root)
+        tok = replace(load_tokenizer(root), sandbox=self._sandbox)
         return tok, TokenCounter(tok.backend, self._counting, name=name)
 
 

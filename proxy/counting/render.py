@@ -8,7 +8,6 @@ from contextlib import contextmanager
 
 from proxy.api.chat import ChatRequest
 from proxy.counting.conversation import ConversationError, MediaPart, template_inputs, to_conversation, to_tools
-from proxy.counting.isolated import RENDERER
 from proxy.counting.roles import developer_as_system, has_developer, mentions_developer
 from proxy.counting.templates import RenderArgs, TemplateError, render
 from proxy.counting.tokenizer import ModelTokenizer
@@ -19,6 +18,7 @@ NO_TEMPLATE = (
     "if the tokenizer does not define one."
 )
 
+NO_SANDBOX = "This server does not render a chat template passed with the request."
 
 BOTH_FLAGS = (
     "continue_final_message and add_generation_prompt are not compatible (add_generation_prompt defaults to true: "
@@ -32,9 +32,12 @@ def render_chat(tok: ModelTokenizer, req: ChatRequest) -> str:
 
 
 async def render_chat_isolated(tok: ModelTokenizer, req: ChatRequest) -> str:
-    """As render_chat, for a template the request brought: in a child process with a time and memory limit."""
+    """As render_chat, for a template the request brought: in a child process with a time and memory limit (the
+    tokenizer's sandbox)."""
+    if tok.sandbox is None:
+        raise InvalidRequest(NO_SANDBOX, param="chat_template")
     with _as_bad_request(own_template=False):
-        return await RENDERER.render(render_inputs(tok, req))
+        return await tok.sandbox.render(render_inputs(tok, req))
 
 
 def render_inputs(tok: ModelTokenizer, req: ChatRequest) -> RenderArgs:

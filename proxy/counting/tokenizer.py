@@ -10,13 +10,16 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.api.chat import ChatRequest
 from proxy.counting.conversation import ContentFormat, detect_content_format
 from proxy.counting.harmony import HarmonyChat, HarmonyLoadError
 from proxy.counting.mistral import MistralChat, MistralLoadError
 from proxy.counting.modes import Rendering, resolve_mode
+
+if TYPE_CHECKING:
+    from proxy.counting.isolated import IsolatedRenderer
 
 log = logging.getLogger("token_guard.tokenizer")
 
@@ -50,6 +53,9 @@ class ModelTokenizer:
     # vLLM 0.32+ drops Claude Code's billing-header line from system messages; until the upstream's version is known,
     # the guard keeps it, which counts a few tokens more: the safe side
     strip_billing_header: bool = False
+    # where a chat template the request brought renders: a child process, which the core that serves the model owns
+    # (exchange/core.py, through the registry); None: nowhere, such a request is refused
+    sandbox: IsolatedRenderer | None = None
 
     def template_for(self, tools: list[Any] | None, override: str | None = None) -> str | None:
         """The template vLLM would use: the request's, else the configured or tokenizer's (tool variant if any)."""

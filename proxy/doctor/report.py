@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from proxy.counting.registry import GuardedModel
-from proxy.doctor.compare import MISMATCH, Count, Refusal, Row, Window, cell
 from proxy.doctor.fleet import FleetInfo
+from proxy.drift.compare import MISMATCH, Count, Refusal, Row, Window, cell
 
 
 @dataclass(frozen=True)

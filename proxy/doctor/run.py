@@ -1,7 +1,8 @@
 """`token-guard doctor`, a doctor for drift: count sample requests with the guard's own renderer and tokenizer, with
 the upstream's `POST /tokenize` and by what the upstream charges for them, and report every disagreement, each model's
 rendering path and count source and why, the context window each side believes and the upstream's version.
-`drift_warnings()` runs the same comparison once at `serve` start-up, and there decides counting.source auto.
+The start-up check (proxy/drift/startup.py) runs the same comparison once when a front end starts, and there decides
+counting.source auto.
 
 A tokenizer or template that drifted (a vLLM upgrade, a model re-uploaded with a fixed template) makes every clamp
 and overflow decision wrong by the size of the difference, silently; this is how it becomes visible.
@@ -17,14 +18,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proxy.api.models import ModelCard
+from proxy.counting.isolated import IsolatedRenderer
 from proxy.counting.registry import GuardedModel, ModelRegistry
-from proxy.doctor.compare import Window, drift_lines
-from proxy.doctor.defaults import learn
 from proxy.doctor.fleet import fleet_info
 from proxy.doctor.report import ModelInfo, Report
-from proxy.doctor.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
-from proxy.doctor.sides import count_both
-from proxy.doctor.source import apply
+from proxy.drift.compare import Window
+from proxy.drift.defaults import learn
+from proxy.drift.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
+from proxy.drift.sides import count_both
+from proxy.drift.source import apply
+from proxy.drift.startup import upstream_version
 from proxy.errors import GuardError
 from proxy.settings import Settings
 from proxy.upstream.client import Upstream
@@ -37,31 +40,10 @@ class CheckError(Exception):
     """The check could not run at all (exit 2): the upstream is unreachable, or there is no model to check."""
 
 
-async def drift_warnings(settings: Settings, registry: ModelRegistry, upstream: Upstream) -> list[str]:
-    """The built-in samples for every guarded model, as warning lines (none when all agree); in counting.source
-    auto, a model that disagrees is counted by the upstream from then on. Never raises: start-up goes on whatever
-    happens, and a check that could not run is itself a warning line."""
-    try:
-        version, _ = await _version(upstream)
-        if version is not None:
-            registry.set_upstream_version(version)
-        await learn(registry, upstream)
-        rows = []
-        for name in registry.names:
-            model = registry.resolve(name)
-            rows += await count_both(model, BUILTIN_SAMPLES, upstream)
-        await apply(registry, rows, RemoteCounter(upstream))
-    except GuardError as exc:
-        return [f"drift check against {upstream.where} could not run: {exc.message}"]
-    except Exception as exc:  # a warning must never stop the proxy from serving
-        return [f"drift check against {upstream.where} failed unexpectedly: {exc!r}"]
-    finally:
-        registry.checked = True
-    return drift_lines(rows)
-
-
 async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) -> Report:
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
+    sandbox = IsolatedRenderer()  # a sample's own chat template renders in it, as a request's does when serving
+    registry.render_requests_in(sandbox)
     upstream = Upstream(settings.upstream, HttpClient(settings.upstream))
     try:
         cards = await _discover(upstream, wait_s, settings.upstream.connect_timeout_s)
@@ -71,7 +53,7 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
                 "no model to check: configure one (--model and --tokenizer), or share the model volume so the roots "
                 f"the upstream reports ({_roots(cards)}) are readable here"
             )
-        version, version_error = await _version(upstream)
+        version, version_error = await upstream_version(upstream)
         if version is not None:
             registry.set_upstream_version(version)
         await learn(registry, upstream)
@@ -84,6 +66,7 @@ async def check(settings: Settings, samples: Sequence[Sample], wait_s: float) ->
         raise CheckError(exc.message) from None
     finally:
         await upstream.aclose()
+        await asyncio.to_thread(sandbox.close)
     return Report(upstream.where, version, version_error, rows, windows, infos, await fleet_info(settings.redis))
 
 
@@ -100,15 +83,6 @@ async def _discover(upstream: Upstream, wait_s: float, connect_timeout_s: float)
 def _window(model: GuardedModel, cards: list[ModelCard]) -> Window:
     card = next((c for c in cards if c.id == model.name), None)
     return Window(model.name, model.max_model_len, model.length_source, card.max_model_len if card else None)
-
-
-async def _version(upstream: Upstream) -> tuple[str | None, str | None]:
-    try:
-        payload = await upstream.get_json("/version", timeout_s=5.0)
-    except GuardError as exc:
-        return None, exc.message
-    version = payload.get("version") if isinstance(payload, dict) else None
-    return (version, None) if isinstance(version, str) else (None, "GET /version has no 'version'")
 
 
 def _roots(cards: list[ModelCard]) -> str:

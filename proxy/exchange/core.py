@@ -1,17 +1,27 @@
 """What every front end serves requests with, built once from the settings: the upstream (model discovery, health, KV
 budgets, admission), the guard, the quotas, the metrics, the keys, the route table, the bytes of request bodies held
-at once and the drain; and the background work of its lifetime (learning the upstream's models, watching replicas'
-health, reading KV budgets, the Redis link, following background responses)."""
+at once, the drain and the child processes (a request's own chat template renders in one, the largest bodies are
+parsed in another); and the background work of its lifetime (learning the upstream's models, watching replicas'
+health, reading KV budgets, the Redis link, following background responses).
+
+`async with Core(...) as core:` is its lifetime: the background work runs inside the block, and on its way out the
+work is cancelled and everything the core opened is closed (the HTTP client, the Redis link, the child processes).
+A front end drains its requests inside the block, before the core's resources go."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from functools import partial
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from proxy.api.routes import RouteTable
+from proxy.counting.isolated import BodyParser, IsolatedRenderer
 from proxy.counting.registry import ModelRegistry
-from proxy.doctor.run import drift_warnings
+from proxy.drift.startup import drift_warnings
 from proxy.errors import GuardError
 from proxy.exchange.background import Followers
 from proxy.exchange.bodies import BodyBudget
@@ -38,6 +48,7 @@ if TYPE_CHECKING:
     from proxy.fleet.presence import Presence
 
 log = logging.getLogger("token_guard.app")
+Job = Callable[[], Awaitable[None]]  # a piece of the background work, started when called
 
 
 class Core:
@@ -75,8 +86,10 @@ class Core:
             self.presence = fleet_gate.presence if fleet_gate else Presence(self.link, settings.redis.lease_s)
             self.metrics.register(FleetState(self.link, fleet_gate))
         self.ledger = ledger_for(settings, self.link)
+        self.renderer, self.parser = IsolatedRenderer(), BodyParser()  # each child process spawned on first use
+        registry.render_requests_in(self.renderer)
         self.guard = Guard(settings, registry, RemoteCounter(self.upstream), self.upstream.ceiling, chunk_instead,
-                           self.ledger)  # fmt: skip
+                           self.ledger, parser=self.parser)  # fmt: skip
         presence = self.presence
         self.quotas = Quotas(settings, self.link, (lambda: presence.alive) if presence is not None else None)
         self.meter = Meter(self.quotas)
@@ -91,6 +104,34 @@ class Core:
         self.drain = Drain()
         self.bodies = BodyBudget(server.max_held_body_bytes)
         self.followers = Followers(self.upstream, self.meter, self.drain, settings.admission, self.metrics)
+        self._life: contextlib.AbstractAsyncContextManager[None] | None = None
+
+    async def __aenter__(self) -> Core:
+        """The background work started; each job is logged if it fails, never taking the front end down."""
+        if self._life is not None:
+            raise RuntimeError("a Core's lifetime is entered once")
+        self._life = self._lifetime()
+        await self._life.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> bool | None:
+        assert self._life is not None, "a Core's lifetime is left only once entered"
+        return await self._life.__aexit__(kind, error, trace)
+
+    @contextlib.asynccontextmanager
+    async def _lifetime(self) -> AsyncIterator[None]:
+        try:
+            async with asyncio.TaskGroup() as group:
+                jobs = [group.create_task(job) for job in self._jobs()]
+                try:
+                    yield
+                finally:
+                    for job in jobs:
+                        job.cancel()
+        finally:
+            await self._aclose()
 
     def sight(self, headers: RawHeaders) -> tuple[bool, bool]:
         """What the guard's own /health and /metrics show a request: (key names and per-key usage, model names). An
@@ -116,20 +157,29 @@ class Core:
         """/metrics' answer, as much of it as the request may see (Core.sight)."""
         return self.metrics.exposition(*self.sight(headers))
 
-    def jobs(self) -> list[Coroutine[Any, Any, None]]:
-        """The background work of the front end's lifetime, each logged if it fails (never taking the server down)."""
-        jobs = [_learn_models(self.settings, self.registry, self.upstream), self.upstream.watch_health(),
-                self.followers.run()]  # fmt: skip
+    def _jobs(self) -> list[Coroutine[Any, Any, None]]:
+        """The background work of the core's lifetime, each logged if it fails (never taking the server down). Each
+        job's coroutine is made only once its task runs: a lifetime left at once cancels tasks that never began."""
+        jobs: list[Job] = [partial(_learn_models, self.settings, self.registry, self.upstream),
+                           self.upstream.watch_health, self.followers.run]  # fmt: skip
         if self.upstream.auto_budget:
-            jobs.append(self.upstream.learn_budgets())
+            jobs.append(self.upstream.learn_budgets)
         if self.link is not None and self.presence is not None:
-            jobs += [self.link.watch(), *(self.upstream.fleet_jobs() or [self.presence.run()])]
+            jobs += [self.link.watch, *(self.upstream.fleet_jobs() or [self.presence.run])]
         return [_logged(job) for job in jobs]
 
-    async def aclose(self) -> None:
-        await self.upstream.aclose()
-        if self.link is not None:
-            await self.link.aclose()
+    async def _aclose(self) -> None:
+        try:
+            await self.upstream.aclose()
+            if self.link is not None:
+                await self.link.aclose()
+        finally:
+            await asyncio.to_thread(_close, self.renderer, self.parser)
+
+
+def _close(*children: IsolatedRenderer | BodyParser) -> None:
+    for child in children:
+        child.close()
 
 
 def _redis_link(redis: RedisSettings) -> RedisLink | None:
@@ -151,13 +201,13 @@ async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: U
             continue
         registry.apply_discovery(cards)
         break
-    for line in await drift_warnings(settings, registry, upstream):
+    for line in await drift_warnings(registry, upstream):
         log.warning("%s", line)
 
 
-async def _logged(job: Awaitable[None]) -> None:
+async def _logged(job: Job) -> None:
     """A background job whose unexpected failure is logged, and does not take the server down with it."""
     try:
-        await job
+        await job()
     except Exception:
         log.exception("a background task failed; the guard keeps serving without it")

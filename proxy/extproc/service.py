@@ -25,7 +25,6 @@ import grpc
 import uvloop
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc
 
-from proxy.counting.isolated import close_children
 from proxy.counting.registry import ModelRegistry
 from proxy.exchange.core import Core
 from proxy.exchange.drain import Drain
@@ -155,16 +154,12 @@ async def running(
     server = grpc_server(core)
     host, port = settings.server.host, settings.extproc.port if port is None else port
     bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-    async with asyncio.TaskGroup() as group:
-        jobs = [group.create_task(job) for job in core.jobs()]
+    async with core:
         await server.start()
         try:
             yield Served(int(bound), core)
         finally:
             await _drained(server, core.drain, grace_s)
-            for job in jobs:
-                job.cancel()
-    await core.aclose()
     core.drain.report("token-guard extproc", grace_s)
 
 
@@ -179,11 +174,8 @@ async def _drained(server: grpc.aio.Server, drain: Drain, grace_s: float | None)
 
 def serve(settings: Settings, registry: ModelRegistry) -> None:
     """Run until SIGTERM or SIGINT, then drain: open streams end within server.drain_timeout_s, or are cut."""
-    try:
-        with asyncio.Runner(loop_factory=NEW_LOOP) as runner:
-            runner.run(_serve(settings, registry))
-    finally:
-        close_children()
+    with asyncio.Runner(loop_factory=NEW_LOOP) as runner:
+        runner.run(_serve(settings, registry))
 
 
 async def _serve(settings: Settings, registry: ModelRegistry) -> None:

@@ -20,7 +20,6 @@ from proxy.fleet.link import PREFIX, RedisLink
 Candidate = tuple[str, int, int]  # a replica's URL, its whole token and request budgets (0: none)
 Size = tuple[int, int]  # a block: tokens, request slots
 WANTED_MS = 300  # how long a reservation that fit nowhere keeps its replicas wanted (its waiter retries sooner)
-KEYS_PER_REPLICA = 5
 
 # Redis's clock, and free(leases, costs, slots, totals, ids): drop reservations and blocks, their totals with them;
 # how many were still held.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.api.anthropic import MessagesRequest, messages_request
@@ -24,7 +24,7 @@ from proxy.api.routes import Kind, Route
 from proxy.api.tokens import GenerateRequest, generate_request
 from proxy.counting.anthropic import messages_chat
 from proxy.counting.bound import verbatim_texts
-from proxy.counting.isolated import PARSER
+from proxy.counting.isolated import BodyParser
 from proxy.counting.local_count import count_chat
 from proxy.counting.pooling import cohere_tokens, pooling_tokens, scoring_tokens
 from proxy.counting.registry import GuardedModel, ModelRegistry
@@ -99,6 +99,7 @@ class Guard:
     ceiling: Callable[[], int | None] | None = None  # the largest replica's whole KV budget (None: no token budget)
     chunk_instead: str | None = None  # a front end that cannot fan out: "reject" or "truncate" for chunk (None: chunk)
     ledger: Ledger | None = None  # the stored responses a Responses create continues (policy/ledger.py)
+    parser: BodyParser = field(kw_only=True)  # the largest bodies parsed in a child process (owner: exchange/core.py)
 
     def __post_init__(self) -> None:
         self._policies = {m.name: m.policy for m in self.settings.models if m.policy is not None}
@@ -115,7 +116,7 @@ class Guard:
             req = audio_request(raw, headers.get("content-type", ""), route.path)
             outcome = self._audio(req, raw, headers, findings)
         else:
-            body = await PARSER.parse(raw, server.max_json_depth, server.max_json_values)  # large: in a child process
+            body = await self.parser.parse(raw, server.max_json_depth, server.max_json_values)  # large: in a child
             try:
                 if route.kind is Kind.COUNT:
                     outcome = await self._counted(route, body, raw, headers, findings)
@@ -409,8 +410,8 @@ class Guard:
         if options is None:
             return outcome
         server = self.settings.server
-        sent = body if outcome.body is raw else await PARSER.parse(outcome.body, server.max_json_depth,
-                                                                    server.max_json_values)  # fmt: skip
+        sent = body if outcome.body is raw else await self.parser.parse(outcome.body, server.max_json_depth,
+                                                                         server.max_json_values)  # fmt: skip
         return replace(outcome, body=with_changes(sent, {"stream_options": options}), usage_asked=True)
 
     def policy_for(self, model: str) -> PolicySettings:

@@ -114,14 +114,10 @@ class GuardApp:
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(job) for job in self.core.jobs()]
+        async with self.core:
             await send({"type": "lifespan.startup.complete"})
             await receive()  # lifespan.shutdown: uvicorn has drained, and cancelled what outlived the drain
             await self.core.drain.settled(CUT_S)
-            for task in tasks:
-                task.cancel()
-        await self.core.aclose()
         self.core.drain.report("token-guard serve", self.settings.server.drain_timeout_s)
         await send({"type": "lifespan.shutdown.complete"})
 

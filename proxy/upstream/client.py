@@ -292,9 +292,9 @@ class Upstream:
     def _by_health(self) -> list[Replica]:
         return sorted(self.replicas, key=lambda r: (not r.budget.available, r.down_until))
 
-    def fleet_jobs(self) -> list[Coroutine[Any, Any, None]]:
+    def fleet_jobs(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
         """The fleet gate's background work (redis.url): releases, waiters, leases, heartbeat."""
-        return [] if isinstance(self.admission, Admission) else [self.admission.run()]
+        return [] if isinstance(self.admission, Admission) else [self.admission.run]
 
     async def aclose(self) -> None:
         if not isinstance(self.admission, Admission):

@@ -8,7 +8,7 @@ gpt-oss (vLLM renders its chat with harmony, /tokenize with the template) nor fo
 (vLLM 0.31/0.32 refuse them there), so for those the check keeps counting local.
 
 The one client of the upstream's counting endpoints: the request bodies, the POST (`post_json`) and the reading of its
-answer (`Reply`); `token-guard doctor` asks /tokenize through them too (proxy/doctor/sides.py).
+answer (`Reply`); `token-guard doctor` asks /tokenize through them too (proxy/drift/sides.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.cli import main
 from proxy.counting.registry import ModelRegistry
-from proxy.doctor.compare import (
+from proxy.drift.compare import (
     MISMATCH,
     OK,
     REFUSED,
@@ -32,9 +32,9 @@ from proxy.doctor.compare import (
     verdict,
     window_verdict,
 )
-from proxy.doctor.run import drift_warnings
-from proxy.doctor.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
-from proxy.doctor.sides import charge_body, charged_result, tokenize_body, tokenize_result
+from proxy.drift.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_samples
+from proxy.drift.sides import charge_body, charged_result, tokenize_body, tokenize_result
+from proxy.drift.startup import drift_warnings
 from proxy.server.running import ServerThread
 from proxy.settings import load_settings
 from proxy.simulator import SimulatorSettings
@@ -346,7 +346,7 @@ def drift(upstream_url: str, tokenizer: Path, source: str = "auto") -> tuple[lis
     async def go() -> list[str]:
         upstream = Upstream(settings.upstream, HttpClient(settings.upstream))
         try:
-            return await drift_warnings(settings, registry, upstream)
+            return await drift_warnings(registry, upstream)
         finally:
             await upstream.aclose()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.doctor.samples import BUILTIN_SAMPLES
+from proxy.drift.samples import BUILTIN_SAMPLES
 from tests.e2e.stack import Stack
 
 pytestmark = pytest.mark.e2e

@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from proxy.counting.isolated import LARGE_BODY_BYTES
-from proxy.doctor.samples import BUILTIN_SAMPLES
+from proxy.drift.samples import BUILTIN_SAMPLES
 from proxy.server.running import bind_socket
 from tests.support.fleet_state import fleet_state
 from tests.support.polling import eventually

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.counting.registry import GuardedModel, ModelRegistry
-from proxy.doctor.compare import MISMATCH, Row
+from proxy.drift.compare import MISMATCH, Row
 from proxy.errors import GuardError
 from proxy.upstream.remote_count import RemoteCounter
 

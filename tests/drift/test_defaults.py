@@ -18,7 +18,7 @@ from proxy.api.chat import parse_chat
 from proxy.counting.local_count import count_chat
 from proxy.counting.registry import ModelRegistry
 from proxy.counting.tokenizer import load_tokenizer
-from proxy.doctor.defaults import learn
+from proxy.drift.defaults import learn
 from proxy.server.running import ServerThread
 from proxy.settings import UpstreamSettings, load_settings
 from proxy.upstream.client import Upstream

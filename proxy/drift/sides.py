@@ -11,8 +11,8 @@ from proxy.api.chat import parse_chat
 from proxy.api.completions import parse_completion
 from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
-from proxy.doctor.compare import Count, Refusal, Row, compare
-from proxy.doctor.samples import Sample
+from proxy.drift.compare import Count, Refusal, Row, compare
+from proxy.drift.samples import Sample
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.upstream.client import Upstream
 from proxy.upstream.remote_count import Reply, chat_tokenize_body, completion_tokenize_body, post_json

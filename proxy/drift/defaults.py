@@ -9,9 +9,9 @@ import logging
 from typing import Any
 
 from proxy.counting.registry import GuardedModel, ModelRegistry
-from proxy.doctor.compare import Refusal
-from proxy.doctor.samples import Sample
-from proxy.doctor.sides import guard_count, upstream_count
+from proxy.drift.compare import Refusal
+from proxy.drift.samples import Sample
+from proxy.drift.sides import guard_count, upstream_count
 from proxy.upstream.client import Upstream
 
 log = logging.getLogger("token_guard.check")
