@@ -14,13 +14,19 @@ the request sets none).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
-from proxy.api.batch import BatchChatRequest
+from proxy.api.batch import BatchChatRequest, batch_chat_request
 from proxy.api.body import with_changes
+from proxy.counting.bound import verbatim_texts
+from proxy.counting.source import batch_tokens
 from proxy.errors import ContextLengthExceeded
-from proxy.policy.decide import Limits, Plan, decide_chat
-from proxy.policy.outcome import Decision, Forward, Outcome, Refuse
+from proxy.policy.decide import Limits, Plan, decide_chat, reject_at_least
+from proxy.policy.outcome import Decision, Findings, Forward, Outcome, Refuse
+from proxy.policy.size import SIZE_FLOOR, proven_over
+from proxy.policy.steps import Steps, refuse_untrusted, timed
 
 WHY_NOT = {
     "truncate": "The truncate policy was not applied: a cut conversation of a batch asks another question.",
@@ -55,3 +61,21 @@ def refuse_batch(plan: Plan, total: int, which: str, choice: str, source: str | 
 def batch_cost(counts: list[int], limit: int | None, limits: Limits) -> int:
     """KV tokens the batch holds: each conversation's prompt plus its output limit (with none, the window)."""
     return sum(n + limit for n in counts) if limit is not None else limits.max_model_len * len(counts)
+
+
+async def batch(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+) -> Outcome:
+    """Each conversation counted as chat; the shared output limit decided for the longest."""
+    req = batch_chat_request(body, steps.max_messages)
+    findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
+    model, policy, choice, limits = steps.target(req.model, headers, findings)
+    refuse_untrusted(policy, req.chats[0])
+    if model.tokenizer.native is None:
+        texts = [list(verbatim_texts(chat.messages)) for chat in req.chats]
+        floor = await proven_over(model, texts, limits.max_model_len - limits.min_output_tokens)
+        if floor is not None:
+            findings.count_source = SIZE_FLOOR
+            return refuse_batch(reject_at_least(floor, limits, "messages"), floor, "", choice, SIZE_FLOOR)
+    counts = await timed(findings, batch_tokens(model, req, steps.remote))
+    return settle_batch(req, counts, raw, limits, choice, findings.count_source)

@@ -13,11 +13,16 @@ for in its own fields.
 
 from __future__ import annotations
 
-from proxy.api.cohere import CohereEmbedRequest
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.api.cohere import CohereEmbedRequest, cohere_embed_request
+from proxy.counting.pooling import cohere_tokens
 from proxy.errors import InvalidRequest
 from proxy.policy.decide import Limits
-from proxy.policy.outcome import Decision, Outcome, Refuse
+from proxy.policy.outcome import Decision, Findings, Outcome, Refuse
 from proxy.policy.pooling import Pooled, settle_pooling
+from proxy.policy.steps import Steps, timed
 
 
 def settle_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
@@ -31,3 +36,13 @@ def settle_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits
             return Refuse(error, Decision("reject", sum(counts), count_source=source))
     pooled = Pooled("embed", req.body, raw, counts, req.param, req.keep, partial=req.input_type is not None)
     return settle_pooling(pooled, limits, choice, source)
+
+
+async def cohere(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+) -> Outcome:
+    """Cohere's /v2/embed: a pooling request that says its cuts its own way."""
+    req = cohere_embed_request(body)
+    model, _, choice, limits = steps.target(req.model, headers, findings)
+    counts = await timed(findings, cohere_tokens(model, req, steps.remote))
+    return settle_cohere(req, counts, raw, limits, choice, findings.count_source)

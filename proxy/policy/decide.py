@@ -20,6 +20,7 @@ from typing import Literal
 
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
+from proxy.api.routes import Reads
 from proxy.errors import ContextLengthExceeded, NotReady, RequestTooLarge
 from proxy.settings import PolicySettings
 
@@ -82,8 +83,12 @@ def limits_for(
 
 def next_turn_share(policy: PolicySettings, reads: str) -> float:
     """The share of the window a clamp keeps free for the next turn on a route that reads `reads`."""
-    return {"messages": policy.next_turn_share_messages, "responses": policy.next_turn_share_responses,
-            "chat": policy.next_turn_share_chat}.get(reads, 0.0)  # fmt: skip
+    shares: dict[str, float] = {
+        Reads.MESSAGES: policy.next_turn_share_messages,
+        Reads.RESPONSES: policy.next_turn_share_responses,
+        Reads.CHAT: policy.next_turn_share_chat,
+    }
+    return shares.get(reads, 0.0)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,16 @@ what the request reserves, not what it gets.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from proxy.api.body import with_changes
-from proxy.api.tokens import SAMPLING, GenerateRequest
+from proxy.api.tokens import SAMPLING, GenerateRequest, generate_request
+from proxy.counting.source import LOCAL
 from proxy.policy.decide import Limits, Plan, decide_output
-from proxy.policy.outcome import Decision, Forward, Outcome, Refuse
+from proxy.policy.outcome import Decision, Findings, Forward, Outcome, Refuse
 from proxy.policy.overflow import refuse
+from proxy.policy.steps import Steps
 
 PARAM = "token_ids"
 WHY_NOT = {
@@ -61,3 +66,14 @@ def _with_min_tokens(plan: Plan, req: GenerateRequest) -> Plan:
 
 def _body(req: GenerateRequest, changes: dict[str, int]) -> bytes:
     return with_changes(req.body, {SAMPLING: {**req.sampling, **changes}})
+
+
+async def tokens(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+) -> Outcome:
+    """Token-in generation: the token ids are the count."""
+    req = generate_request(body)
+    findings.max_tokens_before = req.max_tokens
+    choice, limits = steps.target(req.model, headers, findings)[2:]
+    findings.count_source = LOCAL
+    return settle_generate(req, raw, limits, choice)

@@ -12,12 +12,18 @@ when it is at most the window (vLLM accepts exactly max_model_len tokens here), 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.api.pooling import Kind, PoolingRequest, pooling_request
+from proxy.counting.pooling import pooling_tokens, scoring_tokens
+from proxy.counting.source import LOCAL
 from proxy.errors import ContextLengthExceeded, RequestTooLarge
 from proxy.policy.decide import Limits
-from proxy.policy.outcome import Decision, Forward, Outcome, Refuse
+from proxy.policy.outcome import Decision, Findings, Forward, Outcome, Refuse
+from proxy.policy.steps import Recipe, Steps, timed
 
 CUT_BY = {"embed": "truncate (END or START)"}  # the field a client asks vLLM's cut with, where it is not this one
 
@@ -78,3 +84,24 @@ def _too_long(p: Pooled, counts: list[int], window: int) -> ContextLengthExceede
         f"prompt.{which}",
         param=p.param,
     )
+
+
+def pooled(kind: Kind) -> Recipe:
+    """The recipe of a pooling endpoint (embeddings, /pooling, /classify, score, rerank): input tokens only."""
+
+    async def recipe(
+        steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+    ) -> Outcome:
+        req = pooling_request(body, kind)
+        model, _, choice, limits = steps.target(req.model, headers, findings)
+        if isinstance(req, PoolingRequest):
+            counts = await timed(findings, pooling_tokens(model, req, steps.remote))
+            p = Pooled(req.kind, req.body, raw, counts, req.param, req.truncate_prompt_tokens, req.uncounted)
+        else:
+            started = time.perf_counter()
+            queries, documents = await scoring_tokens(model, req)
+            findings.count_source, findings.count_s = LOCAL, time.perf_counter() - started
+            p = Pooled(req.kind, req.body, raw, queries + documents, "input", req.truncate_prompt_tokens, partial=True)
+        return settle_pooling(p, limits, choice, findings.count_source)
+
+    return recipe
