@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from proxy.api.audio import LIMIT_FIELD, AudioRequest, audio_request
 from proxy.errors import RequestTooLarge
-from proxy.policy.decide import Limits
+from proxy.policy.decide import Action, Limits
 from proxy.policy.outcome import Decision, Findings, Forward, Outcome, Refuse
 from proxy.policy.steps import Steps
 
@@ -46,10 +46,10 @@ def settle_audio(req: AudioRequest, raw: bytes, limits: Limits) -> Outcome:
                 f"{limits.max_cost} tokens (admission.max_inflight_tokens): it could never be admitted.",
                 param="n",
             )
-            return Refuse(error, Decision("reject", 0))
+            return Refuse(error, Decision(Action.REJECT, 0))
         limit, changes[LIMIT_FIELD] = budget, str(budget)
     body, content_type = req.form.canonical(raw, changes)
-    return Forward(body, Decision("partial", 0, limit), (limit or window) * req.beams, content_type)
+    return Forward(body, Decision(Action.PARTIAL, 0, limit), (limit or window) * req.beams, content_type)
 
 
 def audio(steps: Steps, path: str, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:

@@ -19,7 +19,7 @@ from typing import Any
 from proxy.api.cohere import CohereEmbedRequest, cohere_embed_request
 from proxy.counting.pooling import cohere_tokens
 from proxy.errors import InvalidRequest
-from proxy.policy.decide import Limits
+from proxy.policy.decide import Action, Limits
 from proxy.policy.outcome import Decision, Findings, Outcome, Refuse
 from proxy.policy.pooling import Pooled, settle_pooling
 from proxy.policy.steps import Steps, timed
@@ -33,7 +33,7 @@ def settle_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits
         if over is not None:  # vLLM's words; it says them once the GPU has embedded the inputs
             error = InvalidRequest(f"Input of {over} tokens exceeds max_tokens={most} with truncate=NONE. Set "
                                    "truncate to END or START to allow truncation.", param="max_tokens")  # fmt: skip
-            return Refuse(error, Decision("reject", sum(counts), count_source=source))
+            return Refuse(error, Decision(Action.REJECT, sum(counts), count_source=source))
     pooled = Pooled("embed", req.body, raw, counts, req.param, req.keep, partial=req.input_type is not None)
     return settle_pooling(pooled, limits, choice, source)
 

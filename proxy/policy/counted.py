@@ -16,9 +16,11 @@ from proxy.counting.bound import verbatim_texts
 from proxy.counting.responses import responses_chat
 from proxy.counting.source import completion_tokens
 from proxy.policy.converted import count_answer
+from proxy.policy.decide import Action
 from proxy.policy.outcome import Decision, Findings, Forward, Outcome
 from proxy.policy.size import refuse_by_size
 from proxy.policy.steps import Steps, Target, refuse_untrusted
+from proxy.settings import Overflow
 
 
 class CountRecipe(Protocol):
@@ -36,11 +38,11 @@ async def completion(
     req = completion_request(body)
     model, policy, _, limits = steps.target(req.model, headers, findings)
     texts = [[p] for p in req.prompts if isinstance(p, str)]
-    proven = await refuse_by_size(model, texts, limits, "reject", policy, "prompt", findings)
+    proven = await refuse_by_size(model, texts, limits, Overflow.REJECT, policy, "prompt", findings)
     if proven is not None:
         return proven
     counts, findings.count_source = await completion_tokens(model, req, steps.remote)
-    return Forward(raw, Decision("count", sum(counts), count_source=findings.count_source))
+    return Forward(raw, Decision(Action.COUNT, sum(counts), count_source=findings.count_source))
 
 
 async def messages(
@@ -75,10 +77,10 @@ async def _counted(
 ) -> Outcome:
     model, policy, _, limits = target
     texts = [list(verbatim_texts(chat.messages))]
-    proven = await refuse_by_size(model, texts, limits, "reject", policy, "messages", findings)
+    proven = await refuse_by_size(model, texts, limits, Overflow.REJECT, policy, "messages", findings)
     if proven is not None:
         return proven
     prompt_tokens = await steps.count(model, chat, findings)
     if answered:
         return count_answer(prompt_tokens, limits)
-    return Forward(raw, Decision("count", prompt_tokens, count_source=findings.count_source))
+    return Forward(raw, Decision(Action.COUNT, prompt_tokens, count_source=findings.count_source))

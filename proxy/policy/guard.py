@@ -14,14 +14,14 @@ from proxy.api.invocations import invocation_kind, invoked_body
 from proxy.api.routes import Kind, Reads, Route
 from proxy.counting.isolated import PARSER
 from proxy.counting.registry import ModelRegistry
-from proxy.counting.source import UNCOUNTED, RemoteCount, Uncounted
+from proxy.counting.source import CountSource, RemoteCount, Uncounted
 from proxy.errors import ContextLengthExceeded, InvalidRequest
 from proxy.policy import audio, counted
 from proxy.policy.batch import batch
 from proxy.policy.chat import chat
 from proxy.policy.cohere import cohere
 from proxy.policy.completions import completion
-from proxy.policy.decide import limits_for
+from proxy.policy.decide import Action, limits_for
 from proxy.policy.generate import tokens
 from proxy.policy.ledger import Ledger
 from proxy.policy.messages import messages
@@ -118,8 +118,10 @@ class Guard:
         generated); never the client's 400 on the guard's say."""
         log.warning("model %s: a prompt could not be counted (%s); forwarded uncounted", findings.model, exc)
         window = self.registry.resolve(findings.model).max_model_len
-        findings.count_source = UNCOUNTED
-        return Forward(raw, Decision("uncounted", 0, count_source=UNCOUNTED), window if generates else None)
+        findings.count_source = CountSource.UNCOUNTED
+        return Forward(
+            raw, Decision(Action.UNCOUNTED, 0, count_source=CountSource.UNCOUNTED), window if generates else None
+        )
 
     async def _asking_usage(self, outcome: Forward, route: Route, body: dict[str, Any], raw: bytes) -> Forward:
         """The forwarded body asking for its stream's usage event, when it is a chat, completions or token-in stream

@@ -19,11 +19,12 @@ from typing import Any
 
 from proxy.api.pooling import Kind, PoolingRequest, pooling_request
 from proxy.counting.pooling import pooling_tokens, scoring_tokens
-from proxy.counting.source import LOCAL
+from proxy.counting.source import CountSource
 from proxy.errors import ContextLengthExceeded, RequestTooLarge
-from proxy.policy.decide import Limits
+from proxy.policy.decide import Action, Limits
 from proxy.policy.outcome import Decision, Findings, Forward, Outcome, Refuse
 from proxy.policy.steps import Recipe, Steps, timed
+from proxy.settings import Overflow
 
 CUT_BY = {"embed": "truncate (END or START)"}  # the field a client asks vLLM's cut with, where it is not this one
 
@@ -48,7 +49,7 @@ def settle_pooling(p: Pooled, limits: Limits, choice: str, source: str | None) -
             "shorter inputs.",
             param=p.param,
         )
-        return Refuse(error, Decision("reject", outcome.decision.prompt_tokens, count_source=source))
+        return Refuse(error, Decision(Action.REJECT, outcome.decision.prompt_tokens, count_source=source))
     return outcome
 
 
@@ -57,14 +58,14 @@ def _settled(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outc
     counts = _kept(p.counts, p.truncate_prompt_tokens, window)
     total, longest = sum(counts), max(counts, default=0)
     if longest <= window:
-        return Forward(p.raw, Decision("partial" if p.partial else "pass", total, count_source=source), total)
+        return Forward(p.raw, Decision(Action.PARTIAL if p.partial else Action.PASS, total, count_source=source), total)
     error = _too_long(p, counts, window)
-    if choice != "reject":
+    if choice != Overflow.REJECT:
         asked = CUT_BY.get(p.endpoint, "truncate_prompt_tokens")
         why = f"The {choice} policy was not applied: the answer of {p.endpoint} is about the whole input, and " \
               f"token-guard does not cut it into another input; send {asked} to have vLLM cut it."  # fmt: skip
         error = ContextLengthExceeded(f"{error.message} {why}", param=p.param)
-    return Refuse(error, Decision("reject", total, count_source=source))
+    return Refuse(error, Decision(Action.REJECT, total, count_source=source))
 
 
 def _kept(counts: list[int], truncate: int | None, window: int) -> list[int]:
@@ -100,7 +101,7 @@ def pooled(kind: Kind) -> Recipe:
         else:
             started = time.perf_counter()
             queries, documents = await scoring_tokens(model, req)
-            findings.count_source, findings.count_s = LOCAL, time.perf_counter() - started
+            findings.count_source, findings.count_s = CountSource.LOCAL, time.perf_counter() - started
             p = Pooled(req.kind, req.body, raw, queries + documents, "input", req.truncate_prompt_tokens, partial=True)
         return settle_pooling(p, limits, choice, findings.count_source)
 

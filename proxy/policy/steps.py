@@ -12,14 +12,14 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from proxy.api.chat import ChatRequest
 from proxy.api.routes import Reads
 from proxy.counting.registry import GuardedModel, ModelRegistry
-from proxy.counting.source import LOCAL, RemoteCount, chat_tokens
+from proxy.counting.source import CountSource, RemoteCount, chat_tokens
 from proxy.errors import ContextLengthExceeded, InvalidRequest
 from proxy.policy.choice import choose_policy, whole_prompt
-from proxy.policy.decide import Limits, Plan, limits_for, next_turn_share
+from proxy.policy.decide import Action, Limits, Plan, limits_for, next_turn_share
 from proxy.policy.ledger import Ledger
 from proxy.policy.outcome import Findings, Outcome
 from proxy.policy.turns import CountItems
-from proxy.settings import PolicySettings, Settings
+from proxy.settings import Overflow, PolicySettings, Settings
 
 T = TypeVar("T")
 UNTRUSTED_TEMPLATE = (  # vLLM's words, then the guard's switch
@@ -33,7 +33,7 @@ class Target(NamedTuple):
 
     model: GuardedModel
     policy: PolicySettings
-    choice: str
+    choice: Overflow
     limits: Limits
 
 
@@ -77,11 +77,12 @@ class Steps:
         if next_turn is not None:
             limits = replace(limits, next_turn=next_turn_share(policy, next_turn))
         choice = choose_policy(policy, headers)
-        why = whole_prompt(body) if choice != "reject" and body is not None else None
+        why = whole_prompt(body) if choice is not Overflow.REJECT and body is not None else None
         if why is not None:
-            choice, findings.kept_whole = "reject", f"The {choice} policy was not applied: {why}."
-        if choice == "chunk" and self.chunk_instead is not None:
-            choice, findings.chunk_refused = self.chunk_instead, self.chunk_instead == "reject"
+            choice, findings.kept_whole = Overflow.REJECT, f"The {choice} policy was not applied: {why}."
+        if choice is Overflow.CHUNK and self.chunk_instead is not None:
+            choice = Overflow(self.chunk_instead)
+            findings.chunk_refused = choice is Overflow.REJECT
         return Target(model, policy, choice, limits)
 
     async def count(self, model: GuardedModel, req: ChatRequest, findings: Findings) -> int:
@@ -97,7 +98,7 @@ class Recipe(Protocol):
     ) -> Awaitable[Outcome]: ...
 
 
-async def timed(findings: Findings, counting: Awaitable[tuple[T, str]]) -> T:
+async def timed(findings: Findings, counting: Awaitable[tuple[T, CountSource]]) -> T:
     """A count, with its time and who counted it written to the request's findings."""
     started = time.perf_counter()
     counted, findings.count_source = await counting
@@ -114,11 +115,11 @@ def refuse_untrusted(policy: PolicySettings, req: ChatRequest) -> None:
 
 def local_recount(findings: Findings, recount: CountItems) -> CountItems | None:
     # Truncation re-counts its cuts; only a locally counted prompt can be cut exactly.
-    return recount if findings.count_source == LOCAL else None
+    return recount if findings.count_source is CountSource.LOCAL else None
 
 
-def fits_by_cutting(plan: Plan, choice: str, findings: Findings) -> bool:
+def fits_by_cutting(plan: Plan, choice: Overflow, findings: Findings) -> bool:
     """True when the overflow policy may cut the prompt to fit the window (never for a request over the KV budget;
     only a locally counted prompt can be cut exactly)."""
-    over = plan.action == "reject" and isinstance(plan.error, ContextLengthExceeded)
-    return over and choice != "reject" and findings.count_source == LOCAL
+    over = plan.action is Action.REJECT and isinstance(plan.error, ContextLengthExceeded)
+    return over and choice is not Overflow.REJECT and findings.count_source is CountSource.LOCAL
