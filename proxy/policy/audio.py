@@ -25,7 +25,7 @@ from proxy.policy.outcome import Decision, Findings, Forward, Outcome, Refuse
 from proxy.policy.steps import Steps
 
 
-def settle_audio(req: AudioRequest, raw: bytes, limits: Limits) -> Outcome:
+def decide_audio(req: AudioRequest, raw: bytes, limits: Limits) -> Outcome:
     window, cap = limits.max_model_len, limits.max_output
     asked = req.max_completion_tokens
     changes: dict[str, str] = {}
@@ -57,4 +57,4 @@ def audio(steps: Steps, path: str, raw: bytes, headers: Mapping[str, str], findi
     req = audio_request(raw, headers.get("content-type", ""), path)
     findings.max_tokens_before = req.max_completion_tokens
     limits = steps.target(req.model, headers, findings).limits
-    return settle_audio(req, raw, limits)
+    return decide_audio(req, raw, limits)

@@ -35,7 +35,7 @@ WHY_NOT: dict[str, str] = {
 }
 
 
-def settle_batch(req: BatchChatRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
+def decide_batch(req: BatchChatRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
                  source: str | None) -> Outcome:  # fmt: skip
     longest = max(range(len(counts)), key=counts.__getitem__)
     if limits.max_cost is not None:  # the conversations share the KV budget, as a completions batch's prompts do
@@ -79,4 +79,4 @@ async def batch(
             findings.count_source = CountSource.SIZE_FLOOR
             return refuse_batch(reject_at_least(floor, limits, "messages"), floor, "", choice, CountSource.SIZE_FLOOR)
     counts = await timed(findings, batch_tokens(model, req, steps.remote))
-    return settle_batch(req, counts, raw, limits, choice, findings.count_source)
+    return decide_batch(req, counts, raw, limits, choice, findings.count_source)

@@ -21,11 +21,11 @@ from proxy.counting.pooling import cohere_tokens
 from proxy.errors import InvalidRequest
 from proxy.policy.decide import Action, Limits
 from proxy.policy.outcome import Decision, Findings, Outcome, Refuse
-from proxy.policy.pooling import Pooled, settle_pooling
+from proxy.policy.pooling import Pooled, decide_pooling
 from proxy.policy.steps import Steps, timed
 
 
-def settle_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
+def decide_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
                   source: str | None) -> Outcome:  # fmt: skip
     window, most = limits.max_model_len, req.max_tokens
     if req.truncate == "NONE" and most is not None and most <= window:  # the client's own cap rules
@@ -35,7 +35,7 @@ def settle_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits
                                    "truncate to END or START to allow truncation.", param="max_tokens")  # fmt: skip
             return Refuse(error, Decision(Action.REJECT, sum(counts), count_source=source))
     pooled = Pooled("embed", req.body, raw, counts, req.param, req.keep, partial=req.input_type is not None)
-    return settle_pooling(pooled, limits, choice, source)
+    return decide_pooling(pooled, limits, choice, source)
 
 
 async def cohere(
@@ -45,4 +45,4 @@ async def cohere(
     req = cohere_embed_request(body)
     model, _, choice, limits = steps.target(req.model, headers, findings)
     counts = await timed(findings, cohere_tokens(model, req, steps.remote))
-    return settle_cohere(req, counts, raw, limits, choice, findings.count_source)
+    return decide_cohere(req, counts, raw, limits, choice, findings.count_source)

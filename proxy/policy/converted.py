@@ -59,7 +59,7 @@ class Converted:
         return with_changes({**self.body, **extra}, changes)
 
 
-async def settle(
+async def decide(
     conv: Converted, prompt_tokens: int, limits: Limits, choice: str, recount: CountItems | None
 ) -> Outcome:
     """What the guard does with it; `recount` counts the request with other items (None: the upstream counted it, so

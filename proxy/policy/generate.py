@@ -35,7 +35,7 @@ WHY_NOT: dict[str, str] = {
 }
 
 
-def settle_generate(req: GenerateRequest, raw: bytes, limits: Limits, choice: str) -> Outcome:
+def decide_generate(req: GenerateRequest, raw: bytes, limits: Limits, choice: str) -> Outcome:
     decided = decide_output(req.prompt_tokens, limits, "max_tokens", req.max_tokens, PARAM, req.n)
     plan = _with_min_tokens(decided, req)
     if req.media:
@@ -77,4 +77,4 @@ async def tokens(
     findings.max_tokens_before = req.max_tokens
     choice, limits = steps.target(req.model, headers, findings)[2:]
     findings.count_source = CountSource.LOCAL
-    return settle_generate(req, raw, limits, choice)
+    return decide_generate(req, raw, limits, choice)

@@ -14,7 +14,7 @@ from proxy.api.routes import Reads
 from proxy.counting.anthropic import messages_chat
 from proxy.counting.local_count import count_chat
 from proxy.policy import thinking
-from proxy.policy.converted import Converted, message_kept, message_turn, settle
+from proxy.policy.converted import Converted, decide, message_kept, message_turn
 from proxy.policy.outcome import Findings, Outcome
 from proxy.policy.steps import Steps, Target, local_recount
 
@@ -45,4 +45,4 @@ async def _decided(steps: Steps, target: Target, req: MessagesRequest, raw: byte
         "/v1/messages", req.body, raw, "max_tokens", req.max_tokens, "messages", "messages", req.messages,
         message_turn, message_kept, follow=thinking.follower(req),
     )  # fmt: skip
-    return await settle(conv, prompt_tokens, target.limits, target.choice, local_recount(findings, recount))
+    return await decide(conv, prompt_tokens, target.limits, target.choice, local_recount(findings, recount))

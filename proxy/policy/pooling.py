@@ -40,8 +40,8 @@ class Pooled:
     partial: bool = False  # score / rerank: the counts are lower bounds
 
 
-def settle_pooling(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outcome:
-    outcome = _settled(p, limits, choice, source)
+def decide_pooling(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outcome:
+    outcome = _decided(p, limits, choice, source)
     if isinstance(outcome, Forward) and limits.max_cost is not None and (outcome.cost or 0) > limits.max_cost:
         error = RequestTooLarge(
             f"This request's inputs hold {outcome.cost} tokens, more than the upstream's whole admission budget of "
@@ -53,7 +53,7 @@ def settle_pooling(p: Pooled, limits: Limits, choice: str, source: str | None) -
     return outcome
 
 
-def _settled(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outcome:
+def _decided(p: Pooled, limits: Limits, choice: str, source: str | None) -> Outcome:
     window = limits.max_model_len
     counts = _kept(p.counts, p.truncate_prompt_tokens, window)
     total, longest = sum(counts), max(counts, default=0)
@@ -103,6 +103,6 @@ def pooled(kind: Kind) -> Recipe:
             queries, documents = await scoring_tokens(model, req)
             findings.count_source, findings.count_s = CountSource.LOCAL, time.perf_counter() - started
             p = Pooled(req.kind, req.body, raw, queries + documents, "input", req.truncate_prompt_tokens, partial=True)
-        return settle_pooling(p, limits, choice, findings.count_source)
+        return decide_pooling(p, limits, choice, findings.count_source)
 
     return recipe

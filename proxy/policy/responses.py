@@ -14,7 +14,7 @@ from proxy.counting.local_count import count_chat
 from proxy.counting.responses import responses_chat
 from proxy.policy import background
 from proxy.policy.continued import continued
-from proxy.policy.converted import Converted, response_kept, response_turn, settle
+from proxy.policy.converted import Converted, decide, response_kept, response_turn
 from proxy.policy.ledger import Turn
 from proxy.policy.outcome import Findings, Forward, Outcome
 from proxy.policy.steps import Steps, local_recount
@@ -48,5 +48,5 @@ async def responses(
         "/v1/responses", req.body, raw, LIMIT_FIELD, req.max_output_tokens, "input", "input", req.input,
         response_turn, response_kept, partial=partial, upstream_truncates=req.truncation_auto,
     )  # fmt: skip
-    outcome = await settle(conv, prompt_tokens, limits, choice, local_recount(findings, recount))
+    outcome = await decide(conv, prompt_tokens, limits, choice, local_recount(findings, recount))
     return replace(outcome, follows=follows) if follows is not None and isinstance(outcome, Forward) else outcome

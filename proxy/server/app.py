@@ -118,7 +118,7 @@ class GuardApp:
             tasks = [group.create_task(job) for job in self.core.jobs()]
             await send({"type": "lifespan.startup.complete"})
             await receive()  # lifespan.shutdown: uvicorn has drained, and cancelled what outlived the drain
-            await self.core.drain.settled(CUT_S)
+            await self.core.drain.all_ended(CUT_S)
             for task in tasks:
                 task.cancel()
         await self.core.aclose()
