@@ -92,14 +92,17 @@ def limits_for(
     return Limits(max_model_len, policy.min_output_tokens, policy.default_max_tokens, max_output, max_cost)
 
 
+# the setting of each route's share; a table built once (each access to an enum's member costs ~0.1-0.2 us on 3.11)
+NEXT_TURN_SHARES: dict[str, str] = {
+    Reads.MESSAGES: "next_turn_share_messages", Reads.RESPONSES: "next_turn_share_responses",
+    Reads.CHAT: "next_turn_share_chat",
+}  # fmt: skip
+
+
 def next_turn_share(policy: PolicySettings, reads: str) -> float:
     """The share of the window a clamp keeps free for the next turn on a route that reads `reads`."""
-    shares: dict[str, float] = {
-        Reads.MESSAGES: policy.next_turn_share_messages,
-        Reads.RESPONSES: policy.next_turn_share_responses,
-        Reads.CHAT: policy.next_turn_share_chat,
-    }
-    return shares.get(reads, 0.0)  # fmt: skip
+    setting = NEXT_TURN_SHARES.get(reads)
+    return float(getattr(policy, setting)) if setting is not None else 0.0
 
 
 @dataclass(frozen=True)
