@@ -130,7 +130,7 @@ def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -
     import uvicorn
 
     from proxy.server import worker
-    from proxy.server.running import settle_heap, uvicorn_options
+    from proxy.server.running import freeze_heap, uvicorn_options
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     server = settings.server
@@ -147,7 +147,7 @@ def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -
             from proxy.server.app import create_app
 
             app = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
-            settle_heap()
+            freeze_heap()
             uvicorn.run(app, **options)
         else:  # each worker builds its own app from the same flags and config file (proxy/server/worker.py)
             os.environ[WORKER_SETUP] = worker.handover(flags, config_file)
@@ -170,10 +170,10 @@ def extproc(settings: Settings) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     from proxy.counting.registry import ModelRegistry
-    from proxy.server.running import settle_heap
+    from proxy.server.running import freeze_heap
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
-    settle_heap()
+    freeze_heap()
     serve_extproc(settings, registry)
     return 0

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from proxy.api.routes import Reads
+
 ADAPTER = "x-amzn-sagemaker-adapter-identifier"
 DP_RANK = "x-data-parallel-rank"
 STRIPPED = (DP_RANK,)
@@ -21,7 +23,7 @@ STRIPPED = (DP_RANK,)
 def header_changes(reads: str | None, headers: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:
     """The headers to set on a guarded request going upstream (each replacing every value of its name), and the
     names to take off; `headers` as the guard read them (names in lower case, one value each)."""
-    pinned = {ADAPTER: headers[ADAPTER]} if reads == "invocations" and ADAPTER in headers else {}
+    pinned = {ADAPTER: headers[ADAPTER]} if reads == Reads.INVOCATIONS and ADAPTER in headers else {}
     return pinned, tuple(name for name in STRIPPED if name in headers)
 
 

@@ -37,6 +37,26 @@ class Kind(StrEnum):
     UNGUARDED = "unguarded"
 
 
+class Reads(StrEnum):
+    """The wire model that reads a guarded route's body; the guard's recipe for it (policy/guard.py, RECIPES)."""
+
+    CHAT = "chat"
+    COMPLETION = "completion"
+    RESPONSES = "responses"
+    MESSAGES = "messages"
+    COUNT_TOKENS = "count_tokens"  # an Anthropic Messages body read for its count
+    INVOCATIONS = "invocations"  # SageMaker: one of the others, chosen from the body (api/invocations.py)
+    CHAT_BATCH = "chat_batch"
+    TOKENS = "tokens"
+    AUDIO = "audio"  # a multipart form, not JSON
+    EMBEDDINGS = "embeddings"
+    POOLING = "pooling"
+    CLASSIFY = "classify"
+    SCORE = "score"
+    RERANK = "rerank"
+    COHERE_EMBED = "cohere_embed"
+
+
 class Access(StrEnum):
     OPEN = "open"  # nobody needs a key
     CLIENT = "client"  # a key of server.api_keys or [[keys]], when any is configured
@@ -60,7 +80,7 @@ class Route:
     path: str
     methods: frozenset[str]
     kind: Kind
-    reads: str | None = None  # the wire model that reads a guarded route's body (policy/guard.py dispatches on it)
+    reads: Reads | None = None  # the wire model that reads a guarded route's body (policy/guard.py dispatches on it)
     envelope: Envelope = Envelope.OPENAI  # the envelope of its error answers (error_bodies.py)
     answered: bool = False  # a count route the guard answers itself instead of forwarding
     access: Access | None = None  # None: the kind's (ACCESS)
@@ -74,14 +94,14 @@ class Route:
         return self.kind in GUARDED
 
 
-def _many(kind: Kind, reads: str | None, paths: Iterable[str], methods: frozenset[str] = POST) -> list[Route]:
+def _many(kind: Kind, reads: Reads | None, paths: Iterable[str], methods: frozenset[str] = POST) -> list[Route]:
     return [Route(path, methods, kind, reads) for path in paths]
 
 
 POOLING = {
-    "/v1/embeddings": "embeddings", "/pooling": "pooling", "/classify": "classify",
-    "/score": "score", "/v1/score": "score", "/rerank": "rerank", "/v1/rerank": "rerank", "/v2/rerank": "rerank",
-    "/v2/embed": "cohere_embed",
+    "/v1/embeddings": Reads.EMBEDDINGS, "/pooling": Reads.POOLING, "/classify": Reads.CLASSIFY,
+    "/score": Reads.SCORE, "/v1/score": Reads.SCORE, "/rerank": Reads.RERANK, "/v1/rerank": Reads.RERANK,
+    "/v2/rerank": Reads.RERANK, "/v2/embed": Reads.COHERE_EMBED,
 }  # fmt: skip
 CONTROL_POST = (
     "/sleep", "/wake_up", "/release_kv_cache_memory", "/collective_rpc", "/pause", "/resume", "/abort_requests",
@@ -107,21 +127,21 @@ ROUTES: tuple[Route, ...] = (
     Route("/livez", GET, Kind.OWN),
     Route("/ping", GET | POST, Kind.OWN),  # SageMaker's probe: the guard's readiness, as /health
     Route("/metrics", GET, Kind.OWN, access=Access.METRICS),
-    Route("/v1/chat/completions", POST, Kind.GENERATE, "chat"),
-    Route("/v1/completions", POST, Kind.GENERATE, "completion"),
-    Route("/v1/responses", POST, Kind.GENERATE, "responses"),
-    Route("/v1/messages", POST, Kind.GENERATE, "messages", Envelope.ANTHROPIC),
-    Route("/invocations", POST, Kind.GENERATE, "invocations"),
-    Route("/v1/chat/completions/batch", POST, Kind.GENERATE, "chat_batch"),
-    Route("/inference/v1/generate", POST, Kind.GENERATE, "tokens"),
-    Route("/v1/audio/transcriptions", POST, Kind.GENERATE, "audio"),
-    Route("/v1/audio/translations", POST, Kind.GENERATE, "audio"),
+    Route("/v1/chat/completions", POST, Kind.GENERATE, Reads.CHAT),
+    Route("/v1/completions", POST, Kind.GENERATE, Reads.COMPLETION),
+    Route("/v1/responses", POST, Kind.GENERATE, Reads.RESPONSES),
+    Route("/v1/messages", POST, Kind.GENERATE, Reads.MESSAGES, Envelope.ANTHROPIC),
+    Route("/invocations", POST, Kind.GENERATE, Reads.INVOCATIONS),
+    Route("/v1/chat/completions/batch", POST, Kind.GENERATE, Reads.CHAT_BATCH),
+    Route("/inference/v1/generate", POST, Kind.GENERATE, Reads.TOKENS),
+    Route("/v1/audio/transcriptions", POST, Kind.GENERATE, Reads.AUDIO),
+    Route("/v1/audio/translations", POST, Kind.GENERATE, Reads.AUDIO),
     *[Route(path, POST, Kind.POOL, reads) for path, reads in POOLING.items()],
-    Route("/v1/messages/count_tokens", POST, Kind.COUNT, "count_tokens", Envelope.ANTHROPIC, answered=True),
-    Route("/v1/chat/completions/render", POST, Kind.COUNT, "chat"),
-    Route("/v1/completions/render", POST, Kind.COUNT, "completion"),
-    Route("/v1/responses/render", POST, Kind.COUNT, "responses"),
-    Route("/v1/messages/render", POST, Kind.COUNT, "count_tokens", Envelope.ANTHROPIC),
+    Route("/v1/messages/count_tokens", POST, Kind.COUNT, Reads.COUNT_TOKENS, Envelope.ANTHROPIC, answered=True),
+    Route("/v1/chat/completions/render", POST, Kind.COUNT, Reads.CHAT),
+    Route("/v1/completions/render", POST, Kind.COUNT, Reads.COMPLETION),
+    Route("/v1/responses/render", POST, Kind.COUNT, Reads.RESPONSES),
+    Route("/v1/messages/render", POST, Kind.COUNT, Reads.COUNT_TOKENS, Envelope.ANTHROPIC),
     Route("/cohere/v2/chat/render", POST, Kind.UNGUARDED),
     Route("/v1/models", GET, Kind.RELAY),
     Route("/version", GET, Kind.RELAY),

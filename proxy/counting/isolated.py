@@ -62,10 +62,10 @@ class ChildProcess:
             done: asyncio.Future[T] = loop.create_future()
 
             def finished(result: T) -> None:
-                loop.call_soon_threadsafe(_settle, done, result, None)
+                loop.call_soon_threadsafe(_resolve, done, result, None)
 
             def failed(error: BaseException) -> None:
-                loop.call_soon_threadsafe(_settle, done, None, error)
+                loop.call_soon_threadsafe(_resolve, done, None, error)
 
             pool.apply_async(_work, (fn, args), callback=finished, error_callback=failed)
             try:
@@ -145,7 +145,7 @@ class BodyParser:
         self.child.close()
 
 
-def _settle(done: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+def _resolve(done: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if done.done():
         return
     if error is not None:

@@ -15,24 +15,26 @@ from proxy.api.completions import CompletionRequest
 from proxy.api.pooling import PoolingRequest, ScoringRequest
 from proxy.counting.local_count import count_completion
 from proxy.counting.registry import GuardedModel
-from proxy.counting.source import LOCAL, UPSTREAM, RemoteCount, chat_tokens, completion_tokens
+from proxy.counting.source import CountSource, RemoteCount, chat_tokens, completion_tokens
 
 
-async def pooling_tokens(model: GuardedModel, req: PoolingRequest, remote: RemoteCount | None) -> tuple[list[int], str]:
+async def pooling_tokens(
+    model: GuardedModel, req: PoolingRequest, remote: RemoteCount | None
+) -> tuple[list[int], CountSource]:
     """Each prompt's token count, and who counted them ("upstream" when any was)."""
     if not req.conversations:
         return await completion_tokens(model, _prompts(req.model, req.prompts, req.add_special_tokens), remote)
-    counts, source = [], LOCAL
+    counts, source = [], CountSource.LOCAL
     for conversation in req.conversations:
         count, who = await chat_tokens(model, chat_request(req.chat_body(conversation)), remote)
         counts.append(count)
-        source = UPSTREAM if who == UPSTREAM else source
+        source = CountSource.UPSTREAM if who is CountSource.UPSTREAM else source
     return counts, source
 
 
 async def cohere_tokens(
     model: GuardedModel, req: CohereEmbedRequest, remote: RemoteCount | None
-) -> tuple[list[int], str]:
+) -> tuple[list[int], CountSource]:
     """Cohere's /v2/embed: texts as completion-style inputs, images and mixed inputs as the conversations vLLM
     renders them (images counted where the upstream can count them, as chat's are)."""
     if req.texts:

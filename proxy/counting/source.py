@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Coroutine
+from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from proxy.api.batch import BatchChatRequest
@@ -22,8 +23,16 @@ from proxy.errors import CountedUpstreamOnly, GuardError, InvalidRequest, Templa
 
 log = logging.getLogger("token_guard.count_source")
 
-LOCAL, UPSTREAM = "local", "upstream"
-UNCOUNTED = "none"  # neither could count it: forwarded uncounted (Uncounted)
+
+class CountSource(StrEnum):
+    """Who counted a request's prompt (x-token-guard-count-source)."""
+
+    LOCAL = "local"  # the guard
+    UPSTREAM = "upstream"  # vLLM's counting endpoints (upstream/remote_count.py)
+    UNCOUNTED = "none"  # neither could count it: forwarded uncounted (Uncounted)
+    SIZE_FLOOR = "size"  # refused from its size alone: its prompt tokens are a lower bound (policy/size.py)
+
+
 T = TypeVar("T")
 
 
@@ -35,7 +44,7 @@ class RemoteCount(Protocol):
     async def completion(self, model: str, body: dict[str, Any]) -> list[int]: ...
 
 
-async def chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount | None) -> tuple[int, str]:
+async def chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount | None) -> tuple[int, CountSource]:
     """The prompt's token count, and who counted it; the ids vLLM would run in place of the messages, when they are
     more (kv_transfer_params.prompt_token_ids, api/chat.py)."""
     count, source = await _chat_tokens(model, req, remote)
@@ -43,54 +52,56 @@ async def chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount
     return max(count, transferred or 0), source
 
 
-async def _chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount | None) -> tuple[int, str]:
-    if model.count_source == UPSTREAM and remote is not None:
+async def _chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount | None) -> tuple[int, CountSource]:
+    if model.count_source == CountSource.UPSTREAM and remote is not None:
         try:
-            return await remote.chat(model.name, req.body), UPSTREAM
+            return await remote.chat(model.name, req.body), CountSource.UPSTREAM
         except (InvalidRequest, UpstreamUnavailable) as exc:
-            return await _instead(model, exc, count_chat(model.tokenizer, req, model.counter)), LOCAL
+            return await _instead(model, exc, count_chat(model.tokenizer, req, model.counter)), CountSource.LOCAL
     try:
-        return await count_chat(model.tokenizer, req, model.counter), LOCAL
+        return await count_chat(model.tokenizer, req, model.counter), CountSource.LOCAL
     except (CountedUpstreamOnly, TemplateRefused) as exc:
-        if model.count_source == LOCAL or remote is None:
+        if model.count_source == CountSource.LOCAL or remote is None:
             raise
         log.info("model %s: %s; counted by the upstream", model.name, exc.message)
         try:
-            return await remote.chat(model.name, req.body), UPSTREAM
+            return await remote.chat(model.name, req.body), CountSource.UPSTREAM
         except (InvalidRequest, UpstreamUnavailable) as failed:
             if isinstance(exc, TemplateRefused):  # neither could count it: vLLM's generation answers it
                 raise Uncounted(exc, failed) from None
             raise
 
 
-async def batch_tokens(model: GuardedModel, req: BatchChatRequest, remote: RemoteCount | None) -> tuple[list[int], str]:
+async def batch_tokens(
+    model: GuardedModel, req: BatchChatRequest, remote: RemoteCount | None
+) -> tuple[list[int], CountSource]:
     """Each conversation of a batch chat request counted as chat, and who counted them ("upstream" when any was)."""
-    counts, source = [], LOCAL
+    counts, source = [], CountSource.LOCAL
     for chat in req.chats:
         count, who = await chat_tokens(model, chat, remote)
         counts.append(count)
-        source = UPSTREAM if who == UPSTREAM else source
+        source = CountSource.UPSTREAM if who is CountSource.UPSTREAM else source
     return counts, source
 
 
 async def completion_tokens(
     model: GuardedModel, req: CompletionRequest, remote: RemoteCount | None
-) -> tuple[list[int], str]:
+) -> tuple[list[int], CountSource]:
     """Each prompt's count, in the order vLLM runs them: the prompt_embeds tensors (their rows, read by the guard
     whoever counts the text), then the text and token-id prompts."""
-    counts, source = await _prompt_tokens(model, req, remote) if req.prompts else ([], LOCAL)
+    counts, source = await _prompt_tokens(model, req, remote) if req.prompts else ([], CountSource.LOCAL)
     return [*req.embeds, *counts], source
 
 
 async def _prompt_tokens(
     model: GuardedModel, req: CompletionRequest, remote: RemoteCount | None
-) -> tuple[list[int], str]:
-    if model.count_source == UPSTREAM and remote is not None:
+) -> tuple[list[int], CountSource]:
+    if model.count_source == CountSource.UPSTREAM and remote is not None:
         try:
-            return await remote.completion(model.name, req.body), UPSTREAM
+            return await remote.completion(model.name, req.body), CountSource.UPSTREAM
         except (InvalidRequest, UpstreamUnavailable) as exc:
-            return await _instead(model, exc, count_completion(model.tokenizer, req, model.counter)), LOCAL
-    return await count_completion(model.tokenizer, req, model.counter), LOCAL
+            return await _instead(model, exc, count_completion(model.tokenizer, req, model.counter)), CountSource.LOCAL
+    return await count_completion(model.tokenizer, req, model.counter), CountSource.LOCAL
 
 
 async def _instead(model: GuardedModel, failed: GuardError, local: Coroutine[Any, Any, T]) -> T:

@@ -37,7 +37,7 @@ class Drain:
         if not self.stopping:
             self.stopping, self.at_stop = True, len(self._tasks)
 
-    async def settled(self, timeout_s: float | None) -> bool:
+    async def all_ended(self, timeout_s: float | None) -> bool:
         """Whether every request in flight ended within `timeout_s` (None: however long they take)."""
         if not self._tasks:
             return True

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from proxy.counting.text_count import CounterStats
 from proxy.exchange.record import RequestRecord
+from proxy.policy.decide import Action
 from proxy.policy.outcome import Decision
 
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
@@ -183,11 +184,11 @@ class Metrics:
             self.add("key_tokens", (key.name,), record.charged_tokens)
 
     def _decided(self, labels: tuple[str, str], decision: Decision, asked: int | None) -> None:
-        if decision.action != "uncounted":
+        if decision.action != Action.UNCOUNTED:
             self.observe_value("prompt_tokens", labels, decision.prompt_tokens)
         if asked is not None and decision.max_tokens is not None and decision.max_tokens < asked:
             self.add("clamped", labels, asked - decision.max_tokens)
-        if decision.action == "reject":
+        if decision.action == Action.REJECT:
             self.add("rejections", labels)
         if decision.truncated_tokens:
             self.add("truncated", labels, decision.truncated_tokens)

@@ -15,6 +15,7 @@ from proxy.errors import ResponseNotFound
 from proxy.exchange.headers import RawHeaders
 from proxy.exchange.keys import ApiKeys, given_key
 from proxy.policy.continued import PLAIN_ID
+from proxy.policy.decide import Action
 from proxy.policy.ledger import NOBODY, Ledger, MemoryLedger, Stored, Turn, history_after
 from proxy.policy.outcome import Findings
 from proxy.settings import Settings
@@ -74,7 +75,7 @@ def recorder_for(ledger: Ledger, findings: Findings, limit: int) -> Recorder | N
     turn, decision = findings.turn, findings.decision
     if turn is None:
         return None
-    exact = decision is not None and decision.action != "truncate"  # the guard's cut: not what it counted whole
+    exact = decision is not None and decision.action != Action.TRUNCATE  # the guard's cut: not what it counted whole
     return Recorder(ledger, turn, turn.previous, limit, exact)
 
 

@@ -166,9 +166,9 @@ async def running(
 async def _drained(server: grpc.aio.Server, drain: Drain, grace_s: float | None) -> None:
     """New streams refused, those in flight given `grace_s`, the rest cut; then the server stops."""
     drain.stop()
-    if not await drain.settled(grace_s):
+    if not await drain.all_ended(grace_s):
         drain.cut_all()
-        await drain.settled(CUT_S)
+        await drain.all_ended(CUT_S)
     await server.stop(0)  # and what is left of a stream that did not end in time is cancelled by gRPC
 
 

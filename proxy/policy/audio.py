@@ -16,13 +16,16 @@ when nothing changed and the client wrote it as the guard writes one; always wit
 
 from __future__ import annotations
 
-from proxy.api.audio import LIMIT_FIELD, AudioRequest
+from collections.abc import Mapping
+
+from proxy.api.audio import LIMIT_FIELD, AudioRequest, audio_request
 from proxy.errors import RequestTooLarge
-from proxy.policy.decide import Limits
-from proxy.policy.outcome import Decision, Forward, Outcome, Refuse
+from proxy.policy.decide import Action, Limits
+from proxy.policy.outcome import Decision, Findings, Forward, Outcome, Refuse
+from proxy.policy.steps import Steps
 
 
-def settle_audio(req: AudioRequest, raw: bytes, limits: Limits) -> Outcome:
+def decide_audio(req: AudioRequest, raw: bytes, limits: Limits) -> Outcome:
     window, cap = limits.max_model_len, limits.max_output
     asked = req.max_completion_tokens
     changes: dict[str, str] = {}
@@ -43,7 +46,15 @@ def settle_audio(req: AudioRequest, raw: bytes, limits: Limits) -> Outcome:
                 f"{limits.max_cost} tokens (admission.max_inflight_tokens): it could never be admitted.",
                 param="n",
             )
-            return Refuse(error, Decision("reject", 0))
+            return Refuse(error, Decision(Action.REJECT, 0))
         limit, changes[LIMIT_FIELD] = budget, str(budget)
     body, content_type = req.form.canonical(raw, changes)
-    return Forward(body, Decision("partial", 0, limit), (limit or window) * req.beams, content_type)
+    return Forward(body, Decision(Action.PARTIAL, 0, limit), (limit or window) * req.beams, content_type)
+
+
+def audio(steps: Steps, path: str, raw: bytes, headers: Mapping[str, str], findings: Findings) -> Outcome:
+    """Transcription and translation, read from their multipart form: the output limit decided, the audio uncounted."""
+    req = audio_request(raw, headers.get("content-type", ""), path)
+    findings.max_tokens_before = req.max_completion_tokens
+    limits = steps.target(req.model, headers, findings).limits
+    return decide_audio(req, raw, limits)

@@ -14,21 +14,28 @@ the request sets none).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
-from proxy.api.batch import BatchChatRequest
+from proxy.api.batch import BatchChatRequest, batch_chat_request
 from proxy.api.body import with_changes
+from proxy.counting.bound import verbatim_texts
+from proxy.counting.source import CountSource, batch_tokens
 from proxy.errors import ContextLengthExceeded
-from proxy.policy.decide import Limits, Plan, decide_chat
-from proxy.policy.outcome import Decision, Forward, Outcome, Refuse
+from proxy.policy.decide import Action, Limits, Plan, decide_chat, reject_at_least
+from proxy.policy.outcome import Decision, Findings, Forward, Outcome, Refuse
+from proxy.policy.size import proven_over
+from proxy.policy.steps import Steps, refuse_untrusted, timed
+from proxy.settings import Overflow
 
-WHY_NOT = {
-    "truncate": "The truncate policy was not applied: a cut conversation of a batch asks another question.",
-    "chunk": "The chunk policy was not applied: the answers of a batch's chunks cannot be merged.",
+WHY_NOT: dict[str, str] = {
+    Overflow.TRUNCATE: "The truncate policy was not applied: a cut conversation of a batch asks another question.",
+    Overflow.CHUNK: "The chunk policy was not applied: the answers of a batch's chunks cannot be merged.",
 }
 
 
-def settle_batch(req: BatchChatRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
+def decide_batch(req: BatchChatRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
                  source: str | None) -> Outcome:  # fmt: skip
     longest = max(range(len(counts)), key=counts.__getitem__)
     if limits.max_cost is not None:  # the conversations share the KV budget, as a completions batch's prompts do
@@ -46,12 +53,30 @@ def settle_batch(req: BatchChatRequest, counts: list[int], raw: bytes, limits: L
 def refuse_batch(plan: Plan, total: int, which: str, choice: str, source: str | None) -> Refuse:
     assert plan.error is not None
     if not isinstance(plan.error, ContextLengthExceeded):  # over the whole KV budget: its own reason
-        return Refuse(plan.error, Decision("reject", total, count_source=source))
+        return Refuse(plan.error, Decision(Action.REJECT, total, count_source=source))
     why = f" {WHY_NOT[choice]}" if choice in WHY_NOT else ""
     error = ContextLengthExceeded(f"{plan.error.message}{which}{why}", param="messages")
-    return Refuse(error, Decision("reject", total, count_source=source))
+    return Refuse(error, Decision(Action.REJECT, total, count_source=source))
 
 
 def batch_cost(counts: list[int], limit: int | None, limits: Limits) -> int:
     """KV tokens the batch holds: each conversation's prompt plus its output limit (with none, the window)."""
     return sum(n + limit for n in counts) if limit is not None else limits.max_model_len * len(counts)
+
+
+async def batch(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+) -> Outcome:
+    """Each conversation counted as chat; the shared output limit decided for the longest."""
+    req = batch_chat_request(body, steps.max_messages)
+    findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
+    model, policy, choice, limits = steps.target(req.model, headers, findings)
+    refuse_untrusted(policy, req.chats[0])
+    if model.tokenizer.native is None:
+        texts = [list(verbatim_texts(chat.messages)) for chat in req.chats]
+        floor = await proven_over(model, texts, limits.max_model_len - limits.min_output_tokens)
+        if floor is not None:
+            findings.count_source = CountSource.SIZE_FLOOR
+            return refuse_batch(reject_at_least(floor, limits, "messages"), floor, "", choice, CountSource.SIZE_FLOOR)
+    counts = await timed(findings, batch_tokens(model, req, steps.remote))
+    return decide_batch(req, counts, raw, limits, choice, findings.count_source)

@@ -13,14 +13,19 @@ for in its own fields.
 
 from __future__ import annotations
 
-from proxy.api.cohere import CohereEmbedRequest
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.api.cohere import CohereEmbedRequest, cohere_embed_request
+from proxy.counting.pooling import cohere_tokens
 from proxy.errors import InvalidRequest
-from proxy.policy.decide import Limits
-from proxy.policy.outcome import Decision, Outcome, Refuse
-from proxy.policy.pooling import Pooled, settle_pooling
+from proxy.policy.decide import Action, Limits
+from proxy.policy.outcome import Decision, Findings, Outcome, Refuse
+from proxy.policy.pooling import Pooled, decide_pooling
+from proxy.policy.steps import Steps, timed
 
 
-def settle_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
+def decide_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits: Limits, choice: str,
                   source: str | None) -> Outcome:  # fmt: skip
     window, most = limits.max_model_len, req.max_tokens
     if req.truncate == "NONE" and most is not None and most <= window:  # the client's own cap rules
@@ -28,6 +33,16 @@ def settle_cohere(req: CohereEmbedRequest, counts: list[int], raw: bytes, limits
         if over is not None:  # vLLM's words; it says them once the GPU has embedded the inputs
             error = InvalidRequest(f"Input of {over} tokens exceeds max_tokens={most} with truncate=NONE. Set "
                                    "truncate to END or START to allow truncation.", param="max_tokens")  # fmt: skip
-            return Refuse(error, Decision("reject", sum(counts), count_source=source))
+            return Refuse(error, Decision(Action.REJECT, sum(counts), count_source=source))
     pooled = Pooled("embed", req.body, raw, counts, req.param, req.keep, partial=req.input_type is not None)
-    return settle_pooling(pooled, limits, choice, source)
+    return decide_pooling(pooled, limits, choice, source)
+
+
+async def cohere(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+) -> Outcome:
+    """Cohere's /v2/embed: a pooling request that says its cuts its own way."""
+    req = cohere_embed_request(body)
+    model, _, choice, limits = steps.target(req.model, headers, findings)
+    counts = await timed(findings, cohere_tokens(model, req, steps.remote))
+    return decide_cohere(req, counts, raw, limits, choice, findings.count_source)

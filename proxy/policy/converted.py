@@ -18,15 +18,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, assert_never
 
 from proxy.api.body import with_changes
 from proxy.errors import ContextLengthExceeded
 from proxy.policy.choice import output_reserve
-from proxy.policy.decide import Limits, Plan, decide_output
+from proxy.policy.decide import Action, Limits, Plan, decide_output
 from proxy.policy.outcome import Answer, Decision, Forward, Outcome, Refuse
 from proxy.policy.overflow import refuse
 from proxy.policy.turns import CountItems, drop_turns, droppable_turns
+from proxy.settings import Overflow
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Converted:
         return with_changes({**self.body, **extra}, changes)
 
 
-async def settle(
+async def decide(
     conv: Converted, prompt_tokens: int, limits: Limits, choice: str, recount: CountItems | None
 ) -> Outcome:
     """What the guard does with it; `recount` counts the request with other items (None: the upstream counted it, so
@@ -67,7 +68,7 @@ async def settle(
     cost = plan.cost(limits, 1)
     if plan.error is None:  # a partial count is a lower bound: a limit above the room it leaves overflows anyway
         body = conv.forwarded(plan.changes, plan.max_tokens)
-        action = "partial" if conv.partial else plan.action
+        action = Action.PARTIAL if conv.partial else plan.action
         return Forward(body, Decision(action, prompt_tokens, plan.max_tokens, next_turn=plan.next_turn), cost)
     if not isinstance(plan.error, ContextLengthExceeded):  # over the whole KV budget: nothing cut would be admitted
         return Refuse(plan.error, Decision.of(plan))
@@ -75,11 +76,15 @@ async def settle(
         return _cut_upstream(conv, prompt_tokens, limits)
     if conv.partial:
         return refuse(plan, "That is without the stored conversation of previous_response_id, which adds more.")
-    if choice == "chunk":
-        return refuse(plan, f"The chunk policy was not applied: {conv.endpoint} answers cannot be merged.")
-    if choice == "truncate" and recount is not None:
-        return await _truncate(conv, plan, limits, recount)
-    return Refuse(plan.error, Decision.of(plan))
+    match Overflow(choice):
+        case Overflow.CHUNK:
+            return refuse(plan, f"The chunk policy was not applied: {conv.endpoint} answers cannot be merged.")
+        case Overflow.TRUNCATE if recount is not None:
+            return await _truncate(conv, plan, limits, recount)
+        case Overflow.TRUNCATE | Overflow.REJECT:  # a prompt counted upstream: its cuts could not be counted
+            return Refuse(plan.error, Decision.of(plan))
+        case unhandled:
+            assert_never(unhandled)
 
 
 def _cut_upstream(conv: Converted, prompt_tokens: int, limits: Limits) -> Forward:
@@ -89,9 +94,9 @@ def _cut_upstream(conv: Converted, prompt_tokens: int, limits: Limits) -> Forwar
     of the window; at most half the window (and the key's cap). Its KV cost is the whole window."""
     limit = limits.cap(output_reserve(conv.requested, limits))
     if limit == conv.requested:
-        return Forward(conv.raw, Decision("pass", prompt_tokens, limit), limits.max_model_len)
+        return Forward(conv.raw, Decision(Action.PASS, prompt_tokens, limit), limits.max_model_len)
     body = with_changes(conv.body, {conv.limit_field: limit})
-    return Forward(body, Decision("clamp", prompt_tokens, limit), limits.max_model_len)
+    return Forward(body, Decision(Action.CLAMP, prompt_tokens, limit), limits.max_model_len)
 
 
 async def _truncate(conv: Converted, plan: Plan, limits: Limits, recount: CountItems) -> Outcome:
@@ -107,7 +112,7 @@ async def _truncate(conv: Converted, plan: Plan, limits: Limits, recount: CountI
     fitted = decide_output(cut.prompt_tokens, replace(limits, next_turn=0.0), conv.limit_field, conv.requested,
                            conv.param)  # fmt: skip
     body = conv.forwarded(fitted.changes, fitted.max_tokens, cut.items)
-    decision = Decision("truncate", cut.prompt_tokens, fitted.max_tokens, dropped_messages=cut.dropped,
+    decision = Decision(Action.TRUNCATE, cut.prompt_tokens, fitted.max_tokens, dropped_messages=cut.dropped,
                         truncated_tokens=plan.prompt_tokens - cut.prompt_tokens)  # fmt: skip
     return Forward(body, decision, fitted.cost(limits, 1))
 
@@ -141,6 +146,6 @@ def count_answer(prompt_tokens: int, limits: Limits) -> Outcome:
             f"{prompt_tokens} input tokens. The prompt is too long: please reduce the length of the messages.",
             param="messages",
         )
-        return Refuse(error, Decision("reject", prompt_tokens))
+        return Refuse(error, Decision(Action.REJECT, prompt_tokens))
     body = {"input_tokens": prompt_tokens, "context_management": {"original_input_tokens": prompt_tokens}}
-    return Answer(json.dumps(body, separators=(",", ":")).encode(), Decision("count", prompt_tokens))
+    return Answer(json.dumps(body, separators=(",", ":")).encode(), Decision(Action.COUNT, prompt_tokens))

@@ -16,20 +16,26 @@ what the request reserves, not what it gets.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from proxy.api.body import with_changes
-from proxy.api.tokens import SAMPLING, GenerateRequest
-from proxy.policy.decide import Limits, Plan, decide_output
-from proxy.policy.outcome import Decision, Forward, Outcome, Refuse
+from proxy.api.tokens import SAMPLING, GenerateRequest, generate_request
+from proxy.counting.source import CountSource
+from proxy.policy.decide import Action, Limits, Plan, decide_output
+from proxy.policy.outcome import Decision, Findings, Forward, Outcome, Refuse
 from proxy.policy.overflow import refuse
+from proxy.policy.steps import Steps
+from proxy.settings import Overflow
 
 PARAM = "token_ids"
-WHY_NOT = {
-    "truncate": "The truncate policy was not applied: the guard does not cut token-id prompts of this endpoint.",
-    "chunk": "The chunk policy was not applied: the guard does not split token-id prompts of this endpoint.",
+WHY_NOT: dict[str, str] = {
+    Overflow.TRUNCATE: "The truncate policy was not applied: the guard does not cut token-id prompts of this endpoint.",
+    Overflow.CHUNK: "The chunk policy was not applied: the guard does not split token-id prompts of this endpoint.",
 }
 
 
-def settle_generate(req: GenerateRequest, raw: bytes, limits: Limits, choice: str) -> Outcome:
+def decide_generate(req: GenerateRequest, raw: bytes, limits: Limits, choice: str) -> Outcome:
     decided = decide_output(req.prompt_tokens, limits, "max_tokens", req.max_tokens, PARAM, req.n)
     plan = _with_min_tokens(decided, req)
     if req.media:
@@ -47,8 +53,8 @@ def _partial(req: GenerateRequest, raw: bytes, plan: Plan, limits: Limits) -> Ou
     body = raw
     if cap is not None and (limit is None or limit > cap):
         body, limit = _body(req, {"max_tokens": cap}), cap
-    cost = Plan("pass", req.prompt_tokens, limit).cost(limits, req.n)
-    return Forward(body, Decision("partial", req.prompt_tokens, limit), cost)
+    cost = Plan(Action.PASS, req.prompt_tokens, limit).cost(limits, req.n)
+    return Forward(body, Decision(Action.PARTIAL, req.prompt_tokens, limit), cost)
 
 
 def _with_min_tokens(plan: Plan, req: GenerateRequest) -> Plan:
@@ -56,8 +62,19 @@ def _with_min_tokens(plan: Plan, req: GenerateRequest) -> Plan:
     if plan.max_tokens is None or req.min_tokens is None or req.min_tokens <= plan.max_tokens:
         return plan
     changes = {**plan.changes, "min_tokens": plan.max_tokens}
-    return Plan("clamp", plan.prompt_tokens, plan.max_tokens, changes, plan.error)
+    return Plan(Action.CLAMP, plan.prompt_tokens, plan.max_tokens, changes, plan.error)
 
 
 def _body(req: GenerateRequest, changes: dict[str, int]) -> bytes:
     return with_changes(req.body, {SAMPLING: {**req.sampling, **changes}})
+
+
+async def tokens(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+) -> Outcome:
+    """Token-in generation: the token ids are the count."""
+    req = generate_request(body)
+    findings.max_tokens_before = req.max_tokens
+    choice, limits = steps.target(req.model, headers, findings)[2:]
+    findings.count_source = CountSource.LOCAL
+    return decide_generate(req, raw, limits, choice)

@@ -9,8 +9,9 @@ from typing import Any
 from proxy.api.body import with_changes
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
+from proxy.counting.source import CountSource
 from proxy.errors import GuardError
-from proxy.policy.decide import Plan
+from proxy.policy.decide import Action, Plan
 from proxy.policy.ledger import NOBODY, Turn
 from proxy.settings import PolicySettings
 from proxy.settings.sections import KeySettings
@@ -18,14 +19,13 @@ from proxy.settings.sections import KeySettings
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # pass, clamp, reject, truncate, chunk; partial (previous_response_id), count (count_tokens);
-    # uncounted (neither the guard nor the upstream could count it: forwarded as sent)
+    action: str  # an Action (decide.py): pass, clamp, reject, truncate, chunk, partial, count, uncounted
     prompt_tokens: int
     max_tokens: int | None = None  # the effective output limit, when there is one
     chunk_tokens: tuple[int, ...] = ()  # chunk: each chunk's prompt tokens
     dropped_messages: int | None = None  # truncate
     truncated_tokens: int | None = None  # truncate
-    count_source: str | None = None  # who counted the prompt: "local" or "upstream"
+    count_source: str | None = None  # who counted the prompt: a CountSource (counting/source.py)
     thinking: str | None = None  # Anthropic thinking under a lowered limit: "budget_tokens=N" or "disabled"
     next_turn: int | None = None  # clamp: the tokens of the window kept free for the next turn (decide.py)
 
@@ -40,7 +40,7 @@ class Decision:
 
     def headers(self) -> dict[str, str]:
         headers = {}
-        if self.action != "uncounted":  # forwarded without a count: no number to tell
+        if self.action != Action.UNCOUNTED:  # forwarded without a count: no number to tell
             headers["x-token-guard-prompt-tokens"] = str(self.prompt_tokens)
         headers["x-token-guard-action"] = self.action
         if self.max_tokens is not None:
@@ -110,7 +110,7 @@ class Findings:
     api_key: KeySettings | None = None  # the client's named API key ([[keys]]), set by the server's key check
     max_tokens_before: int | None = None
     count_s: float | None = None
-    count_source: str | None = None  # "local" or "upstream"
+    count_source: CountSource | None = None
     decision: Decision | None = None
     chunk_refused: bool = False  # its chunk policy became reject where the guard cannot fan out (Guard.chunk_instead)
     kept_whole: str | None = None  # why its truncate or chunk policy became reject (policy/choice.py, whole_prompt)

@@ -24,10 +24,10 @@ from proxy.policy.chunk import (
     split_chat,
     split_completion,
 )
-from proxy.policy.decide import Limits, Plan, decide_chat, decide_completion
+from proxy.policy.decide import Action, Limits, Plan, decide_chat, decide_completion
 from proxy.policy.outcome import Chunked, Decision, Forward, Outcome, Refuse
 from proxy.policy.truncate import Truncation, truncate_chat, truncate_completion
-from proxy.settings import PolicySettings
+from proxy.settings import Overflow, PolicySettings
 
 
 def refuse(plan: Plan, why: str) -> Refuse:
@@ -50,7 +50,7 @@ async def overflow_chat(
     async def count(messages: list[Any]) -> int:
         return await count_chat(tok, replace(req, messages=messages), counter)
 
-    if choice == "truncate":
+    if choice == Overflow.TRUNCATE:
         cut = await truncate_chat(tok, req.messages, plan.prompt_tokens, budget, count, counter)
         if cut is None:
             return refuse(plan, "Truncation could not make it fit: the kept system prompt and last user message "
@@ -78,7 +78,7 @@ async def overflow_completion(
     policy: PolicySettings, choice: str,
 ) -> Outcome:  # fmt: skip
     budget = limits.max_model_len - output_reserve(req.requested_output[1], limits)
-    if choice == "truncate":
+    if choice == Overflow.TRUNCATE:
         cut = await truncate_completion(tok, req, counts, budget, policy.truncate_side)
         trimmed = replace(req, prompts=[cut.prompt] if len(req.prompts) == 1 else cut.prompt,
                           body={**req.body, "prompt": cut.prompt})  # fmt: skip
@@ -130,7 +130,7 @@ def _chat_with(req: ChatRequest, messages: list[Any]) -> ChatRequest:
 
 def _truncated(fitted: Plan, cut: Truncation) -> Decision:
     return Decision(
-        "truncate", fitted.prompt_tokens, fitted.max_tokens,
+        Action.TRUNCATE, fitted.prompt_tokens, fitted.max_tokens,
         dropped_messages=cut.dropped_messages, truncated_tokens=cut.cut_tokens,
     )  # fmt: skip
 
@@ -144,5 +144,5 @@ def _chunked(kind: str, req: ChatRequest | CompletionRequest, plan: Plan, split:
     ):  # each chunk reports its usage, asked for or not: the merged usage event and the key's quota sum them
         asked = options if isinstance(options, dict) else {}
         bodies = [{**b, "stream_options": {**asked, "include_usage": True}} for b in bodies]
-    decision = Decision("chunk", plan.prompt_tokens, chunk_tokens=tuple(split.prompt_tokens))
+    decision = Decision(Action.CHUNK, plan.prompt_tokens, chunk_tokens=tuple(split.prompt_tokens))
     return Chunked(kind, bodies, costs, decision, req.stream, include_usage, policy, req)

@@ -10,7 +10,7 @@ from proxy.api.chat import ChatRequest, parse_chat
 from proxy.api.completions import parse_completion
 from proxy.counting.local_count import count_chat, count_completion
 from proxy.counting.registry import GuardedModel
-from proxy.policy.decide import Limits, decide_chat, decide_completion
+from proxy.policy.decide import Action, Limits, decide_chat, decide_completion
 from proxy.policy.merge import answer_text
 from proxy.policy.outcome import Chunked
 
@@ -34,4 +34,4 @@ async def reduce_request(
         completion = parse_completion(with_changes(body, {}))
         counts = await count_completion(model.tokenizer, completion, model.counter)
         plan = decide_completion(completion, counts, limits)
-    return None if plan.action == "reject" else ({**body, **plan.changes}, plan.cost(limits, 1))
+    return None if plan.action is Action.REJECT else ({**body, **plan.changes}, plan.cost(limits, 1))

@@ -4,33 +4,45 @@ takes. Its answer costs what reading it costs."""
 
 from __future__ import annotations
 
+from typing import assert_never
+
 from proxy.counting.registry import GuardedModel
+from proxy.counting.source import CountSource
 from proxy.policy.chunk import MAX_CHUNKS, CannotChunk, refuse_too_many_chunks
 from proxy.policy.decide import Limits, reject_at_least
 from proxy.policy.outcome import Findings, Outcome, outcome_of
 from proxy.policy.overflow import refuse
-from proxy.settings import PolicySettings
+from proxy.settings import Overflow, PolicySettings
 
-SIZE_FLOOR = "size"  # the count source of a prompt refused from its size alone: its prompt tokens are a lower bound
 FAR_OVER = 16  # characters a token: a prompt longer than this many times the window is counted only until proven over
 
 
 async def refuse_by_size(
-    model: GuardedModel, prompts: list[list[str]], limits: Limits, choice: str, policy: PolicySettings, param: str,
+    model: GuardedModel, prompts: list[list[str]], limits: Limits, choice: Overflow, policy: PolicySettings, param: str,
     findings: Findings,
 ) -> Outcome | None:  # fmt: skip
     """A prompt whose size alone proves it cannot fit is refused before it is rendered or encoded (counting/bound.py):
     its answer costs what reading it costs. Truncation still counts it (in bounded slices) to cut it exactly; chunking
     is refused when the floor alone needs more chunks than it takes (policy/chunk.py)."""
-    if model.tokenizer.native is not None or choice == "truncate":
+    if model.tokenizer.native is not None or choice is Overflow.TRUNCATE:
         return None  # mistral_common and harmony count with vocabularies of their own
     ceiling = limits.max_model_len - limits.min_output_tokens
     floor = await proven_over(model, prompts, ceiling)
     if floor is None:
         return None
-    findings.count_source = SIZE_FLOOR
-    if choice == "reject":
-        return outcome_of(reject_at_least(floor, limits, param), {}, b"", 0, SIZE_FLOOR)
+    findings.count_source = CountSource.SIZE_FLOOR
+    match choice:
+        case Overflow.REJECT:
+            return outcome_of(reject_at_least(floor, limits, param), {}, b"", 0, CountSource.SIZE_FLOOR)
+        case Overflow.CHUNK:
+            return await _chunks_proven_too_many(model, prompts, floor, limits, policy, param)
+        case unhandled:
+            assert_never(unhandled)
+
+
+async def _chunks_proven_too_many(
+    model: GuardedModel, prompts: list[list[str]], floor: int, limits: Limits, policy: PolicySettings, param: str
+) -> Outcome | None:
     most = MAX_CHUNKS * policy.chunk_tokens  # more than this many tokens are not chunked
     if floor <= most:
         floor = await proven_over(model, prompts, most) or floor

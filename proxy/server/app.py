@@ -117,7 +117,7 @@ class GuardApp:
         async with self.core:
             await send({"type": "lifespan.startup.complete"})
             await receive()  # lifespan.shutdown: uvicorn has drained, and cancelled what outlived the drain
-            await self.core.drain.settled(CUT_S)
+            await self.core.drain.all_ended(CUT_S)
         self.core.drain.report("token-guard serve", self.settings.server.drain_timeout_s)
         await send({"type": "lifespan.shutdown.complete"})
 

@@ -49,7 +49,7 @@ def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
     }
 
 
-def settle_heap() -> None:
+def freeze_heap() -> None:
     """Call once the app is built, in a process that serves it. What start-up built (imported modules, tokenizers,
     templates: some 100,000 objects) lives as long as the process; frozen, the collector no longer walks it all on
     each of its full passes (~60 ms each, every few thousand requests: a tenth of a millisecond per request). The

@@ -12,7 +12,7 @@ from typing import Any
 from proxy.counting.registry import ModelRegistry
 from proxy.exchange.logs import configure_logging
 from proxy.server.app import GuardApp, create_app
-from proxy.server.running import settle_heap
+from proxy.server.running import freeze_heap
 from proxy.settings import load_settings
 from proxy.settings.loader import WORKER_SETUP
 
@@ -29,5 +29,5 @@ def app() -> GuardApp:
     settings = load_settings(setup["flags"], config_file=config)
     configure_logging(settings.server.log_level, settings.server.log_format)
     built = create_app(settings, ModelRegistry.from_settings(settings.models, settings.counting))
-    settle_heap()
+    freeze_heap()
     return built

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,17 @@ class ExtprocSettings:
 
 
 REDIS_FAILURE_MODES = ("open", "closed")
-OVERFLOW_POLICIES = ("reject", "truncate", "chunk")
+
+
+class Overflow(StrEnum):
+    """What the guard does with a prompt over the window (policy.on_overflow, the x-token-guard-overflow header)."""
+
+    REJECT = "reject"  # the overflow 400
+    TRUNCATE = "truncate"  # cut to fit
+    CHUNK = "chunk"  # split, each chunk its own request, the answers merged
+
+
+OVERFLOW_POLICIES = tuple(policy.value for policy in Overflow)
 
 
 @dataclass(frozen=True)

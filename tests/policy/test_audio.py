@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 
 from proxy.api.audio import audio_request
-from proxy.policy.audio import settle_audio
+from proxy.policy.audio import decide_audio
 from proxy.policy.decide import Limits
 from proxy.policy.outcome import Forward
 
@@ -20,7 +20,7 @@ def settle(data: dict[str, str], limits: Limits = WHISPER) -> tuple[Forward, dic
     field changes, it goes as it came, else written anew in a boundary of the guard's own."""
     request = httpx.Request("POST", "http://x/", data=data, files={"file": ("a.wav", AUDIO, "audio/wav")})
     raw, content_type = request.read(), request.headers["content-type"]
-    outcome = settle_audio(audio_request(raw, content_type, PATH), raw, limits)
+    outcome = decide_audio(audio_request(raw, content_type, PATH), raw, limits)
     assert isinstance(outcome, Forward) and outcome.content_type is not None
     assert (outcome.body is raw) == (outcome.content_type == content_type)
     forwarded = audio_request(outcome.body, outcome.content_type, PATH)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.api.batch import batch_chat_request
-from proxy.policy.batch import settle_batch
+from proxy.policy.batch import decide_batch
 from proxy.policy.decide import Limits
 from proxy.policy.outcome import Forward, Refuse
 
@@ -18,7 +18,7 @@ HI = [{"role": "user", "content": "hi"}]
 
 def settle(counts: list[int], limits: Limits = LIMITS, choice: str = "reject", **fields: Any) -> Forward | Refuse:
     body = {"messages": [HI] * len(counts), **fields}
-    outcome = settle_batch(batch_chat_request(body), counts, json.dumps(body).encode(), limits, choice, "local")
+    outcome = decide_batch(batch_chat_request(body), counts, json.dumps(body).encode(), limits, choice, "local")
     assert isinstance(outcome, Forward | Refuse)
     return outcome
 

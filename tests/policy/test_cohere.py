@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.api.cohere import cohere_embed_request
-from proxy.policy.cohere import settle_cohere
+from proxy.policy.cohere import decide_cohere
 from proxy.policy.decide import Limits
 from proxy.policy.outcome import Forward, Refuse
 
@@ -17,7 +17,7 @@ LIMITS = Limits(max_model_len=100)
 
 def settle(counts: list[int], choice: str = "reject", **fields: Any) -> Forward | Refuse:
     body = {"texts": ["t"] * len(counts), **fields}
-    outcome = settle_cohere(cohere_embed_request(body), counts, json.dumps(body).encode(), LIMITS, choice, "local")
+    outcome = decide_cohere(cohere_embed_request(body), counts, json.dumps(body).encode(), LIMITS, choice, "local")
     assert isinstance(outcome, Forward | Refuse)
     return outcome
 

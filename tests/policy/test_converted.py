@@ -11,11 +11,11 @@ from typing import Any
 from proxy.policy.converted import (
     Converted,
     count_answer,
+    decide,
     message_kept,
     message_turn,
     response_kept,
     response_turn,
-    settle,
 )
 from proxy.policy.decide import Limits, decide_output
 from proxy.policy.outcome import Answer, Forward, Refuse
@@ -48,7 +48,7 @@ def test_a_prompt_without_room_is_refused_naming_the_endpoints_param() -> None:
 
 
 def test_clamp_rewrites_only_the_limit_field() -> None:
-    outcome = asyncio.run(settle(responses(1000), 60, LIMITS, "reject", None))
+    outcome = asyncio.run(decide(responses(1000), 60, LIMITS, "reject", None))
     assert isinstance(outcome, Forward)
     assert json.loads(outcome.body) == {"model": "m", "input": "hi", "max_output_tokens": 40}
     assert outcome.decision.action == "clamp" and outcome.cost == 100
@@ -56,26 +56,26 @@ def test_clamp_rewrites_only_the_limit_field() -> None:
 
 def test_a_request_that_fits_is_forwarded_as_sent() -> None:
     conv = responses(10)
-    outcome = asyncio.run(settle(conv, 60, LIMITS, "reject", None))
+    outcome = asyncio.run(decide(conv, 60, LIMITS, "reject", None))
     assert isinstance(outcome, Forward) and outcome.body is conv.raw and outcome.decision.action == "pass"
 
 
 def test_previous_response_id_is_counted_as_a_lower_bound_and_its_limit_kept_within_the_room_it_leaves() -> None:
     # The stored part can only add tokens: a limit above max_model_len - the lower bound overflows whatever it holds.
-    outcome = asyncio.run(settle(responses(1000, partial=True), 60, LIMITS, "reject", None))
+    outcome = asyncio.run(decide(responses(1000, partial=True), 60, LIMITS, "reject", None))
     assert isinstance(outcome, Forward)
     assert json.loads(outcome.body)["max_output_tokens"] == 40
     assert (outcome.decision.action, outcome.decision.prompt_tokens, outcome.decision.max_tokens) == ("partial", 60, 40)
     fits = responses(30, partial=True)
-    kept = asyncio.run(settle(fits, 60, LIMITS, "reject", None))
+    kept = asyncio.run(decide(fits, 60, LIMITS, "reject", None))
     assert isinstance(kept, Forward) and kept.body is fits.raw and kept.decision.action == "partial"
     unsaid = responses(None, partial=True)
-    left = asyncio.run(settle(unsaid, 60, LIMITS, "reject", None))
+    left = asyncio.run(decide(unsaid, 60, LIMITS, "reject", None))
     assert isinstance(left, Forward) and left.body is unsaid.raw and left.decision.max_tokens is None
 
 
 def test_previous_response_id_that_overflows_without_the_stored_part_is_refused() -> None:
-    outcome = asyncio.run(settle(responses(10, partial=True), 120, LIMITS, "reject", None))
+    outcome = asyncio.run(decide(responses(10, partial=True), 120, LIMITS, "reject", None))
     assert isinstance(outcome, Refuse) and "stored conversation" in outcome.error.message
 
 
@@ -83,26 +83,26 @@ def test_truncation_auto_leaves_the_cut_to_vllm_with_a_limit_that_keeps_room_for
     # vLLM 0.31 keeps the input's last (window - limit) tokens: the limit is the reserve a cut prompt keeps, what the
     # request asks for up to half the window (a quarter when it asks nothing)
     asked = responses(10, upstream_truncates=True)
-    outcome = asyncio.run(settle(asked, 120, LIMITS, "reject", None))
+    outcome = asyncio.run(decide(asked, 120, LIMITS, "reject", None))
     assert isinstance(outcome, Forward) and outcome.body is asked.raw
     assert (outcome.decision.action, outcome.decision.max_tokens, outcome.cost) == ("pass", 10, 100)
-    huge = asyncio.run(settle(responses(100_000, upstream_truncates=True), 120, LIMITS, "reject", None))
+    huge = asyncio.run(decide(responses(100_000, upstream_truncates=True), 120, LIMITS, "reject", None))
     assert isinstance(huge, Forward) and json.loads(huge.body)["max_output_tokens"] == 50
     assert (huge.decision.action, huge.decision.prompt_tokens, huge.decision.max_tokens) == ("clamp", 120, 50)
-    unsaid = asyncio.run(settle(responses(None, upstream_truncates=True), 120, LIMITS, "reject", None))
+    unsaid = asyncio.run(decide(responses(None, upstream_truncates=True), 120, LIMITS, "reject", None))
     assert isinstance(unsaid, Forward) and json.loads(unsaid.body)["max_output_tokens"] == 25
-    capped = asyncio.run(settle(responses(100_000, upstream_truncates=True), 120, Limits(100, max_output=8), "reject",
+    capped = asyncio.run(decide(responses(100_000, upstream_truncates=True), 120, Limits(100, max_output=8), "reject",
                                 None))  # fmt: skip
     assert isinstance(capped, Forward) and json.loads(capped.body)["max_output_tokens"] == 8
 
 
 def test_truncation_auto_with_an_input_that_fits_is_clamped_as_any_request() -> None:
-    outcome = asyncio.run(settle(responses(100_000, upstream_truncates=True), 60, LIMITS, "reject", None))
+    outcome = asyncio.run(decide(responses(100_000, upstream_truncates=True), 60, LIMITS, "reject", None))
     assert isinstance(outcome, Forward) and json.loads(outcome.body)["max_output_tokens"] == 40
 
 
 def test_chunk_is_refused_with_the_reason() -> None:
-    outcome = asyncio.run(settle(responses(10), 120, LIMITS, "chunk", None))
+    outcome = asyncio.run(decide(responses(10), 120, LIMITS, "chunk", None))
     assert isinstance(outcome, Refuse) and "chunk policy was not applied" in outcome.error.message
 
 
@@ -125,7 +125,7 @@ def test_truncate_drops_the_fewest_oldest_turns_and_recounts() -> None:
     async def count(items: list[Any]) -> int:
         return 20 * len(items)  # 7 items: 140 tokens
 
-    outcome = asyncio.run(settle(responses(10, ITEMS), 140, LIMITS, "truncate", count))
+    outcome = asyncio.run(decide(responses(10, ITEMS), 140, LIMITS, "truncate", count))
     assert isinstance(outcome, Forward)
     kept = json.loads(outcome.body)["input"]
     assert kept == [ITEMS[0], *ITEMS[4:]]
@@ -139,7 +139,7 @@ def test_truncate_refuses_when_the_kept_items_alone_are_too_long() -> None:
     async def count(items: list[Any]) -> int:
         return 200
 
-    outcome = asyncio.run(settle(responses(10, ITEMS), 200, LIMITS, "truncate", count))
+    outcome = asyncio.run(decide(responses(10, ITEMS), 200, LIMITS, "truncate", count))
     assert isinstance(outcome, Refuse) and "Truncation could not make it fit" in outcome.error.message
 
 

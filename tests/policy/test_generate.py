@@ -9,7 +9,7 @@ import pytest
 
 from proxy.api.tokens import generate_request
 from proxy.policy.decide import Limits
-from proxy.policy.generate import settle_generate
+from proxy.policy.generate import decide_generate
 from proxy.policy.outcome import Forward, Refuse
 
 LIMITS = Limits(max_model_len=100)
@@ -18,7 +18,7 @@ LIMITS = Limits(max_model_len=100)
 def settle(prompt: int, sampling: dict[str, Any], limits: Limits = LIMITS, choice: str = "reject",
            **extra: Any) -> Forward | Refuse:  # fmt: skip
     body = {"token_ids": [7] * prompt, "sampling_params": sampling, "model": "m", **extra}
-    outcome = settle_generate(generate_request(body), json.dumps(body).encode(), limits, choice)
+    outcome = decide_generate(generate_request(body), json.dumps(body).encode(), limits, choice)
     assert isinstance(outcome, Forward | Refuse)
     return outcome
 

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.api.anthropic import messages_request
 from proxy.policy import thinking
-from proxy.policy.converted import Converted, message_kept, message_turn, settle
+from proxy.policy.converted import Converted, decide, message_kept, message_turn
 from proxy.policy.decide import Limits, decide_chat, decide_output, next_turn_share
 from proxy.policy.outcome import Forward
 from proxy.settings import PolicySettings
@@ -72,7 +72,7 @@ def test_the_shares_are_read_per_route() -> None:
 
 
 def test_the_headers_say_how_much_was_kept() -> None:
-    outcome = asyncio.run(settle(messages(64000), 4000, Limits(W, next_turn=0.5), "reject", None))
+    outcome = asyncio.run(decide(messages(64000), 4000, Limits(W, next_turn=0.5), "reject", None))
     assert isinstance(outcome, Forward)
     headers = outcome.decision.headers()
     assert headers["x-token-guard-action"] == "clamp" and headers["x-token-guard-max-tokens"] == "14384"
@@ -81,7 +81,7 @@ def test_the_headers_say_how_much_was_kept() -> None:
 
 def test_the_thinking_budget_stays_below_the_kept_limit() -> None:
     """Claude Code's thinking budget of 31999 under 32000: lowered with the limit, below it, at least vLLM's 1024."""
-    outcome = asyncio.run(settle(messages(32000, budget=31999), 4000, Limits(W, next_turn=0.5), "reject", None))
+    outcome = asyncio.run(decide(messages(32000, budget=31999), 4000, Limits(W, next_turn=0.5), "reject", None))
     assert isinstance(outcome, Forward)
     sent = json.loads(outcome.body)
     assert sent["max_tokens"] == 14384 and 1024 <= sent["thinking"]["budget_tokens"] < 14384
@@ -109,6 +109,6 @@ def test_a_truncated_prompt_keeps_the_reserve_its_cut_made_for_the_answer() -> N
     req = messages_request(body)
     conv = Converted("/v1/messages", body, json.dumps(body).encode(), "max_tokens", 16000, "messages", "messages",
                      req.messages, message_turn, message_kept)  # fmt: skip
-    outcome = asyncio.run(settle(conv, 36000, Limits(W, next_turn=0.5), "truncate", count))
+    outcome = asyncio.run(decide(conv, 36000, Limits(W, next_turn=0.5), "truncate", count))
     assert isinstance(outcome, Forward) and outcome.decision.action == "truncate"
     assert outcome.decision.max_tokens == 16000 and outcome.decision.next_turn is None  # kept: 10384 with room kept

@@ -1,0 +1,34 @@
+"""The chat completions recipe: target, size floor, timed count, the chat decision (decide.py), and the truncate or
+chunk cut (overflow.py) for a prompt over the window that was counted here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.api.chat import chat_request
+from proxy.api.routes import Reads
+from proxy.counting.bound import verbatim_texts
+from proxy.policy.decide import decide_chat
+from proxy.policy.outcome import Findings, Outcome, outcome_of
+from proxy.policy.overflow import overflow_chat
+from proxy.policy.size import refuse_by_size
+from proxy.policy.steps import Steps, fits_by_cutting, refuse_untrusted
+
+
+async def chat(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+) -> Outcome:
+    req = chat_request(body, steps.max_messages)
+    findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
+    model, policy, choice, limits = steps.target(req.model, headers, findings, req.body, Reads.CHAT)
+    refuse_untrusted(policy, req)
+    texts = [list(verbatim_texts(req.messages))]
+    proven = await refuse_by_size(model, texts, limits, choice, policy, "messages", findings)
+    if proven is not None:
+        return proven
+    prompt_tokens = await steps.count(model, req, findings)
+    plan = decide_chat(req, prompt_tokens, limits)
+    if fits_by_cutting(plan, choice, findings):  # truncate and chunk re-count their cuts
+        return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
+    return outcome_of(plan, req.body, raw, plan.cost(limits, req.n), findings.count_source)

@@ -1,0 +1,86 @@
+"""The count routes' recipes: Anthropic's count_tokens, answered by the guard as vLLM answers it, and the render
+routes, forwarded unchanged once their prompt is counted (vLLM renders it; nothing is generated, nothing is clamped).
+A prompt whose size proves it over the window is refused from that floor, uncounted, as on the other routes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from typing import Any, Protocol
+
+from proxy.api.anthropic import messages_request
+from proxy.api.chat import ChatRequest, chat_request
+from proxy.api.completions import completion_request
+from proxy.api.responses import responses_request
+from proxy.counting.anthropic import messages_chat
+from proxy.counting.bound import verbatim_texts
+from proxy.counting.responses import responses_chat
+from proxy.counting.source import completion_tokens
+from proxy.policy.converted import count_answer
+from proxy.policy.decide import Action
+from proxy.policy.outcome import Decision, Findings, Forward, Outcome
+from proxy.policy.size import refuse_by_size
+from proxy.policy.steps import Steps, Target, refuse_untrusted
+from proxy.settings import Overflow
+
+
+class CountRecipe(Protocol):
+    """A count route's path: `answered`, the guard answers the count itself; else it forwards the body."""
+
+    def __call__(
+        self, steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings,
+        answered: bool,
+    ) -> Awaitable[Outcome]: ...  # fmt: skip
+
+
+async def completion(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings, answered: bool
+) -> Outcome:
+    req = completion_request(body)
+    model, policy, _, limits = steps.target(req.model, headers, findings)
+    texts = [[p] for p in req.prompts if isinstance(p, str)]
+    proven = await refuse_by_size(model, texts, limits, Overflow.REJECT, policy, "prompt", findings)
+    if proven is not None:
+        return proven
+    counts, findings.count_source = await completion_tokens(model, req, steps.remote)
+    return Forward(raw, Decision(Action.COUNT, sum(counts), count_source=findings.count_source))
+
+
+async def messages(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings, answered: bool
+) -> Outcome:
+    req = messages_request(body, True, steps.max_messages)
+    target = steps.target(req.model, headers, findings)
+    chat = messages_chat(target.model.tokenizer, req, steps.registry.upstream_newer())
+    return await _counted(steps, target, chat, raw, findings, answered)
+
+
+async def responses(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings, answered: bool
+) -> Outcome:
+    req = responses_request(body, steps.max_messages)
+    target = steps.target(req.model, headers, findings)
+    chat = responses_chat(req, steps.registry.upstream_newer())
+    return await _counted(steps, target, chat, raw, findings, answered)
+
+
+async def chat(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings, answered: bool
+) -> Outcome:
+    req = chat_request(body, steps.max_messages)
+    target = steps.target(req.model, headers, findings)
+    refuse_untrusted(target.policy, req)
+    return await _counted(steps, target, req, raw, findings, answered)
+
+
+async def _counted(
+    steps: Steps, target: Target, chat: ChatRequest, raw: bytes, findings: Findings, answered: bool
+) -> Outcome:
+    model, policy, _, limits = target
+    texts = [list(verbatim_texts(chat.messages))]
+    proven = await refuse_by_size(model, texts, limits, Overflow.REJECT, policy, "messages", findings)
+    if proven is not None:
+        return proven
+    prompt_tokens = await steps.count(model, chat, findings)
+    if answered:
+        return count_answer(prompt_tokens, limits)
+    return Forward(raw, Decision(Action.COUNT, prompt_tokens, count_source=findings.count_source))

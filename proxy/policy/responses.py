@@ -1,0 +1,52 @@
+"""The Responses recipe: target, a background response named, the stored conversation it continues (ledger.py), the
+timed count of what vLLM renders, and the decision of a converted request (converted.py), cut by whole turns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from proxy.api.body import with_changes
+from proxy.api.responses import LIMIT_FIELD, responses_request
+from proxy.api.routes import Reads
+from proxy.counting.local_count import count_chat
+from proxy.counting.responses import responses_chat
+from proxy.policy import background
+from proxy.policy.continued import continued
+from proxy.policy.converted import Converted, decide, response_kept, response_turn
+from proxy.policy.ledger import Turn
+from proxy.policy.outcome import Findings, Forward, Outcome
+from proxy.policy.steps import Steps, local_recount
+
+
+async def responses(
+    steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
+) -> Outcome:
+    req = responses_request(body, steps.max_messages)
+    findings.max_tokens_before = req.max_output_tokens
+    model, _, choice, limits = steps.target(req.model, headers, findings, req.body, Reads.RESPONSES)
+    named, follows = background.named(req, steps.settings.admission)
+    if named is not req:  # the guard names a background response: the body forwarded carries its id
+        req, raw = named, with_changes(named.body, {})
+    newer = steps.registry.upstream_newer()
+    entry = await continued(steps.ledger, req, findings.owner) if steps.ledger is not None else None
+    # a harmony model's stored conversation is harmony messages, which the ledger does not follow
+    history = entry.history if entry is not None and model.tokenizer.rendering.mode != "harmony" else None
+    chat = responses_chat(req, newer, history)
+    partial = req.previous_response_id is not None and history is None
+    if steps.ledger is not None and (req.store or entry is not None):  # before counting: an uncounted one too
+        messages = None if partial or req.background else chat.messages  # background: answered empty at first
+        findings.turn = Turn(findings.owner, model.name, messages, entry, req.store)
+    prompt_tokens = await steps.count(model, chat, findings)
+
+    async def recount(items: list[Any]) -> int:
+        cut = replace(req, input=items, body={**req.body, "input": items})
+        return await count_chat(model.tokenizer, responses_chat(cut, newer, history), model.counter)
+
+    conv = Converted(
+        "/v1/responses", req.body, raw, LIMIT_FIELD, req.max_output_tokens, "input", "input", req.input,
+        response_turn, response_kept, partial=partial, upstream_truncates=req.truncation_auto,
+    )  # fmt: skip
+    outcome = await decide(conv, prompt_tokens, limits, choice, local_recount(findings, recount))
+    return replace(outcome, follows=follows) if follows is not None and isinstance(outcome, Forward) else outcome
