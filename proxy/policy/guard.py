@@ -44,7 +44,7 @@ from proxy.policy.audio import settle_audio
 from proxy.policy.batch import refuse_batch, settle_batch
 from proxy.policy.choice import choose_policy, whole_prompt
 from proxy.policy.cohere import settle_cohere
-from proxy.policy.continued import continued
+from proxy.policy.continued import continued, continued_chat
 from proxy.policy.converted import (
     Converted,
     count_answer,
@@ -251,18 +251,17 @@ class Guard:
             req, raw = named, with_changes(named.body, {})
         newer = self.registry.upstream_newer()
         entry = await continued(self.ledger, req, findings.owner) if self.ledger is not None else None
-        # a harmony model's stored conversation is harmony messages, which the ledger does not follow
-        history = entry.history if entry is not None and model.tokenizer.rendering.mode != "harmony" else None
-        chat = responses_chat(req, newer, history)
-        partial = req.previous_response_id is not None and history is None
+        chat, messages = continued_chat(model.tokenizer, req, newer, entry)
+        partial = req.previous_response_id is not None and messages is None
         if self.ledger is not None and (req.store or entry is not None):  # before counting: an uncounted one too
-            messages = None if partial or req.background else chat.messages  # background: answered empty at first
-            findings.turn = Turn(findings.owner, model.name, messages, entry, req.store)
+            messages = None if req.background else messages  # background: answered empty at first
+            findings.turn = Turn(findings.owner, model.name, messages, entry, req.store, chat.harmony is not None)
         prompt_tokens = await self._count(model, chat, findings)
 
         async def recount(items: list[Any]) -> int:
             cut = replace(req, input=items, body={**req.body, "input": items})
-            return await count_chat(model.tokenizer, responses_chat(cut, newer, history), model.counter)
+            return await count_chat(model.tokenizer, continued_chat(model.tokenizer, cut, newer, entry)[0],
+                                    model.counter)  # fmt: skip
 
         conv = Converted(
             "/v1/responses", req.body, raw, LIMIT_FIELD, req.max_output_tokens, "input", "input", req.input,
