@@ -78,7 +78,14 @@ class HarmonyChat:
 
     def render_dicts(self, messages: list[dict[str, Any]]) -> list[int]:
         """Harmony messages as `Message.to_dict()` shapes (a Responses create: harmony_responses.py), rendered."""
-        return self._render([self._oh.Message.from_dict(m) for m in messages])
+        return self.render_messages([self._oh.Message.from_dict(m) for m in messages])
+
+    def render_messages(self, messages: list[Any]) -> list[int]:
+        """vLLM's render_for_completion of openai_harmony messages."""
+        try:
+            return self._render(messages)
+        except Exception as exc:  # harmony refuses structures it cannot render
+            raise InvalidRequest(f"{type(exc).__name__}: {exc}", param="input") from None
 
     def preamble_dicts(self, instructions: str | None, tools: list[Any] | None, effort: str | None) -> list[Any]:
         return [_as_dict(m) for m in self._preamble(instructions, tools, effort)]
