@@ -149,7 +149,7 @@ def _from_item(native: HarmonyChat, item: dict[str, Any], calls: dict[str, str])
         parts = item.get("content")
         if not parts:
             return None  # the summary is not rendered
-        return {**_text("assistant", "\n".join(p.get("text", "") for p in parts)), "channel": "analysis"}
+        return {**_text("assistant", "\n".join(p["text"] for p in parts)), "channel": "analysis"}  # checked
     if kind == "function_call":
         return _call(item.get("name"), item.get("arguments"), "json")
     raise InvalidRequest(f"Unknown input type: {kind}", param="input")

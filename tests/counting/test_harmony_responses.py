@@ -307,3 +307,18 @@ def test_an_output_the_guard_cannot_rebuild_leaves_the_next_turn_partial(gpt_oss
     assert entry is not None and entry.harmony is None
     _, turn = guard.count({"previous_response_id": "resp_1", "input": "More"})
     assert turn.messages is None  # counted as partial: the new input only
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"type": "reasoning", "summary": [], "content": ["not a part"]},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": 7}]},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "x"}]},
+    ],
+)
+def test_items_harmony_cannot_render_are_a_400_naming_the_input(gpt_oss: ModelTokenizer, item: dict[str, Any]) -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    with pytest.raises(InvalidRequest) as refused:
+        Guard(gpt_oss).count({"input": [{"role": "user", "content": "Hi"}, call, item]})
+    assert refused.value.param == "input"
