@@ -28,7 +28,6 @@ from proxy.counting.isolated import PARSER
 from proxy.counting.local_count import count_chat
 from proxy.counting.pooling import cohere_tokens, pooling_tokens, scoring_tokens
 from proxy.counting.registry import GuardedModel, ModelRegistry
-from proxy.counting.responses import responses_chat
 from proxy.counting.source import (
     LOCAL,
     UNCOUNTED,
@@ -186,7 +185,7 @@ class Guard:
         elif route.reads == "responses":
             responses = responses_request(body, max_messages)
             model, policy, _, limits = self._target(responses.model, headers, findings)
-            chat = responses_chat(responses, newer)
+            chat = continued_chat(model.tokenizer, responses, newer, None)[0]  # gpt-oss: harmony messages
         elif route.reads == "chat":
             chat = chat_request(body, max_messages)
             model, policy, _, limits = self._target(chat.model, headers, findings)
