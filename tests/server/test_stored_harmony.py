@@ -32,11 +32,14 @@ def gpt_oss_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def guard_url(gpt_oss_dir: Path) -> Iterator[str]:
-    with (
-        simulator(gpt_oss_dir, profile="0.31", max_model_len=WINDOW, responses_store=True) as (replica, _, _),
-        guard(replica.url, gpt_oss_dir) as server,
-    ):
+def replica_url(gpt_oss_dir: Path) -> Iterator[str]:
+    with simulator(gpt_oss_dir, profile="0.31", max_model_len=WINDOW, responses_store=True) as (replica, _, _):
+        yield replica.url
+
+
+@pytest.fixture(scope="module")
+def guard_url(replica_url: str, gpt_oss_dir: Path) -> Iterator[str]:
+    with guard(replica_url, gpt_oss_dir) as server:
         yield server.url
 
 
@@ -76,3 +79,12 @@ def test_a_continuation_counted_exactly_keeps_its_room_for_the_next_turn(guard_u
     prompt, limit = int(raw.headers["x-token-guard-prompt-tokens"]), int(raw.headers["x-token-guard-max-tokens"])
     assert raw.headers["x-token-guard-action"] == "clamp" and prompt + limit <= WINDOW
     assert int(raw.headers["x-token-guard-next-turn-tokens"]) == WINDOW - prompt - limit > 0
+
+
+def test_the_guard_counts_a_continuation_itself_where_the_upstream_counts(replica_url: str, gpt_oss_dir: Path) -> None:
+    """`counting.source = "upstream"`: vLLM's counting endpoints render chat, never a stored harmony conversation."""
+    with guard(replica_url, gpt_oss_dir, **{"counting.source": "upstream"}) as server:
+        guard_count, vllm, first = create(server.url, input="Weather?", instructions="Be brief.", tools=[TOOL])
+        assert guard_count == vllm
+        guard_count, vllm, _ = create(server.url, input="Tomorrow?", previous_response_id=first.id)
+        assert guard_count == vllm
