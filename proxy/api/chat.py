@@ -39,6 +39,7 @@ class ChatRequest:
     min_tokens: int | None
     n: int
     stream: bool
+    harmony: list[dict[str, Any]] | None = None  # a gpt-oss Responses create: the harmony messages vLLM renders
 
     @property
     def requested_output(self) -> tuple[str, int] | None:

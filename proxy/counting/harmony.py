@@ -14,6 +14,7 @@ openai_harmony's errors become the guard's 400 here, at this module's boundary.
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 from proxy.api.chat import ChatRequest
@@ -52,7 +53,7 @@ class HarmonyChat:
 
     def count_chat(self, req: ChatRequest) -> int:
         try:
-            return len(self.render(req))
+            return len(self.render_dicts(req.harmony) if req.harmony is not None else self.render(req))
         except InvalidRequest:
             raise
         except Exception as exc:  # harmony refuses structures it cannot render
@@ -71,9 +72,28 @@ class HarmonyChat:
         messages = [m for m in req.messages if isinstance(m, dict)]
         instructions, rest = None, messages
         if messages and messages[0].get("role") in ("system", "developer"):
-            instructions, rest = _flatten(messages[0].get("content")), messages[1:]
+            instructions, rest = flatten(messages[0].get("content")), messages[1:]
         harmony = self._preamble(instructions, req.tools, effort) + self._messages(rest)
         return self._render(harmony)
+
+    def render_dicts(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Harmony messages as `Message.to_dict()` shapes (a Responses create: harmony_responses.py), rendered."""
+        return self.render_messages([self._oh.Message.from_dict(m) for m in messages])
+
+    def render_messages(self, messages: list[Any]) -> list[int]:
+        """vLLM's render_for_completion of openai_harmony messages."""
+        try:
+            return self._render(messages)
+        except Exception as exc:  # harmony refuses structures it cannot render
+            raise InvalidRequest(f"{type(exc).__name__}: {exc}", param="input") from None
+
+    def preamble_dicts(self, instructions: str | None, tools: list[Any] | None, effort: str | None) -> list[Any]:
+        return [_as_dict(m) for m in self._preamble(instructions, tools, effort)]
+
+    def instructions_dict(self, role: str, text: str) -> dict[str, Any]:
+        """get_system_or_developer_message: a system or developer message of a conversation's input."""
+        system = role == "system" and self.system_instructions
+        return _as_dict(self._system(None, text) if system else self._developer(text, None))
 
     def _system(self, effort: str | None, instructions: str | None = None) -> Any:
         oh = self._oh
@@ -132,7 +152,7 @@ class HarmonyChat:
         calls = m.get("tool_calls") or []
         if role == "assistant" and calls:
             out = []
-            content = _flatten(m.get("content"))
+            content = flatten(m.get("content"))
             if content:
                 out.append(oh.Message.from_role_and_content(oh.Role.ASSISTANT, content).with_channel("commentary"))
             if reasoning:
@@ -147,7 +167,7 @@ class HarmonyChat:
             return out
         if role == "tool":
             author = oh.Author.new(oh.Role.TOOL, f"functions.{names.get(m.get('tool_call_id', ''), '') or ''}")
-            message = oh.Message.from_author_and_content(author, _flatten(m.get("content")) or "")
+            message = oh.Message.from_author_and_content(author, flatten(m.get("content")) or "")
             return [message.with_channel("commentary").with_recipient("assistant")]
         out = []
         if role == "assistant" and reasoning:
@@ -157,7 +177,7 @@ class HarmonyChat:
             if texts and texts[0].text:
                 out.append(oh.Message.from_role_and_contents(oh.Role.ASSISTANT, texts).with_channel("final"))
         elif role in ("system", "developer"):
-            instructions = _flatten(m.get("content"))
+            instructions = flatten(m.get("content"))
             if instructions is not None:
                 if role == "system" and self.system_instructions:
                     out.append(self._system(None, instructions))
@@ -211,7 +231,12 @@ class HarmonyChat:
         return out
 
 
-def _flatten(content: Any) -> str | None:
+def _as_dict(message: Any) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(message.to_json())
+    return loaded
+
+
+def flatten(content: Any) -> str | None:
     """List content joined with no separator, as vLLM's flatten_input_text_content does."""
     if content is None or isinstance(content, str):
         return content

@@ -70,6 +70,8 @@ def _item(index: int, item: dict[str, Any]) -> dict[str, Any]:
     if kind == "reasoning":
         if not isinstance(item.get("summary"), list):
             raise InvalidRequest(f"{where}: a reasoning item needs a 'summary' array.", param="input")
+        if not all(_text_parts(item.get(key) or []) for key in ("summary", "content")):
+            raise InvalidRequest(f"{where}: a reasoning item's parts need a string 'text'.", param="input")
         if item.get("encrypted_content"):
             raise _vllm_refuses("Encrypted content is not supported.", "input")
         return {"kind": kind, **item}
@@ -87,6 +89,10 @@ def _item(index: int, item: dict[str, Any]) -> dict[str, Any]:
     if isinstance(kind, str):
         raise InvalidRequest(UNSUPPORTED.format(kind=kind), param="input")
     raise InvalidRequest(f"{where} is not an input item vLLM reads.", param="input")
+
+
+def _text_parts(parts: Any) -> bool:
+    return isinstance(parts, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts)
 
 
 def _message_item(where: str, kind: str | None, item: dict[str, Any]) -> dict[str, Any]:

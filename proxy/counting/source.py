@@ -53,7 +53,8 @@ async def chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount
 
 
 async def _chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCount | None) -> tuple[int, CountSource]:
-    if model.count_source == CountSource.UPSTREAM and remote is not None:
+    # a gpt-oss Responses create's harmony messages: no counting endpoint of vLLM renders a stored conversation
+    if model.count_source == CountSource.UPSTREAM and remote is not None and req.harmony is None:
         try:
             return await remote.chat(model.name, req.body), CountSource.UPSTREAM
         except (InvalidRequest, UpstreamUnavailable) as exc:

@@ -16,7 +16,7 @@ from proxy.exchange.headers import RawHeaders
 from proxy.exchange.keys import ApiKeys, given_key
 from proxy.policy.continued import PLAIN_ID
 from proxy.policy.decide import Action
-from proxy.policy.ledger import NOBODY, Ledger, MemoryLedger, Stored, Turn, history_after
+from proxy.policy.ledger import NOBODY, Ledger, MemoryLedger, Stored, Turn, recorded
 from proxy.policy.outcome import Findings
 from proxy.settings import Settings
 from proxy.upstream.transport import Answer
@@ -151,8 +151,8 @@ class Recorder:
         if not isinstance(rid, str) or not PLAIN_ID.fullmatch(rid):
             return
         self._recorded = final
-        history = history_after(self.messages, response.get("output")) if final else None
-        await self.ledger.put(Stored(rid, self.turn.owner, self.url, self.turn.model, history))
+        output = response.get("output") if final else None
+        await self.ledger.put(recorded(self.turn, rid, self.url, self.messages, output))
 
 
 class _Tapped(Answer):

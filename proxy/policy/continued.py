@@ -12,9 +12,15 @@ stored response refused.
 from __future__ import annotations
 
 import re
+from typing import Any
 
+from proxy.api.chat import ChatRequest
 from proxy.api.responses import ResponsesRequest
 from proxy.api.routes import ID
+from proxy.counting.harmony import HarmonyChat
+from proxy.counting.harmony_responses import harmony_chat
+from proxy.counting.responses import responses_chat
+from proxy.counting.tokenizer import ModelTokenizer
 from proxy.errors import InvalidRequest, ResponseNotFound
 from proxy.policy.ledger import NOBODY, Ledger, Stored
 
@@ -42,3 +48,22 @@ async def continued(ledger: Ledger, req: ResponsesRequest, owner: str) -> Stored
     if entry.owner != owner:
         raise ResponseNotFound(previous)
     return entry
+
+
+def continued_chat(
+    tok: ModelTokenizer, req: ResponsesRequest, newer: bool, entry: Stored | None
+) -> tuple[ChatRequest, list[dict[str, Any]] | None]:
+    """The chat request vLLM renders for `req`, with the conversation of the `entry` it continues, and the messages
+    its response is recorded with; those are None when a stored part is not known (the count is `partial`): the
+    entry's conversation was not recorded, or not in the form the model renders (chat messages for a template,
+    harmony messages for gpt-oss)."""
+    continues = req.previous_response_id is not None
+    if isinstance(tok.native, HarmonyChat):
+        stored = entry.harmony if entry is not None else None
+        if continues and stored is None:
+            return responses_chat(req, newer), None
+        chat = harmony_chat(tok.native, req, newer, stored)
+        return chat, chat.harmony
+    history = entry.history if entry is not None else None
+    chat = responses_chat(req, newer, history)
+    return chat, None if continues and history is None else chat.messages

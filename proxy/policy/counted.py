@@ -13,8 +13,8 @@ from proxy.api.completions import completion_request
 from proxy.api.responses import responses_request
 from proxy.counting.anthropic import messages_chat
 from proxy.counting.bound import verbatim_texts
-from proxy.counting.responses import responses_chat
 from proxy.counting.source import completion_tokens
+from proxy.policy.continued import continued_chat
 from proxy.policy.converted import count_answer
 from proxy.policy.decide import Action
 from proxy.policy.outcome import Decision, Findings, Forward, Outcome
@@ -59,7 +59,7 @@ async def responses(
 ) -> Outcome:
     req = responses_request(body, steps.max_messages)
     target = steps.target(req.model, headers, findings)
-    chat = responses_chat(req, steps.registry.upstream_newer())
+    chat = continued_chat(target.model.tokenizer, req, steps.registry.upstream_newer(), None)[0]  # gpt-oss: harmony
     return await _counted(steps, target, chat, raw, findings, answered)
 
 

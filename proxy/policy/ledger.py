@@ -10,6 +10,10 @@ their system messages, then one assistant message per text part of the previous 
 function calls and reasoning are not carried), then the new input. The messages stored with a response are all of
 that, its own instructions included; `history_after` is what the next turn prepends.
 
+A gpt-oss model's responses are rendered with openai_harmony, and vLLM keeps them another way: every harmony message
+rendered for a response (its preamble and the previous turns included) and those parsed from its answer, all of
+which a next turn renders as they are (counting/harmony_responses.py); `harmony_after` rebuilds them.
+
 Pure bookkeeping and the in-memory store (one guard); fleet/ledger.py keeps the same entries in Redis.
 """
 
@@ -21,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from proxy.counting.harmony_responses import HarmonyHistory, harmony_after
 
 NOBODY = ""  # the owner when the guard checks no client key: every client reaches every response
 
@@ -36,9 +42,12 @@ class Stored:
     replica: str  # the URL of the replica that holds it
     model: str
     history: list[dict[str, Any]] | None
+    harmony: HarmonyHistory | None = None  # a gpt-oss model's: what vLLM holds for it (then `history` is None)
 
     def encode(self) -> str:
-        return json.dumps([self.id, self.owner, self.replica, self.model, self.history], separators=(",", ":"))
+        # a harmony history takes the chat history's place, as an object: a guard that reads no harmony ignores it
+        history = self.harmony.encode() if self.harmony is not None else self.history
+        return json.dumps([self.id, self.owner, self.replica, self.model, history], separators=(",", ":"))
 
     @staticmethod
     def decode(raw: str | bytes) -> Stored | None:
@@ -46,7 +55,9 @@ class Stored:
             rid, owner, replica, model, history = json.loads(raw)
         except (ValueError, TypeError):
             return None
-        return Stored(rid, owner, replica, model, history)
+        if isinstance(history, dict):
+            return Stored(rid, owner, replica, model, None, HarmonyHistory.decode(history))
+        return Stored(rid, owner, replica, model, history if isinstance(history, list) else None)
 
 
 class Ledger(Protocol):
@@ -69,6 +80,15 @@ class Turn:
     messages: list[dict[str, Any]] | None
     previous: Stored | None = None
     store: bool = True
+    harmony: bool = False  # `messages` are harmony messages (a gpt-oss model)
+
+
+def recorded(turn: Turn, rid: str, replica: str, messages: list[dict[str, Any]] | None, output: Any) -> Stored:
+    """The entry for a response of `turn`: `messages` as forwarded (None: not known), its `output` items (None: not
+    yet known)."""
+    if turn.harmony:
+        return Stored(rid, turn.owner, replica, turn.model, None, harmony_after(messages, output))
+    return Stored(rid, turn.owner, replica, turn.model, history_after(messages, output))
 
 
 def history_after(messages: list[dict[str, Any]] | None, output: Any) -> list[dict[str, Any]] | None:

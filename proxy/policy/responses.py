@@ -11,9 +11,8 @@ from proxy.api.body import with_changes
 from proxy.api.responses import LIMIT_FIELD, responses_request
 from proxy.api.routes import Reads
 from proxy.counting.local_count import count_chat
-from proxy.counting.responses import responses_chat
 from proxy.policy import background
-from proxy.policy.continued import continued
+from proxy.policy.continued import continued, continued_chat
 from proxy.policy.converted import Converted, decide, response_kept, response_turn
 from proxy.policy.ledger import Turn
 from proxy.policy.outcome import Findings, Forward, Outcome
@@ -31,18 +30,17 @@ async def responses(
         req, raw = named, with_changes(named.body, {})
     newer = steps.registry.upstream_newer()
     entry = await continued(steps.ledger, req, findings.owner) if steps.ledger is not None else None
-    # a harmony model's stored conversation is harmony messages, which the ledger does not follow
-    history = entry.history if entry is not None and model.tokenizer.rendering.mode != "harmony" else None
-    chat = responses_chat(req, newer, history)
-    partial = req.previous_response_id is not None and history is None
+    chat, messages = continued_chat(model.tokenizer, req, newer, entry)
+    partial = req.previous_response_id is not None and messages is None
     if steps.ledger is not None and (req.store or entry is not None):  # before counting: an uncounted one too
-        messages = None if partial or req.background else chat.messages  # background: answered empty at first
-        findings.turn = Turn(findings.owner, model.name, messages, entry, req.store)
+        messages = None if req.background else messages  # background: answered empty at first
+        findings.turn = Turn(findings.owner, model.name, messages, entry, req.store, chat.harmony is not None)
     prompt_tokens = await steps.count(model, chat, findings)
 
     async def recount(items: list[Any]) -> int:
         cut = replace(req, input=items, body={**req.body, "input": items})
-        return await count_chat(model.tokenizer, responses_chat(cut, newer, history), model.counter)
+        return await count_chat(model.tokenizer, continued_chat(model.tokenizer, cut, newer, entry)[0],
+                                model.counter)  # fmt: skip
 
     conv = Converted(
         "/v1/responses", req.body, raw, LIMIT_FIELD, req.max_output_tokens, "input", "input", req.input,

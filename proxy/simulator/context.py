@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from proxy.simulator.errors import ApiError, not_found_model, validation_error
+from proxy.simulator.harmony import SimHarmony, is_harmony
 from proxy.simulator.profiles import Profile, get_profile
 from proxy.simulator.settings import SimulatorSettings
 from proxy.simulator.stored import ResponseStore
@@ -25,6 +26,7 @@ class Context:
     tokenizer: SimTokenizer
     fingerprint: str
     store: ResponseStore | None = None  # VLLM_ENABLE_RESPONSES_API_STORE: this replica's Responses store
+    harmony: SimHarmony | None = None  # a gpt-oss model: Responses rendered with openai_harmony
 
     @classmethod
     def load(cls, settings: SimulatorSettings) -> Context:
@@ -33,7 +35,8 @@ class Context:
         digest = hashlib.sha256(seed.encode()).hexdigest()[:8]
         fingerprint = f"vllm-{settings.vllm_version}-{digest}"
         store = ResponseStore() if settings.responses_store else None
-        return cls(settings, get_profile(settings.profile), tokenizer, fingerprint, store)
+        harmony = SimHarmony() if is_harmony(settings.tokenizer) else None
+        return cls(settings, get_profile(settings.profile), tokenizer, fingerprint, store, harmony)
 
     def check_model(self, model: str | None) -> None:
         """An omitted or empty model means the served one; anything else must be its name."""

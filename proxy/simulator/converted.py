@@ -27,6 +27,7 @@ from proxy.simulator.context import Context, engine_error, raise_if, response_id
 from proxy.simulator.endings import check_stops, read_stops, with_endings
 from proxy.simulator.errors import ApiError, validation_error
 from proxy.simulator.generation import Generation, PromptPlan
+from proxy.simulator.harmony import SimHarmony
 from proxy.simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
 from proxy.simulator.stored import NO_STORE, not_found
 from proxy.simulator.wire import Fields
@@ -57,14 +58,33 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
                             truncate_prompt_tokens=truncate)  # fmt: skip
     # the body's request_id, else a new one (X-Request-Id is not read: the Responses API takes no header's id)
     rid = req.request_id or f"resp_{uuid.uuid4().hex}"
-    planned = _generation(ctx, "responses", rid, chat, request, req.body, req.stream)
+    if ctx.harmony is not None:
+        messages = _harmony_messages(ctx, ctx.harmony, req.body)
+        ids = ctx.harmony.render(messages)
+        planned = _planned(ctx, "responses", rid, ids, len(ctx.tokenizer.decode(ids)), request, req.body, req.stream)
+    else:
+        planned = _generation(ctx, "responses", rid, chat, request, req.body, req.stream)
     rules = read_stops(Fields(req.body), 0)  # ResponsesRequest's stop and stop_token_ids (to_sampling_params)
     check_stops(rules)
     planned = with_endings(planned, ctx.tokenizer, rules)
     if ctx.store is None or not req.store:
         return planned
-    ctx.store.rendered(rid, chat.messages)
+    if ctx.harmony is not None:
+        ctx.store.harmony[rid] = messages
+    else:
+        ctx.store.rendered(rid, chat.messages)
     return replace(planned, keep=ctx.store.keep)
+
+
+def _harmony_messages(ctx: Context, harmony: SimHarmony, body: dict[str, Any]) -> list[Any]:
+    """A gpt-oss model's Responses prompt (simulator/harmony.py): the messages stored for the response it continues,
+    with that response's answer, as they are; then the new input."""
+    previous = body.get("previous_response_id")
+    if not isinstance(previous, str) or ctx.store is None:
+        return harmony.prompt(body, None, [])
+    outputs: list[dict[str, Any]] = ctx.store.retrieve(previous).get("output") or []
+    answer = [o for o in outputs if o.get("type") == "message"]
+    return harmony.prompt(body, harmony.answered(ctx.store.harmony.get(previous, []), answer), outputs)
 
 
 def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
@@ -147,14 +167,21 @@ def _generation(
     ctx: Context, endpoint: str, rid: str, chat: ChatRequest, request: OutputRequest, body: dict[str, Any],
     stream: bool,
 ) -> Generation:  # fmt: skip
-    raise_if(check_request(ctx.profile, request))
     rendered: RenderedChat = render_chat(ctx.tokenizer, _options(chat))
-    shape = PromptShape(len(rendered.token_ids), len(rendered.text), ctx.tokenizer.max_chars_per_token)
+    return _planned(ctx, endpoint, rid, rendered.token_ids, len(rendered.text), request, body, stream)
+
+
+def _planned(
+    ctx: Context, endpoint: str, rid: str, ids: list[int], chars: int, request: OutputRequest, body: dict[str, Any],
+    stream: bool,
+) -> Generation:  # fmt: skip
+    raise_if(check_request(ctx.profile, request))
+    shape = PromptShape(len(ids), chars, ctx.tokenizer.max_chars_per_token)
     counted = unwrap(check_prompt(ctx.profile, request, shape))
     generate = unwrap(budget(request, counted))
     temperature = body.get("temperature")
     raise_if(check_sampling(generate, 0, 1, temperature if isinstance(temperature, int | float) else None))
-    token_ids = rendered.token_ids[len(rendered.token_ids) - counted :]
+    token_ids = ids[len(ids) - counted :]
     return Generation(
         endpoint="responses" if endpoint == "responses" else "messages", response_id=rid, created=int(time.time()),
         model=ctx.settings.model, prompts=[PromptPlan(token_ids=token_ids, max_tokens=generate)], stream=stream,

@@ -33,6 +33,8 @@ def not_found(response_id: str) -> ApiError:
 class ResponseStore:
     responses: dict[str, dict[str, Any]] = field(default_factory=dict)
     messages: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # a gpt-oss model's: the harmony messages rendered for each response (simulator/harmony.py)
+    harmony: dict[str, list[Any]] = field(default_factory=dict)
     # the background generations running
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False, repr=False)
 

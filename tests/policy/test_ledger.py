@@ -4,8 +4,10 @@ in-memory store's time to live and bound."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
+from proxy.counting.harmony_responses import HarmonyHistory
 from proxy.policy.ledger import MemoryLedger, Stored, history_after
 
 ASKED = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
@@ -64,3 +66,15 @@ def test_an_entry_larger_than_the_bound_is_not_kept_and_a_rewrite_replaces() -> 
     assert asyncio.run(ledger.find("a")) == entry("a", 3) and ledger.bytes == len(entry("a", 3).encode())
     asyncio.run(ledger.drop("a"))
     assert asyncio.run(ledger.find("a")) is None and ledger.bytes == 0
+
+
+def test_a_harmony_entry_keeps_its_messages_and_calls_in_the_histories_place() -> None:
+    """Five fields as before, the fifth an object: a guard that reads no harmony history finds no chat history."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    harmony = HarmonyHistory(messages, {"call_1": "get_weather"})
+    stored = Stored("resp_1", "owner", "http://replica", "gpt-oss", None, harmony)
+    raw = stored.encode()
+    assert len(json.loads(raw)) == 5 and isinstance(json.loads(raw)[4], dict)
+    assert Stored.decode(raw) == stored
+    assert Stored.decode(raw.replace('"calls"', '"other"')) == Stored("resp_1", "owner", "http://replica", "gpt-oss",
+                                                                        None, None)  # fmt: skip
