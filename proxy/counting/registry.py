@@ -39,9 +39,11 @@ class ModelRegistry:
     def __init__(self, models: list[GuardedModel], discovering: bool, counting: CountingSettings | None = None) -> None:
         self._models = {m.name: m for m in models}
         self._order = [m.name for m in models]
+        self._configured = bool(models)  # [[models]] given: discovery fills in their windows, adds none
         self.discovering = discovering
         self._counting = counting or CountingSettings()
         self.upstream_version: str | None = None  # vLLM's, once the start-up check has read it
+        self._learned: dict[str, GuardedModel] = {}  # each model as it was before the check changed it
         self.checked = False  # the start-up check has run (drift/startup.py): count sources are decided
         self.default: str | None = None  # the model the upstream serves a request that names none (its first card)
         self._discovered = False
@@ -77,6 +79,7 @@ class ModelRegistry:
     def set_default_kwargs(self, name: str, kwargs: dict[str, Any]) -> None:
         """The server's default_chat_template_kwargs for this model, learned from the upstream."""
         model = self._models[name]
+        self._learned.setdefault(name, model)
         self._models[name] = replace(model, tokenizer=replace(model.tokenizer, default_kwargs=kwargs))
 
     def render_requests_in(self, sandbox: IsolatedRenderer) -> None:
@@ -103,9 +106,21 @@ class ModelRegistry:
         """Who counts this model's prompts from now on (the start-up check's verdict in counting.source auto)."""
         model = self._models[name]
         if (model.count_source, model.source_reason) != (source, reason):
+            self._learned.setdefault(name, model)
             self._models[name] = replace(model, count_source=source, source_reason=reason)
             level = logging.WARNING if source == "upstream" else logging.INFO
             log.log(level, "model %s: count source %s: %s", name, source, reason)
+
+    def forget_learned(self) -> None:
+        """Undo what the start-up check learned (server defaults, count sources in counting.source auto), to learn it
+        again from an upstream that may have restarted with other flags; discovery runs again too."""
+        for name, before in self._learned.items():
+            model = self._models[name]
+            tokenizer = replace(model.tokenizer, default_kwargs=before.tokenizer.default_kwargs)
+            self._models[name] = replace(model, tokenizer=tokenizer, count_source=before.count_source,
+                                         source_reason=before.source_reason)  # fmt: skip
+        self._learned.clear()
+        self.checked = False
 
     def resolve(self, name: str | None, allowed: tuple[str, ...] | None = None) -> GuardedModel:
         """The model a request is for, of those `allowed` (a key's [[keys]] models; None: any). One that names none
@@ -154,13 +169,15 @@ class ModelRegistry:
         by_id = {c.id: c for c in cards}
         for name in self._order:
             self._models[name] = _with_discovered(self._models[name], by_id.get(name))
-        if not self._order:
+        if not self._configured:  # zero-config: every model the upstream serves, once (a restart may add one)
             self._add_discovered(cards)
         self.discovering = False
 
     def _add_discovered(self, cards: list[ModelCard]) -> None:
         loaded: dict[str, tuple[ModelTokenizer, TokenCounter]] = {}
         for card in cards:
+            if card.id in self._models:  # known from an earlier discovery
+                continue
             root = card.root
             if card.parent is not None and card.parent in by_name(cards):
                 root = by_name(cards)[card.parent].root  # a LoRA adapter counts with its base model's tokenizer
@@ -219,6 +236,9 @@ def _with_discovered(model: GuardedModel, card: ModelCard | None) -> GuardedMode
             return model
         log.info("model %s: max_model_len %d (discovered)", model.name, found)
         return replace(model, max_model_len=found, length_source="discovered")
+    if found is not None and found != model.max_model_len and model.length_source == "discovered":
+        log.warning("model %s: max_model_len %d now (discovered again; was %d)", model.name, found, model.max_model_len)
+        return replace(model, max_model_len=found)
     if found is not None and found != model.max_model_len:
         log.warning("model %s: configured max_model_len %d differs from the upstream's %d; using %d",
                     model.name, model.max_model_len, found, model.max_model_len)  # fmt: skip

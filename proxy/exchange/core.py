@@ -33,6 +33,7 @@ from proxy.exchange.keys import ApiKeys
 from proxy.exchange.metering import Meter
 from proxy.exchange.metrics import Metrics
 from proxy.exchange.quotas import Quotas
+from proxy.exchange.readiness import Learning
 from proxy.exchange.stored import ledger_for
 from proxy.policy.guard import Guard
 from proxy.settings import RedisSettings, Settings
@@ -93,7 +94,9 @@ class Core:
         presence = self.presence
         self.quotas = Quotas(settings, self.link, (lambda: presence.alive) if presence is not None else None)
         self.meter = Meter(self.quotas)
-        self.flow = Flow(self.guard, self.meter, self.metrics)
+        self.learning = Learning(server.ready_wait_s)
+        self.upstream.returned = self.learning.stale  # a replica back from being out may have restarted
+        self.flow = Flow(self.guard, self.meter, self.metrics, self.learning)
         self.routes = RouteTable(passthrough=server.passthrough_paths)
         for route in self.routes.kept:
             log.warning("server.passthrough_paths: %s is a %s route of the table and stays one", route.path, route.kind)
@@ -141,13 +144,17 @@ class Core:
         return operator, operator or not self.keys
 
     async def readiness(self, models: bool = False) -> tuple[int, dict[str, object]]:
-        """/health's answer: ready once the models are known and an upstream replica answers its own /health, until
-        the guard is told to stop; the models' names only when `models` (Core.sight)."""
+        """/health's answer: ready once the guard knows how the upstream counts (its models, windows, default model,
+        server defaults, the start-up check's verdicts: readiness.py) and an upstream replica answers its own /health,
+        until the guard is told to stop; the models' names only when `models` (Core.sight)."""
         if self.drain.stopping:
             return 503, {"status": "stopping", "detail": "token-guard is stopping: new requests go elsewhere"}
-        if self.registry.discovering:
-            return 503, {"status": "starting", "detail": "learning the upstream's models"}
-        if not await self.upstream.is_healthy():
+        healthy = await self.upstream.is_healthy()  # first: a replica back from being out makes it learn again
+        if not self.learning.known:
+            learning = "the upstream's models" if self.registry.discovering else "how the upstream counts"
+            detail = f"learning {learning}"
+            return 503, {"status": "starting", "detail": detail}
+        if not healthy:
             return 503, {"status": "unhealthy", "detail": "no upstream replica answers its /health"}
         # checked: the start-up check has run, so each model's count source is decided
         shown = {"models": self.registry.names} if models else {}
@@ -160,7 +167,7 @@ class Core:
     def _jobs(self) -> list[Coroutine[Any, Any, None]]:
         """The background work of the core's lifetime, each logged if it fails (never taking the server down). Each
         job's coroutine is made only once its task runs: a lifetime left at once cancels tasks that never began."""
-        jobs: list[Job] = [partial(_learn_models, self.settings, self.registry, self.upstream),
+        jobs: list[Job] = [partial(_learn_models, self.settings, self.registry, self.upstream, self.learning),
                            self.upstream.watch_health, self.followers.run]  # fmt: skip
         if self.upstream.auto_budget:
             jobs.append(self.upstream.learn_budgets)
@@ -191,18 +198,26 @@ def _redis_link(redis: RedisSettings) -> RedisLink | None:
     return RedisLink(redis.url, redis.timeout_ms)
 
 
-async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: Upstream) -> None:
-    """Discovery until it succeeds, then the start-up drift check (warnings only)."""
+async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: Upstream, learning: Learning) -> None:
+    """Discovery until it succeeds, then the start-up check (warnings, and counting.source auto's verdicts): then
+    the guard counts. Again, the same way, whenever a replica comes back from being out (it may have restarted with
+    another template or other defaults); meanwhile nothing is counted."""
     while True:
-        try:
-            cards = await discover(upstream, settings.upstream.startup_wait_s)
-        except GuardError as exc:
-            log.error("%s; still retrying", exc.message)
-            continue
-        registry.apply_discovery(cards)
-        break
-    for line in await drift_warnings(registry, upstream):
-        log.warning("%s", line)
+        while True:
+            try:
+                cards = await discover(upstream, settings.upstream.startup_wait_s)
+            except GuardError as exc:
+                log.error("%s; still retrying", exc.message)
+                continue
+            registry.apply_discovery(cards)
+            break
+        for line in await drift_warnings(registry, upstream):
+            log.warning("%s", line)
+        learning.learned()
+        await learning.until_stale()
+        learning.forget()
+        registry.forget_learned()
+        log.info("an upstream replica is back: learning its models and how it counts again before counting")
 
 
 async def _logged(job: Job) -> None:

@@ -14,6 +14,7 @@ from proxy.exchange.headers import Headers, encode_headers
 from proxy.exchange.logs import write_line
 from proxy.exchange.metering import Meter
 from proxy.exchange.metrics import Metrics
+from proxy.exchange.readiness import Learning
 from proxy.exchange.record import RequestRecord, log_fields, log_line
 from proxy.exchange.turnstile import Turnstile
 from proxy.policy.guard import Guard
@@ -26,8 +27,9 @@ HEAVY_BYTES = 8192  # bodies larger than this take turns on the event loop (turn
 
 
 class Flow:
-    def __init__(self, guard: Guard, meter: Meter, metrics: Metrics) -> None:
-        self.guard, self.meter, self.metrics = guard, meter, metrics
+    def __init__(self, guard: Guard, meter: Meter, metrics: Metrics, learning: Learning | None = None) -> None:
+        """`learning`: what the guard must know before it counts (readiness.py); None: it knows already."""
+        self.guard, self.meter, self.metrics, self.learning = guard, meter, metrics, learning
         self.turnstile = Turnstile()
 
     async def decide(
@@ -38,6 +40,9 @@ class Flow:
         and the decision's x-token-guard-*). `still_there` raises when the client has left: nothing is counted for a
         client that left while its request waited its turn. `hides_usage`: the front end can take a usage event out
         of the answer, so a limited key's stream asks vLLM for one (policy/usage_event.py) to settle exactly."""
+        if self.learning is not None:  # nothing is counted before the guard knows how the upstream counts
+            await self.learning.wait()
+            still_there()
         key = record.findings.api_key
         limited = key is not None and key.limited
         if len(body) > HEAVY_BYTES:  # a large prompt's counting holds the loop for milliseconds: take turns

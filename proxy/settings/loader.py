@@ -68,6 +68,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_json_depth": v.integer(8),
         "max_json_values": v.integer(1024),
         "max_messages": v.integer(1),
+        "ready_wait_s": v.positive_float,
         "drain_timeout_s": v.positive_float,
         "read_timeout_s": v.positive_float,
         "write_timeout_s": v.positive_float,

@@ -24,6 +24,7 @@ class ServerSettings:
     max_json_depth: int = 64
     max_json_values: int = 2**17  # array items and object members: a prompt of token ids takes one per token
     max_messages: int = 10_000
+    ready_wait_s: float = 10.0  # a guarded request that arrives before the guard knows how the upstream counts waits
     drain_timeout_s: float = 20.0  # shorter than Kubernetes' default grace period (30 s), with room for a preStop pause
     read_timeout_s: float = 30.0  # a request's headers, and its body, must arrive within this
     write_timeout_s: float = 30.0  # a client that leaves the guard's writes unread this long is disconnected

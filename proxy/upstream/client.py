@@ -99,6 +99,7 @@ class Upstream:
             wholes = [r.whole for r in self.replicas]
             self.admission = FleetAdmission(local, self.urls, wholes, link, admission, redis or RedisSettings())
         self._transport = transport
+        self.returned: Callable[[], None] = lambda: None  # told when a replica that was out answers again
         self._own = upstream_auth(settings.api_key)  # the guard's own calls (discovery, health, metrics)
         self.credentials = credentials or Credentials.of(settings.api_key, checks_keys=False)
 
@@ -146,6 +147,8 @@ class Upstream:
             except BaseException:
                 self._release(ticket)
                 raise
+            if replica.failures:  # tried while out (every replica was), and it answered: it is back
+                self._back(replica)
             if (response.status == 503 or response.is_sse) and not await self._keeps(response, ticket, last, cost):
                 tried.add(index)  # only these can be vLLM's full queue: the usual answer costs no coroutine here
                 continue
@@ -250,8 +253,11 @@ class Upstream:
         return raw.decode(errors="replace") if status == 200 else None
 
     async def is_healthy(self, timeout_s: float = 2.0) -> bool:
-        """True when at least one replica answers GET /health with 200."""
+        """True when at least one replica answers GET /health with 200; a replica that was out and answers is back."""
         results = await asyncio.gather(*(self._health(r, timeout_s) for r in self.replicas))
+        for replica, healthy in zip(self.replicas, results, strict=True):
+            if healthy and not replica.budget.available:
+                self._back(replica)
         return any(results)
 
     async def _health(self, replica: Replica, timeout_s: float) -> bool:
@@ -270,11 +276,15 @@ class Upstream:
                 if replica.budget.available or replica.down_until > now:
                     continue
                 if await self._health(replica, 2.0):
-                    replica.bring_back()
-                    log.info("%s is healthy again", replica)
-                    self.admission.wake()
+                    self._back(replica)
                 else:
                     replica.take_out()
+
+    def _back(self, replica: Replica) -> None:
+        replica.bring_back()
+        log.info("%s is healthy again", replica)
+        self.admission.wake()
+        self.returned()
 
     async def learn_budgets(self) -> None:
         """admission.max_inflight_tokens = "auto": each replica's KV cache size from its Prometheus metrics."""

@@ -65,3 +65,20 @@ def test_a_key_held_to_some_models_hears_of_no_other(deepseek_dir: Path) -> None
     assert models.resolve("public", ("public",)).name == "public"
     with pytest.raises(ModelNotFound, match="served-by-default, public, secret"):
         models.resolve("zzz")
+
+
+def test_what_the_check_learned_is_forgotten_to_be_learned_again(deepseek_dir: Path) -> None:
+    """An upstream back from being out may have restarted with other flags: its learned defaults and the count source
+    the check chose go back to what they were before the check, the configured ones stay."""
+    models = registry(deepseek_dir, "a", "b")
+    models.apply_discovery([card("a"), card("b")])
+    before = models.resolve("a")
+    models.set_default_kwargs("a", {"enable_thinking": False})
+    models.set_count_source("a", "upstream", "auto: disagreed")
+    models.checked = True
+    models.forget_learned()
+    again = models.resolve("a")
+    assert dict(again.tokenizer.default_kwargs) == {} and again.count_source == before.count_source == "auto"
+    assert again.source_reason == before.source_reason and not models.checked
+    models.set_count_source("b", "upstream", "auto: disagreed")  # learned after the forgetting: kept till the next
+    assert models.resolve("b").count_source == "upstream"

@@ -22,7 +22,7 @@ from proxy.simulator import SimulatorSettings
 from proxy.simulator import create_app as create_simulator
 from tests.support.polling import eventually
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
-from tests.support.servers import MODEL, guard, guard_unchecked, keyed_guard, simulator
+from tests.support.servers import MODEL, guard, keyed_guard, simulator
 
 WINDOW = 2048
 HUGE = 10**9  # a KV capacity that never slows the simulator down, so that it only records its running cost
@@ -166,7 +166,8 @@ def test_slow_first_byte_is_504(deepseek_dir: Path) -> None:
 
 
 class RawServer:
-    """A TCP server on loopback that answers every connection with fixed bytes, then closes it."""
+    """A TCP server on loopback that answers every generation with fixed bytes, then closes the connection; what the
+    guard learns before it counts (its models, its health) it answers as vLLM would, so that the guard gets ready."""
 
     def __init__(self, reply: bytes, pause_s: float = 0.0) -> None:
         self.reply, self.pause_s = reply, pause_s
@@ -183,7 +184,10 @@ class RawServer:
             except OSError:
                 return
             with conn:
-                conn.recv(65536)
+                asked = conn.recv(65536)
+                if not asked.startswith(b"POST /v1/"):  # discovery, health, /tokenize, /version
+                    conn.sendall(learned(asked))
+                    continue
                 conn.sendall(self.reply)
                 if self.pause_s:
                     threading.Event().wait(self.pause_s)
@@ -193,8 +197,21 @@ class RawServer:
         self.sock.close()
 
 
+def learned(asked: bytes) -> bytes:
+    """vLLM's answer to what the guard asks before it counts: its model list and health; 404 for anything else (the
+    start-up check then says it could not compare, and the guard counts locally)."""
+    status, payload = b"404 Not Found", b'{"error":{"message":"Not Found","type":"NotFoundError","code":404}}'
+    if asked.startswith(b"GET /v1/models"):
+        card = {"id": MODEL, "object": "model", "max_model_len": WINDOW, "root": None, "parent": None}
+        status, payload = b"200 OK", json.dumps({"object": "list", "data": [card]}).encode()
+    elif asked.startswith(b"GET /health"):
+        status, payload = b"200 OK", b""
+    head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+    return head % (status, len(payload)) + payload
+
+
 def guard_in_front_of(raw: RawServer, deepseek_dir: Path) -> Any:
-    return guard_unchecked(raw.url, deepseek_dir, **{"model.max_model_len": WINDOW})
+    return guard(raw.url, deepseek_dir, **{"model.max_model_len": WINDOW})
 
 
 def test_reset_mid_stream_is_an_error_event_then_done(deepseek_dir: Path) -> None:
@@ -297,8 +314,12 @@ class HugeServer:
         chunk = b'{"error": "' + b"x" * (65536 - 11)
         with conn:
             try:
-                while b"\r\n\r\n" not in conn.recv(65536):
-                    pass
+                asked = b""
+                while b"\r\n\r\n" not in asked:
+                    asked += conn.recv(65536)
+                if self.status != 200 and not asked.startswith(b"POST /v1/"):  # what the guard learns first
+                    conn.sendall(learned(asked))
+                    return
                 conn.sendall(b"HTTP/1.1 %d Oops\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
                              % (self.status, self.SIZE))  # fmt: skip
                 for _ in range(self.SIZE // len(chunk)):
@@ -339,15 +360,16 @@ def test_an_upstream_answer_read_whole_is_read_only_so_far(
 
 
 def test_nothing_a_client_sees_names_the_upstream_while_it_is_down(deepseek_dir: Path, redis: RedisServer) -> None:
-    """/health, a request's 502 (streamed or not) and /metrics with every replica down: none tells where the
+    """/health, a request's 502 (streamed or not) and /metrics with every replica gone: none tells where the
     upstream listens (the replicas are numbered in the metrics, by their place in upstream.urls)."""
-    closed = [bind_socket() for _ in range(2)]
-    addresses = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in closed]
-    for sock in closed:
-        sock.close()
-    flags = {"upstream.urls": ",".join(f"http://{a}" for a in addresses), "model.max_model_len": WINDOW,
+    replicas = [ServerThread(create_simulator(SimulatorSettings(tokenizer=deepseek_dir, model=MODEL))).start()
+                for _ in range(2)]  # fmt: skip
+    addresses = [replica.url.removeprefix("http://") for replica in replicas]
+    flags = {"upstream.urls": ",".join(replica.url for replica in replicas), "model.max_model_len": WINDOW,
              "admission.max_inflight_tokens": 100_000, "redis.url": redis.url}  # fmt: skip
-    with guard_unchecked(f"http://{addresses[0]}", deepseek_dir, **flags) as proxy:
+    with guard(replicas[0].url, deepseek_dir, **flags) as proxy:
+        for replica in replicas:  # ready, then every replica goes away
+            replica.stop()
         answers = [httpx.get(f"{proxy.url}/health")]
         for stream in (False, True):
             answers.append(httpx.post(f"{proxy.url}/v1/chat/completions", json=body(stream=stream), timeout=30))

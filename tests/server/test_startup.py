@@ -44,12 +44,13 @@ def test_guard_waits_for_an_upstream_that_starts_late(deepseek_dir: Path) -> Non
     sock = bind_socket()
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there yet
-    with guard_unchecked(f"http://127.0.0.1:{port}", deepseek_dir) as proxy:
+    with guard_unchecked(f"http://127.0.0.1:{port}", deepseek_dir, **{"server.ready_wait_s": 0.5}) as proxy:
         health = httpx.get(f"{proxy.url}/health")
         assert health.status_code == 503 and health.json()["status"] == "starting"
         early = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "messages": [
             {"role": "user", "content": "x"}]})  # fmt: skip
         assert early.status_code == 503 and early.json()["error"]["type"] == "ServiceUnavailableError"
+        assert early.headers["retry-after"] == "2"  # after waiting server.ready_wait_s for the guard to learn
         app = create_simulator(SimulatorSettings(tokenizer=deepseek_dir, model=MODEL, max_model_len=777))
         with ServerThread(app, port=port):
             assert eventually(lambda: httpx.get(f"{proxy.url}/health").status_code == 200, timeout_s=30)
