@@ -37,11 +37,11 @@ from proxy.doctor.samples import BUILTIN_SAMPLES, Sample, SamplesError, load_sam
 from proxy.doctor.sides import charge_body, charged_result, tokenize_body, tokenize_result
 from proxy.server.running import ServerThread
 from proxy.settings import load_settings
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
 from proxy.upstream.client import Upstream
 from proxy.upstream.http import HttpClient
 from proxy.upstream.remote_count import Reply
+from simulator import SimulatorSettings
+from simulator import create_app as create_simulator
 from tests.support.servers import MODEL, guard, simulator
 from tests.support.trained import CHATML_TEMPLATE
 

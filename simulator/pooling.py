@@ -20,10 +20,10 @@ from typing import Any
 from proxy.api.invocations import invocation_kind
 from proxy.api.pooling import Kind, PoolingRequest, ScoringRequest, pooling_request
 from proxy.errors import InvalidRequest
-from proxy.simulator.chat_prompt import ChatOptions, check_prompt_flags, render_chat
-from proxy.simulator.context import Context, response_id
-from proxy.simulator.errors import ApiError
-from proxy.simulator.limits import (
+from simulator.chat_prompt import ChatOptions, check_prompt_flags, render_chat
+from simulator.context import Context, response_id
+from simulator.errors import ApiError
+from simulator.limits import (
     OutputRequest,
     PromptShape,
     check_prompt_text,

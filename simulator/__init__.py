@@ -3,8 +3,8 @@ same context-length rules per vLLM release, fake tokens paced by configurable la
 
 from __future__ import annotations
 
-from proxy.simulator.app import create_app
-from proxy.simulator.settings import SimulatorSettings
-from proxy.simulator.stats import SimulatorStats
+from simulator.app import create_app
+from simulator.settings import SimulatorSettings
+from simulator.stats import SimulatorStats
 
 __all__ = ["SimulatorSettings", "SimulatorStats", "create_app"]

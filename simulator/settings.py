@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.simulator.profiles import get_profile
+from simulator.profiles import get_profile
 
 
 @dataclass(frozen=True)

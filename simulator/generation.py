@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import anyio
 
-from proxy.simulator.errors import ApiError
-from proxy.simulator.kv import KvCache
+from simulator.errors import ApiError
+from simulator.kv import KvCache
 
 Piece = tuple[int, str]
 

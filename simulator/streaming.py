@@ -15,8 +15,8 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.simulator.api_shapes import api_events, whole_body
-from proxy.simulator.generation import (
+from simulator.api_shapes import api_events, whole_body
+from simulator.generation import (
     Engine,
     Generation,
     Piece,
@@ -27,10 +27,10 @@ from proxy.simulator.generation import (
     sequences,
     steps,
 )
-from proxy.simulator.responses import DONE, Output, Wire
-from proxy.simulator.stats import RequestTracker
-from proxy.simulator.token_out import generate_body as token_body
-from proxy.simulator.token_out import generate_events
+from simulator.responses import DONE, Output, Wire
+from simulator.stats import RequestTracker
+from simulator.token_out import generate_body as token_body
+from simulator.token_out import generate_events
 
 T = TypeVar("T")
 

@@ -11,10 +11,10 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from proxy.simulator.errors import ApiError
-from proxy.simulator.generation import Generation, Piece, Sequence, sequences, token_at
-from proxy.simulator.tokenizer import SimTokenizer
-from proxy.simulator.wire import Fields
+from simulator.errors import ApiError
+from simulator.generation import Generation, Piece, Sequence, sequences, token_at
+from simulator.tokenizer import SimTokenizer
+from simulator.wire import Fields
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.simulator.errors import ApiError
-from proxy.simulator.schema_example import example
+from simulator.errors import ApiError
+from simulator.schema_example import example
 
 _USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 

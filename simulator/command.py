@@ -1,4 +1,4 @@
-"""`token-guard simulate`: serve the simulator on a port until Ctrl-C (the CLI wires these two functions in)."""
+"""`token-guard simulate`: serve the simulator on a port until Ctrl-C (the CLI hands it the flags after `simulate`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import sys
 from pathlib import Path
 
 from proxy.assets import write_demo_tokenizer_dir
-from proxy.simulator.profiles import PROFILES
+from simulator.profiles import PROFILES
+
+
+def main(argv: list[str]) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="token-guard simulate", description="Run the vLLM simulator.")
+    add_arguments(parser)
+    return parser
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +69,7 @@ def demo_tokenizer_dir() -> Path:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from proxy.simulator import SimulatorSettings, create_app
+    from simulator import SimulatorSettings, create_app
 
     try:
         settings = SimulatorSettings(

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from proxy.simulator.generation import Engine, Generation, Sequence, sequences, steps
-from proxy.simulator.responses import DONE, Output, short_usage, sse, usage
-from proxy.simulator.stats import RequestTracker
+from simulator.generation import Engine, Generation, Sequence, sequences, steps
+from simulator.responses import DONE, Output, short_usage, sse, usage
+from simulator.stats import RequestTracker
 
 TAIL = ("prompt_logprobs", "prompt_token_id_logprobs", "prompt_token_ids", "mm_placeholders", "metrics",
         "kv_transfer_params", "ec_transfer_params")  # fmt: skip

@@ -8,11 +8,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.simulator.context import Context, engine_error, raise_if, response_id, usage_flags
-from proxy.simulator.errors import ApiError, request_validation_error
-from proxy.simulator.generation import Generation, PromptPlan
-from proxy.simulator.limits import check_sampling
-from proxy.simulator.wire import Fields
+from simulator.context import Context, engine_error, raise_if, response_id, usage_flags
+from simulator.errors import ApiError, request_validation_error
+from simulator.generation import Generation, PromptPlan
+from simulator.limits import check_sampling
+from simulator.wire import Fields
 
 DECODER = "The decoder prompt (length {n})"
 

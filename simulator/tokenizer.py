@@ -13,7 +13,7 @@ import jinja2
 from cachetools import LRUCache
 
 from proxy.counting.conversation import ContentFormat, detect_content_format
-from proxy.simulator.errors import ApiError
+from simulator.errors import ApiError
 
 NO_TEMPLATE = (
     "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template "

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.simulator.generation import Generation, Sequence, Token
+from simulator.generation import Generation, Sequence, Token
 
 DONE = "data: [DONE]\n\n"
 

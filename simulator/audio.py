@@ -23,9 +23,9 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from proxy.simulator.context import Context, response_id
-from proxy.simulator.errors import ApiError, request_validation_error, validation_error
-from proxy.simulator.responses import DONE, short_usage, sse
+from simulator.context import Context, response_id
+from simulator.errors import ApiError, request_validation_error, validation_error
+from simulator.responses import DONE, short_usage, sse
 
 Task = Literal["transcribe", "translate"]
 _COMMON = (

@@ -23,26 +23,26 @@ from starlette.routing import Route
 
 from proxy.api.pooling import KINDS as POOLING_KINDS
 from proxy.api.pooling import Kind
-from proxy.simulator.audio import Task, hear, plan_audio
-from proxy.simulator.audio import answer as spoken_answer
-from proxy.simulator.audio import events as spoken_events
-from proxy.simulator.batch import plan_batch
-from proxy.simulator.chat import plan_chat
-from proxy.simulator.cohere import cohere_embed
-from proxy.simulator.completions import plan_completion
-from proxy.simulator.context import Context
-from proxy.simulator.converted import count_tokens, plan_invocation, plan_messages, plan_responses
-from proxy.simulator.errors import ApiError
-from proxy.simulator.generation import Engine, Generation
-from proxy.simulator.pooling import pool, pooling_invocation
-from proxy.simulator.responses import Wire
-from proxy.simulator.settings import SimulatorSettings
-from proxy.simulator.stats import RequestTracker, SimulatorStats
-from proxy.simulator.stored import ResponseStore
-from proxy.simulator.streaming import TrackedStream, events, generate_body, run_unless_disconnected
-from proxy.simulator.token_in import plan_generate
-from proxy.simulator.tokenize import detokenize, tokenize
-from proxy.simulator.wire import parse_json_body
+from simulator.audio import Task, hear, plan_audio
+from simulator.audio import answer as spoken_answer
+from simulator.audio import events as spoken_events
+from simulator.batch import plan_batch
+from simulator.chat import plan_chat
+from simulator.cohere import cohere_embed
+from simulator.completions import plan_completion
+from simulator.context import Context
+from simulator.converted import count_tokens, plan_invocation, plan_messages, plan_responses
+from simulator.errors import ApiError
+from simulator.generation import Engine, Generation
+from simulator.pooling import pool, pooling_invocation
+from simulator.responses import Wire
+from simulator.settings import SimulatorSettings
+from simulator.stats import RequestTracker, SimulatorStats
+from simulator.stored import ResponseStore
+from simulator.streaming import TrackedStream, events, generate_body, run_unless_disconnected
+from simulator.token_in import plan_generate
+from simulator.tokenize import detokenize, tokenize
+from simulator.wire import parse_json_body
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.simulator.context import (
+from simulator.context import (
     Context,
     check_stream_options,
     engine_error,
@@ -16,12 +16,12 @@ from proxy.simulator.context import (
     unwrap,
     usage_flags,
 )
-from proxy.simulator.embeds import embeds_rows
-from proxy.simulator.endings import check_stops, read_stops, with_endings
-from proxy.simulator.errors import ApiError, validation_error
-from proxy.simulator.generation import Generation, PromptPlan
-from proxy.simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
-from proxy.simulator.wire import Fields
+from simulator.embeds import embeds_rows
+from simulator.endings import check_stops, read_stops, with_endings
+from simulator.errors import ApiError, validation_error
+from simulator.generation import Generation, PromptPlan
+from simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
+from simulator.wire import Fields
 
 DEFAULT_MAX_TOKENS = 16
 NO_PROMPT = "You must pass at least one prompt"

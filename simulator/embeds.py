@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.simulator.errors import ApiError, validation_error
+from simulator.errors import ApiError, validation_error
 
 NOT_ENABLED = "You must set `--enable-prompt-embeds` to input `prompt_embeds`."
 MAX_PROMPTS = 1024  # VLLM_MAX_COMPLETION_PROMPTS

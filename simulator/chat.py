@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from proxy.simulator.chat_prompt import check_prompt_flags, check_template_trust, read_chat_options, render_chat
-from proxy.simulator.context import (
+from simulator.chat_prompt import check_prompt_flags, check_template_trust, read_chat_options, render_chat
+from simulator.context import (
     Context,
     check_stream_options,
     engine_error,
@@ -18,12 +18,12 @@ from proxy.simulator.context import (
     unwrap,
     usage_flags,
 )
-from proxy.simulator.endings import check_stops, read_stops, with_endings
-from proxy.simulator.errors import validation_error
-from proxy.simulator.forced import check_tool_choice, forced_content, forced_tool
-from proxy.simulator.generation import ForcedTool, Generation, PromptPlan
-from proxy.simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
-from proxy.simulator.wire import Fields
+from simulator.endings import check_stops, read_stops, with_endings
+from simulator.errors import validation_error
+from simulator.forced import check_tool_choice, forced_content, forced_tool
+from simulator.generation import ForcedTool, Generation, PromptPlan
+from simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
+from simulator.wire import Fields
 
 
 def check_tool_fields(body: Mapping[str, Any]) -> None:

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from typing import Any, Literal
 
-from proxy.simulator.kv import KvCache
+from simulator.kv import KvCache
 
 Outcome = Literal["completed", "aborted", "rejected"]
 MAX_BODIES = 200

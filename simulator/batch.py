@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from proxy.simulator.chat import plan_chat
-from proxy.simulator.context import Context
-from proxy.simulator.errors import request_validation_error, validation_error
-from proxy.simulator.generation import Generation, sequences
+from simulator.chat import plan_chat
+from simulator.context import Context
+from simulator.errors import request_validation_error, validation_error
+from simulator.generation import Generation, sequences
 
 # Not handed to any conversation: its own messages replace the batch's, the batch path renders no tools, and the
 # answer is one JSON body whatever `stream` says.

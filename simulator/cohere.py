@@ -12,11 +12,11 @@ from typing import Any
 
 from proxy.api.cohere import CohereEmbedRequest, cohere_embed_request
 from proxy.errors import InvalidRequest
-from proxy.simulator.chat_prompt import ChatOptions, render_chat
-from proxy.simulator.context import Context, response_id
-from proxy.simulator.errors import ApiError, validation_error
-from proxy.simulator.limits import OutputRequest
-from proxy.simulator.pooling import fitted, vector
+from simulator.chat_prompt import ChatOptions, render_chat
+from simulator.context import Context, response_id
+from simulator.errors import ApiError, validation_error
+from simulator.limits import OutputRequest
+from simulator.pooling import fitted, vector
 
 TYPES = ("float", "binary", "ubinary", "base64")  # the order vLLM's answer lists them in
 

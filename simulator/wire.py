@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.simulator.errors import ApiError, request_validation_error
+from simulator.errors import ApiError, request_validation_error
 
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
 _FALSE = {"0", "off", "f", "false", "n", "no"}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.simulator.errors import ApiError, validation_error
-from proxy.simulator.profiles import Profile
+from simulator.errors import ApiError, validation_error
+from simulator.profiles import Profile
 
 MAX_N_SEQUENCES = 16384
 _GREEDY_EPSILON = 1e-5

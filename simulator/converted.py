@@ -20,16 +20,16 @@ from proxy.counting.anthropic_probes import EFFORTS, fails_inline_system
 from proxy.counting.conversation import template_inputs, to_conversation, to_tools
 from proxy.counting.responses import responses_chat
 from proxy.errors import GuardError
-from proxy.simulator.chat import plan_chat
-from proxy.simulator.chat_prompt import ChatOptions, RenderedChat, render_chat
-from proxy.simulator.completions import plan_completion
-from proxy.simulator.context import Context, engine_error, raise_if, response_id, unwrap
-from proxy.simulator.endings import check_stops, read_stops, with_endings
-from proxy.simulator.errors import ApiError, validation_error
-from proxy.simulator.generation import Generation, PromptPlan
-from proxy.simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
-from proxy.simulator.stored import NO_STORE, not_found
-from proxy.simulator.wire import Fields
+from simulator.chat import plan_chat
+from simulator.chat_prompt import ChatOptions, RenderedChat, render_chat
+from simulator.completions import plan_completion
+from simulator.context import Context, engine_error, raise_if, response_id, unwrap
+from simulator.endings import check_stops, read_stops, with_endings
+from simulator.errors import ApiError, validation_error
+from simulator.generation import Generation, PromptPlan
+from simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
+from simulator.stored import NO_STORE, not_found
+from simulator.wire import Fields
 
 NO_REASONING = (
     "thinking_token_budget is set but reasoning_config is not configured. Please set --reasoning-parser and/or "

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.simulator.chat_prompt import check_prompt_flags, check_template_trust, read_chat_options, render_chat
-from proxy.simulator.context import Context
-from proxy.simulator.wire import Fields
+from simulator.chat_prompt import check_prompt_flags, check_template_trust, read_chat_options, render_chat
+from simulator.context import Context
+from simulator.wire import Fields
 
 
 def tokenize(ctx: Context, body: Any) -> dict[str, Any]:

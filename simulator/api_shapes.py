@@ -10,8 +10,8 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from proxy.simulator.generation import Engine, Generation, sequences, steps
-from proxy.simulator.stats import RequestTracker
+from simulator.generation import Engine, Generation, sequences, steps
+from simulator.stats import RequestTracker
 
 
 def event(name: str, payload: dict[str, Any]) -> str:

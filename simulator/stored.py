@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.simulator.api_shapes import responses_object
-from proxy.simulator.errors import ApiError
-from proxy.simulator.generation import Generation
+from simulator.api_shapes import responses_object
+from simulator.errors import ApiError
+from simulator.generation import Generation
 
 CANNOT_CANCEL = "Cannot cancel a synchronous response."
 NO_STORE = (

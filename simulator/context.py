@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from proxy.simulator.errors import ApiError, not_found_model, validation_error
-from proxy.simulator.profiles import Profile, get_profile
-from proxy.simulator.settings import SimulatorSettings
-from proxy.simulator.stored import ResponseStore
-from proxy.simulator.tokenizer import SimTokenizer
+from simulator.errors import ApiError, not_found_model, validation_error
+from simulator.profiles import Profile, get_profile
+from simulator.settings import SimulatorSettings
+from simulator.stored import ResponseStore
+from simulator.tokenizer import SimTokenizer
 
 T = TypeVar("T")
 

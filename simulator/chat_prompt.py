@@ -12,9 +12,9 @@ from typing import Any
 
 from proxy.counting.conversation import ConversationError, to_conversation, to_tools
 from proxy.counting.roles import developer_as_system, has_developer, mentions_developer
-from proxy.simulator.errors import ApiError
-from proxy.simulator.tokenizer import SimTokenizer
-from proxy.simulator.wire import Fields
+from simulator.errors import ApiError
+from simulator.tokenizer import SimTokenizer
+from simulator.wire import Fields
 
 UNTRUSTED_TEMPLATE = (
     "Chat template is passed with request, but --trust-request-chat-template is not set. "
