@@ -44,7 +44,7 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
         check_tool_choice(body)
         check_stream_options(body)
     fields = Fields(body)
-    options = read_chat_options(fields, _template_inputs(fields))
+    options = read_chat_options(fields, template_inputs(fields))
     model = fields.str_or_none("model")
     max_completion_tokens = fields.int_or_none("max_completion_tokens")
     max_tokens = fields.int_or_none("max_tokens")
@@ -68,7 +68,7 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
     request = OutputRequest(ctx.settings.max_model_len, requested, param, min_tokens, truncate)
     raise_if(check_request(ctx.profile, request))
 
-    rendered = render_chat(ctx.tokenizer, options)
+    rendered = render_chat(ctx.tokenizer, options, ctx.profile.strips_billing_header)
     run = transferred_ids(ctx, fields.body, echo)
     if run is None:
         run = rendered.token_ids
@@ -124,7 +124,7 @@ def _tool_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().int & (2**64 - 1):016x}"
 
 
-def _template_inputs(fields: Fields) -> dict[str, Any]:
+def template_inputs(fields: Fields) -> dict[str, Any]:
     """Chat-only request fields vLLM hands the template next to chat_template_kwargs."""
     effort = fields.str_or_none("reasoning_effort")
     inputs: dict[str, Any] = {"documents": fields.list_or_none("documents"), "reasoning_effort": effort}

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.counting.conversation import ConversationError, to_conversation, to_tools
-from proxy.counting.roles import developer_as_system, has_developer, mentions_developer
+from simulator.conversation import for_template, read_messages, read_tools
 from simulator.errors import ApiError
 from simulator.tokenizer import SimTokenizer
 from simulator.wire import Fields
@@ -62,7 +61,7 @@ def read_chat_options(fields: Fields, extra_kwargs: dict[str, Any] | None = None
         continue_final_message=fields.boolean("continue_final_message", False),
         add_special_tokens=fields.boolean("add_special_tokens", False),
         tools=normalize_tools(fields),
-        template_kwargs=_template_kwargs(kwargs, extra_kwargs or {}),
+        template_kwargs=template_kwargs(kwargs, extra_kwargs or {}),
         untrusted_template=fields.raw("chat_template") is not None or kwargs.get("chat_template") is not None,
         chat_template=own if isinstance(own := fields.raw("chat_template"), str) else None,
     )
@@ -74,14 +73,16 @@ def check_template_trust(options: ChatOptions, trusted: bool = False) -> None:
         raise ApiError(UNTRUSTED_TEMPLATE)
 
 
-def _template_kwargs(user: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def template_kwargs(user: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The client's chat_template_kwargs (less the arguments the simulator passes itself) under the request's own
+    template inputs, those set (`build_chat_params`, `merge_kwargs`)."""
     merged = {k: v for k, v in user.items() if k not in _RESERVED_KWARGS}
     merged.update({k: v for k, v in extra.items() if v is not None})
     return merged
 
 
 def normalize_tools(fields: Fields) -> list[dict[str, Any]] | None:
-    """`tool.model_dump()` of vLLM's tool model (see `to_tools`); a tool without a function name is a 400, reported
+    """`tool.model_dump()` of vLLM's tool model (`read_tools`); a tool without a function name is a 400, reported
     as pydantic reports it."""
     tools = fields.list_or_none("tools")
     if tools is None:
@@ -93,18 +94,15 @@ def normalize_tools(fields: Fields) -> list[dict[str, Any]] | None:
             name = function.get("name") if isinstance(function, dict) else function
             fields.invalid(f"body.tools.{i}.function.name", "string_type", "Input should be a valid string", name)
             valid = False
-    return to_tools(tools) if valid else None
+    return read_tools(tools) if valid else None
 
 
-def render_chat(tokenizer: SimTokenizer, options: ChatOptions) -> RenderedChat:
+def render_chat(tokenizer: SimTokenizer, options: ChatOptions, strips_billing: bool) -> RenderedChat:
+    """`strips_billing`: the release drops Claude Code's billing header line off system text (0.32+)."""
     tools = options.tools
     template = options.chat_template or tokenizer.template_for(tools)
-    try:
-        conversation = to_conversation(options.messages, tokenizer.content_format(template))
-    except ConversationError as exc:
-        raise ApiError(str(exc)) from exc
-    if has_developer(conversation) and not mentions_developer(template):
-        conversation = developer_as_system(conversation)  # as vLLM does for templates that never name the role
+    conversation = read_messages(options.messages, tokenizer.content_format(template), strips_billing)
+    conversation = for_template(conversation, template)  # the developer role, for templates that never name it
     kwargs = {
         **options.template_kwargs,
         "add_generation_prompt": options.add_generation_prompt,

@@ -67,7 +67,10 @@ def _prompts(ctx: Context, req: CohereEmbedRequest) -> list[tuple[list[int], int
         return [(ctx.tokenizer.encode(text, True), len(text)) for text in req.texts]
     if any(part["type"] != "text" for conversation in req.conversations for part in conversation[0]["content"]):
         raise ApiError(f"{ctx.settings.model} is not a multimodal model")
-    rendered = [render_chat(ctx.tokenizer, ChatOptions(c, add_generation_prompt=False)) for c in req.conversations]
+    strips = ctx.profile.strips_billing_header
+    rendered = [
+        render_chat(ctx.tokenizer, ChatOptions(c, add_generation_prompt=False), strips) for c in req.conversations
+    ]
     return [(chat.token_ids, len(chat.text)) for chat in rendered]
 
 

@@ -17,13 +17,13 @@ from proxy.api.invocations import invocation_kind
 from proxy.api.responses import parse_responses
 from proxy.counting.anthropic import to_chat
 from proxy.counting.anthropic_probes import EFFORTS, fails_inline_system
-from proxy.counting.conversation import template_inputs, to_conversation, to_tools
 from proxy.counting.responses import responses_chat
 from proxy.errors import GuardError
-from simulator.chat import plan_chat
-from simulator.chat_prompt import ChatOptions, RenderedChat, render_chat
+from simulator.chat import plan_chat, template_inputs
+from simulator.chat_prompt import ChatOptions, RenderedChat, render_chat, template_kwargs
 from simulator.completions import plan_completion
 from simulator.context import Context, engine_error, raise_if, response_id, unwrap
+from simulator.conversation import read_messages, read_tools
 from simulator.endings import check_stops, read_stops, with_endings
 from simulator.errors import ApiError, validation_error
 from simulator.generation import Generation, PromptPlan
@@ -81,7 +81,7 @@ def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Genera
 
 def count_tokens(ctx: Context, body: Any) -> dict[str, Any]:
     req = _read(lambda raw: parse_messages(raw, count_only=True), body)
-    rendered = render_chat(ctx.tokenizer, _options(_anthropic_chat(ctx, req)))
+    rendered = render_chat(ctx.tokenizer, _options(_anthropic_chat(ctx, req)), ctx.profile.strips_billing_header)
     request = OutputRequest(ctx.settings.max_model_len, None)
     shape = PromptShape(len(rendered.token_ids), len(rendered.text), ctx.tokenizer.max_chars_per_token)
     tokens = unwrap(check_prompt(ctx.profile, request, shape))
@@ -119,8 +119,8 @@ def _disabled_effort(ctx: Context) -> str:
 
     def rendered(effort: str) -> str | None:
         try:
-            return _render(ctx, ChatOptions([{"role": "user", "content": "Hi"}], template_kwargs=template_inputs(
-                {"reasoning_effort": effort}, {})))  # fmt: skip
+            inputs = template_kwargs({}, template_inputs(Fields({"reasoning_effort": effort})))
+            return _render(ctx, ChatOptions([{"role": "user", "content": "Hi"}], template_kwargs=inputs))
         except ApiError:
             return None
 
@@ -130,7 +130,8 @@ def _disabled_effort(ctx: Context) -> str:
 
 def _render(ctx: Context, options: ChatOptions) -> str:
     template = ctx.tokenizer.template_for(options.tools)
-    conversation = to_conversation(options.messages, ctx.tokenizer.content_format(template))
+    strips = ctx.profile.strips_billing_header
+    conversation = read_messages(options.messages, ctx.tokenizer.content_format(template), strips)
     kwargs = {**options.template_kwargs, "add_generation_prompt": True}
     return ctx.tokenizer.render_chat(conversation, template, options.tools, kwargs)
 
@@ -139,7 +140,8 @@ def _options(chat: ChatRequest) -> ChatOptions:
     return ChatOptions(
         messages=chat.messages, add_generation_prompt=chat.add_generation_prompt,
         continue_final_message=chat.continue_final_message, add_special_tokens=chat.add_special_tokens,
-        tools=to_tools(chat.tools), template_kwargs=template_inputs(chat.body, chat.chat_template_kwargs),
+        tools=None if chat.tools is None else read_tools(chat.tools),
+        template_kwargs=template_kwargs(chat.chat_template_kwargs, template_inputs(Fields(chat.body))),
     )  # fmt: skip
 
 
@@ -148,7 +150,7 @@ def _generation(
     stream: bool,
 ) -> Generation:  # fmt: skip
     raise_if(check_request(ctx.profile, request))
-    rendered: RenderedChat = render_chat(ctx.tokenizer, _options(chat))
+    rendered: RenderedChat = render_chat(ctx.tokenizer, _options(chat), ctx.profile.strips_billing_header)
     shape = PromptShape(len(rendered.token_ids), len(rendered.text), ctx.tokenizer.max_chars_per_token)
     counted = unwrap(check_prompt(ctx.profile, request, shape))
     generate = unwrap(budget(request, counted))

@@ -68,7 +68,7 @@ def _prompts(ctx: Context, req: PoolingRequest) -> list[tuple[list[int], int | N
                 continue_final_message=bool(req.body.get("continue_final_message", False)),
                 add_special_tokens=req.add_special_tokens,
             )  # fmt: skip
-            chat = render_chat(ctx.tokenizer, options)
+            chat = render_chat(ctx.tokenizer, options, ctx.profile.strips_billing_header)
             rendered.append((chat.token_ids, len(chat.text)))
         return rendered
     return [

@@ -24,6 +24,8 @@ class Profile:
     # 0.32 checks the chat renderer's kv_transfer_params.prompt_token_ids, and renders the messages under echo;
     # 0.31 runs any value that is not empty.
     checks_transferred_ids: bool = True
+    # 0.32 drops Claude Code's "x-anthropic-billing-header" line off a chat request's system text (chat_utils.py)
+    strips_billing_header: bool = True
 
 
 PROFILES: dict[str, Profile] = {
@@ -34,6 +36,7 @@ PROFILES: dict[str, Profile] = {
         lists_aliases_on_not_found=False,
         generate_output_mode=False,
         checks_transferred_ids=False,
+        strips_billing_header=False,
     ),
     "0.32": Profile(
         name="0.32",

@@ -22,7 +22,7 @@ def tokenize(ctx: Context, body: Any) -> dict[str, Any]:
         fields.check()
         ctx.check_model(model)
         check_template_trust(options, ctx.settings.trust_request_chat_template)
-        ids = render_chat(ctx.tokenizer, options).token_ids
+        ids = render_chat(ctx.tokenizer, options, ctx.profile.strips_billing_header).token_ids
     else:
         prompt = fields.require("prompt")
         if fields.has("prompt") and not isinstance(prompt, str):

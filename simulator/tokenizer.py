@@ -12,7 +12,8 @@ from typing import Any
 import jinja2
 from cachetools import LRUCache
 
-from proxy.counting.conversation import ContentFormat, detect_content_format
+from simulator.content_format import detect_content_format
+from simulator.conversation import ContentFormat
 from simulator.errors import ApiError
 
 NO_TEMPLATE = (

@@ -28,7 +28,19 @@ LAYERS = [  # lowest first: a module may import its own layer and the layers bel
 ]
 COMMANDS = {"demo", "cli"}  # the only modules of proxy/ that may reach the simulator, and only inside a function
 SIMULATOR_LAYERS = [  # lowest first, as LAYERS
-    {"errors", "profiles", "settings", "kv", "wire", "limits", "embeds", "forced", "schema_example", "reading"},
+    {
+        "errors",
+        "profiles",
+        "settings",
+        "kv",
+        "wire",
+        "limits",
+        "embeds",
+        "forced",
+        "schema_example",
+        "conversation",
+        "content_format",
+    },
     {"generation", "stats", "responses", "api_shapes", "token_out", "streaming", "stored", "tokenizer"},
     {"context", "chat_prompt", "endings"},
     {"chat", "completions", "converted", "pooling", "cohere", "batch", "token_in", "tokenize", "audio"},
