@@ -13,7 +13,6 @@ from typing import Any
 
 from proxy.api.anthropic import MessagesRequest, parse_messages
 from proxy.api.chat import ChatRequest
-from proxy.api.invocations import invocation_kind
 from proxy.api.responses import parse_responses
 from proxy.counting.anthropic import to_chat
 from proxy.counting.anthropic_probes import EFFORTS, fails_inline_system
@@ -27,6 +26,7 @@ from simulator.conversation import read_messages, read_tools
 from simulator.endings import check_stops, read_stops, with_endings
 from simulator.errors import ApiError, validation_error
 from simulator.generation import Generation, PromptPlan
+from simulator.invocations import dispatched
 from simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
 from simulator.stored import NO_STORE, not_found
 from simulator.wire import Fields
@@ -92,7 +92,7 @@ def plan_invocation(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gene
     """vLLM's SageMaker route: the body goes to chat when it validates as chat, else to completions."""
     if not isinstance(body, dict):
         raise ApiError(f"'{type(body).__name__}' object does not support item assignment")
-    kind = _read(lambda _: invocation_kind(body), body)
+    kind = dispatched(body)
     return plan_chat(ctx, body, headers) if kind == "chat" else plan_completion(ctx, body, headers)
 
 

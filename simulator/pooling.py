@@ -17,12 +17,12 @@ import struct
 import time
 from typing import Any
 
-from proxy.api.invocations import invocation_kind
 from proxy.api.pooling import Kind, PoolingRequest, ScoringRequest, pooling_request
 from proxy.errors import InvalidRequest
 from simulator.chat_prompt import ChatOptions, check_prompt_flags, render_chat
 from simulator.context import Context, response_id
 from simulator.errors import ApiError
+from simulator.invocations import dispatched
 from simulator.limits import (
     OutputRequest,
     PromptShape,
@@ -153,10 +153,8 @@ def _str(value: Any) -> str | None:
 
 def pooling_invocation(body: Any) -> Kind | None:
     """The pooling endpoint vLLM's /invocations would hand `body` to, or None for the generation endpoints."""
-    if not isinstance(body, dict) or body.get("messages") is not None:
-        return None
     try:
-        kind = invocation_kind(body)
-    except InvalidRequest:
+        kind = dispatched(body)
+    except ApiError:
         return None  # the generation endpoints answer it with vLLM's error
     return kind if kind in ("embeddings", "rerank", "score") else None
