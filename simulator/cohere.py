@@ -10,9 +10,8 @@ import base64
 import struct
 from typing import Any
 
-from proxy.api.cohere import CohereEmbedRequest, cohere_embed_request
-from proxy.errors import InvalidRequest
 from simulator.chat_prompt import ChatOptions, render_chat
+from simulator.cohere_request import EmbedRequest, read_embed_request
 from simulator.context import Context, response_id
 from simulator.errors import ApiError, validation_error
 from simulator.limits import OutputRequest
@@ -22,7 +21,7 @@ TYPES = ("float", "binary", "ubinary", "base64")  # the order vLLM's answer list
 
 
 def cohere_embed(ctx: Context, body: Any, headers: dict[str, str]) -> dict[str, Any]:
-    req = _request(body)
+    req = read_embed_request(body)
     if req.model and req.model not in ctx.settings.served:  # the pooling routes' wording: no aliases, no param
         raise ApiError(f"The model `{req.model}` does not exist.", status=404, type="NotFoundError")
     types = _types(body.get("embedding_types"))
@@ -44,15 +43,6 @@ def cohere_embed(ctx: Context, body: Any, headers: dict[str, str]) -> dict[str, 
     return answer
 
 
-def _request(body: Any) -> CohereEmbedRequest:
-    if not isinstance(body, dict):
-        raise ApiError("Input should be a valid dictionary", type="Bad Request")
-    try:
-        return cohere_embed_request(body)
-    except InvalidRequest as exc:
-        raise ApiError(exc.message, type="Bad Request", param=exc.param) from None
-
-
 def _types(value: Any) -> list[str]:
     if value is None:
         return ["float"]
@@ -62,7 +52,7 @@ def _types(value: Any) -> list[str]:
     return value
 
 
-def _prompts(ctx: Context, req: CohereEmbedRequest) -> list[tuple[list[int], int | None]]:
+def _prompts(ctx: Context, req: EmbedRequest) -> list[tuple[list[int], int | None]]:
     if req.texts:
         return [(ctx.tokenizer.encode(text, True), len(text)) for text in req.texts]
     if any(part["type"] != "text" for conversation in req.conversations for part in conversation[0]["content"]):
@@ -74,7 +64,7 @@ def _prompts(ctx: Context, req: CohereEmbedRequest) -> list[tuple[list[int], int
     return [(chat.token_ids, len(chat.text)) for chat in rendered]
 
 
-def _cut(ctx: Context, req: CohereEmbedRequest, ids: list[int], chars: int | None) -> list[int]:
+def _cut(ctx: Context, req: EmbedRequest, ids: list[int], chars: int | None) -> list[int]:
     """The ids vLLM embeds: START keeps the last tokens, END the first; NONE refuses a prompt over the window."""
     window, keep = ctx.settings.max_model_len, req.keep
     if keep is not None and keep > window:

@@ -41,6 +41,7 @@ SIMULATOR_LAYERS = [  # lowest first, as LAYERS
         "conversation",
         "content_format",
         "invocations",
+        "cohere_request",
     },
     {"generation", "stats", "responses", "api_shapes", "token_out", "streaming", "stored", "tokenizer"},
     {"context", "chat_prompt", "endings"},
@@ -53,7 +54,6 @@ FROM_PROXY = {"proxy.assets"}
 STILL_BORROWED = {  # the guard's readers the simulator has not yet replaced with its own: this set only shrinks
     "proxy.api.anthropic",
     "proxy.api.chat",
-    "proxy.api.cohere",
     "proxy.api.pooling",
     "proxy.api.responses",
     "proxy.counting.anthropic",
