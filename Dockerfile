@@ -12,8 +12,9 @@ FROM python:3.11-slim AS builder
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
-# No test extras: the final image gets the runtime dependencies only, with the extproc extra (grpcio, protobuf,
-# xds-protos: about 40 MB) so that one image runs both `serve` and `extproc`.
+# No test extras, and no simulator (simulator/ is not copied; `simulate` and `demo` say so): the final image gets the
+# runtime dependencies only, with the extproc extra (grpcio, protobuf, xds-protos: about 40 MB) so that one image
+# runs both `serve` and `extproc`.
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check ".[extproc]"
 

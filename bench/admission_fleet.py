@@ -121,8 +121,8 @@ def run_instances(args: argparse.Namespace, tokenizer: Path, logs: Path) -> list
 
 def _count(tokenizer: Path, prompt: str) -> int:
     from proxy.server.running import ServerThread
-    from proxy.simulator import SimulatorSettings
-    from proxy.simulator import create_app as create_simulator
+    from simulator import SimulatorSettings
+    from simulator import create_app as create_simulator
 
     with ServerThread(create_simulator(SimulatorSettings(tokenizer=tokenizer, model=MODEL, max_model_len=8192))) as s:
         messages = [{"role": "user", "content": prompt}]

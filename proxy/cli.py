@@ -20,6 +20,7 @@ from proxy.exchange.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.settings.loader import WORKER_SETUP
 
+SIMULATOR_MODULES = {"simulator", "starlette", "httpx", "multipart", "python_multipart"}  # what the extra brings
 FLAGS = {  # flag destination -> settings key
     "host": "server.host",
     "port": "server.port",
@@ -60,10 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the upstream (default 5)")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    from proxy.simulator import command as simulate
-
-    simulate.add_arguments(commands.add_parser("simulate", help="run the vLLM simulator"))
-    demo = commands.add_parser("demo", help="run the simulator and the guard on loopback, with a short tour")
+    # simulate's flags are the simulator's own (simulator/command.py), read there: it is imported only when run
+    commands.add_parser("simulate", help="run the vLLM simulator (the simulator extra)", add_help=False)
+    demo = commands.add_parser("demo", help="the simulator and the guard on loopback, a short tour (simulator extra)")
     demo.add_argument("--port", type=int, default=8080, help="port for the guard (a free one if taken)")
     demo.add_argument("--once", action="store_true", help="exit after the tour instead of serving")
     return parser
@@ -88,7 +88,10 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "simulate":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "serve":
             return serve(settings_from(args), flags_from(args), args.config)
@@ -101,17 +104,39 @@ def main(argv: list[str] | None = None) -> int:
                 print("token-guard: `token-guard check` is now `token-guard doctor`", file=sys.stderr)
             return run_doctor(settings_from(args), args.samples, args.wait, args.json)
         if args.command == "simulate":
-            from proxy.simulator import command as simulate
-
-            return simulate.run(args)
-        from proxy.demo import run_demo
-
-        return run_demo(port=args.port, once=args.once)
+            return simulate(rest)
+        return demo(args.port, args.once)
     except (SettingsError, TokenizerLoadError) as exc:
         print(f"token-guard: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def simulate(argv: list[str]) -> int:
+    try:
+        from simulator import command
+    except ModuleNotFoundError as exc:
+        return _without_simulator("simulate", exc)
+    return command.main(argv)
+
+
+def demo(port: int, once: bool) -> int:
+    try:
+        from proxy.demo import run_demo
+    except ModuleNotFoundError as exc:
+        return _without_simulator("demo", exc)
+    return run_demo(port=port, once=once)
+
+
+def _without_simulator(command: str, exc: ModuleNotFoundError) -> int:
+    """The simulator and its libraries come with the simulator extra; a production install (the image) has neither."""
+    if (exc.name or "").split(".")[0] not in SIMULATOR_MODULES:
+        raise exc
+    print(f"token-guard: error: {command} needs the simulator (simulator/ beside proxy/, and the simulator extra: "
+          f"pip install '.[simulator]' in a clone; a production image has neither): {exc}",
+          file=sys.stderr)  # fmt: skip
+    return 2
 
 
 def flags_from(args: argparse.Namespace, port: str = "server.port") -> dict[str, Any]:

@@ -21,8 +21,8 @@ from proxy.counting.registry import ModelRegistry
 from proxy.server.app import create_app
 from proxy.server.running import running
 from proxy.settings import load_settings
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
+from simulator import SimulatorSettings
+from simulator import create_app as create_simulator
 
 MODEL = "tiny"
 WINDOW = 2048

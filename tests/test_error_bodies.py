@@ -1,5 +1,5 @@
 """Every error body the guard sends comes from proxy/error_bodies.py: what it writes, byte for byte, and that no
-other module of proxy/ builds an envelope of its own (the simulator aside: it plays vLLM, not the guard)."""
+other module of proxy/ builds an envelope of its own (the simulator, which plays vLLM, is a package of its own)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from proxy.errors import (
 
 PACKAGE = Path(__file__).resolve().parents[1] / "proxy"
 WRITER = PACKAGE / "error_bodies.py"
-EXEMPT = [WRITER, PACKAGE / "simulator"]
+EXEMPT = [WRITER]
 # An envelope spelled out in a string: OpenAI's `{"error": ...`, Anthropic's `"type": "error"`, its `event: error`,
 # or the status line of a raw reply written to a socket.
 ENVELOPE_TEXT = re.compile(r'\{\s*\\?"error\\?"\s*:|\\?"type\\?"\s*:\s*\\?"error\\?"|event:\s*error|HTTP/1\.[01] ')

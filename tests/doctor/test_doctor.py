@@ -37,11 +37,11 @@ from proxy.drift.sides import charge_body, charged_result, tokenize_body, tokeni
 from proxy.drift.startup import drift_warnings
 from proxy.server.running import ServerThread
 from proxy.settings import load_settings
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
 from proxy.upstream.client import Upstream
 from proxy.upstream.http import HttpClient
 from proxy.upstream.remote_count import Reply
+from simulator import SimulatorSettings
+from simulator import create_app as create_simulator
 from tests.support.servers import MODEL, guard, simulator
 from tests.support.trained import CHATML_TEMPLATE
 

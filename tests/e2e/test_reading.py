@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from proxy.api.audio import FIELDS
-from proxy.simulator.audio import FIELDS as SIMULATED
+from simulator.audio import FIELDS as SIMULATED
 from tests.e2e.reading import (
     CHAT,
     COMPLETIONS,

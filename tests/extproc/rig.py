@@ -26,8 +26,8 @@ from proxy.counting.registry import ModelRegistry
 from proxy.server.app import create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import Settings
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
+from simulator import SimulatorSettings
+from simulator import create_app as create_simulator
 from tests.support.envoy import Envoy, ProcessorThread
 from tests.support.raw_upstream import RawUpstream
 from tests.support.servers import MODEL, wait_checked, wait_healthy

@@ -11,8 +11,8 @@ import openai
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
+from simulator import SimulatorSettings
+from simulator import create_app as create_simulator
 from tests.support.servers import MODEL, InMemorySim, guard, in_memory
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

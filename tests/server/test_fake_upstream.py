@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from proxy.server.running import ServerThread
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
+from simulator import SimulatorSettings
+from simulator import create_app as create_simulator
 from tests.support.servers import MODEL, guard, in_memory
 
 WINDOW = 2048

@@ -15,8 +15,8 @@ import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.server.running import ServerThread
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
+from simulator import SimulatorSettings
+from simulator import create_app as create_simulator
 from tests.support.documents import document
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, InMemorySim, guard, simulator, simulator_in_memory

@@ -18,8 +18,8 @@ import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.server.running import ServerThread
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
+from simulator import SimulatorSettings
+from simulator import create_app as create_simulator
 from tests.support.polling import eventually
 from tests.support.ports import free_port
 from tests.support.servers import MODEL, guard, guard_unchecked

@@ -18,8 +18,8 @@ import openai
 import pytest
 
 from proxy.server.running import ServerThread, bind_socket
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
+from simulator import SimulatorSettings
+from simulator import create_app as create_simulator
 from tests.support.polling import eventually
 from tests.support.redis import RedisServer, fixture_redis  # noqa: F401
 from tests.support.servers import MODEL, guard, keyed_guard, simulator

@@ -14,8 +14,8 @@ import pytest
 
 from proxy.cli import main
 from proxy.server.running import ServerThread, bind_socket
-from proxy.simulator import SimulatorSettings
-from proxy.simulator import create_app as create_simulator
+from simulator import SimulatorSettings
+from simulator import create_app as create_simulator
 from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, guard_unchecked, simulator, simulator_in_memory
 

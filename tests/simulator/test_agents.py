@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.simulator import SimulatorSettings
+from simulator import SimulatorSettings
 from tests.support.sim_fixtures import (  # noqa: F401
     RunningSim,
     fixture_sim,

@@ -79,3 +79,34 @@ def test_end_and_start_cut_to_max_tokens_or_the_window_and_none_refuses(sim032: 
 def test_vllms_refusals(sim032: RunningSim, body: dict[str, Any], status: int, fragment: str) -> None:
     response = sim032.client.post(PATH, json=body)
     assert response.status_code == status and fragment in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "body,fragments",
+    [
+        ({"texts": ["a", 1]}, ["'type': 'string_type'", "'loc': 'body.texts.1'", "Input should be a valid string"]),
+        ({"texts": ["a"], "truncate": "MIDDLE"}, ["'loc': 'body.truncate'",
+                                                  "Input should be 'NONE', 'START' or 'END'"]),
+        ({"inputs": [{"content": [{"type": "text"}]}]}, ["'loc': 'body.inputs.0.content.0'",
+                                                         "CohereEmbedContent with type='text' requires text"]),
+        ({"inputs": [{"content": [{"type": "audio"}]}]}, ["'loc': 'body.inputs.0.content.0.type'",
+                                                          "Input should be 'text' or 'image_url'"]),
+        ({"texts": ["a"], "images": ["b"]}, ["'type': 'value_error'", "Exactly one of texts, images, or inputs"]),
+    ],
+)  # fmt: skip
+def test_the_request_model_refuses_as_pydantic_does(
+    sim032: RunningSim, body: dict[str, Any], fragments: list[str]
+) -> None:
+    response = sim032.client.post(PATH, json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "Bad Request" and error["message"].startswith("1 validation error:")
+    assert all(fragment in error["message"] for fragment in fragments), error["message"]
+
+
+def test_inputs_render_their_text_parts_as_one_user_message_each(sim032: RunningSim) -> None:
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
+    rendered = sim032.client.post("/tokenize", json={"messages": [{"role": "user", "content": parts}],
+                                                     "add_generation_prompt": False}).json()["count"]  # fmt: skip
+    assert billed(sim032, inputs=[{"content": parts}, {"content": parts[:1]}]) > rendered
+    assert billed(sim032, inputs=[{"content": parts}]) == rendered

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.simulator import SimulatorSettings
+from simulator import SimulatorSettings
 from tests.support.sim_fixtures import RunningSim, fixture_sim_tokenizer_dir, running_simulator  # noqa: F401
 
 ADAPTER = "X-Amzn-SageMaker-Adapter-Identifier"

@@ -10,12 +10,12 @@ import pytest
 
 from proxy.counting.conversation import detect_content_format, to_conversation, to_tools
 from proxy.counting.roles import developer_as_system, has_developer, mentions_developer
-from proxy.simulator import SimulatorSettings
-from proxy.simulator.chat import plan_chat
-from proxy.simulator.context import Context
-from proxy.simulator.profiles import get_profile
-from proxy.simulator.tokenize import tokenize
-from proxy.simulator.tokenizer import SimTokenizer
+from simulator import SimulatorSettings
+from simulator.chat import plan_chat
+from simulator.context import Context
+from simulator.profiles import get_profile
+from simulator.tokenize import tokenize
+from simulator.tokenizer import SimTokenizer
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS, WEATHER_TOOL
 from tests.support.sim_fixtures import (  # noqa: F401
     RunningSim,

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.simulator import SimulatorSettings
+from simulator import SimulatorSettings
 from tests.support.polling import eventually
 from tests.support.sim_fixtures import RunningSim, fixture_sim_tokenizer_dir, running_simulator  # noqa: F401
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.simulator import SimulatorSettings
+from simulator import SimulatorSettings
 from tests.support.sim_fixtures import RunningSim, fixture_sim_tokenizer_dir, running_simulator  # noqa: F401
 from tests.support.torch_save import embeds
 

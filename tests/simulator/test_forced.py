@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from proxy.simulator.schema_example import example
+from simulator.schema_example import example
 from tests.support.sim_fixtures import (  # noqa: F401
     RunningSim,
     fixture_sim,

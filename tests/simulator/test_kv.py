@@ -13,10 +13,10 @@ import anyio
 import httpx
 import pytest
 
-from proxy.cli import build_parser
-from proxy.simulator import SimulatorSettings
-from proxy.simulator.generation import Engine, Generation, PromptPlan, Sequence, steps
-from proxy.simulator.kv import KvCache
+from simulator import SimulatorSettings
+from simulator.command import build_parser
+from simulator.generation import Engine, Generation, PromptPlan, Sequence, steps
+from simulator.kv import KvCache
 from tests.support.polling import eventually
 from tests.support.sim_fixtures import RunningSim, fixture_sim_tokenizer_dir, running_simulator  # noqa: F401
 
@@ -138,5 +138,5 @@ def test_finished_and_refused_requests_hold_nothing(sim: RunningSim) -> None:
 def test_capacity_must_be_positive_and_has_a_flag(sim_tokenizer_dir: Path) -> None:
     with pytest.raises(ValueError, match="kv_capacity_tokens"):
         SimulatorSettings(tokenizer=sim_tokenizer_dir, kv_capacity_tokens=0)
-    assert build_parser().parse_args(["simulate", "--kv-capacity", "4096"]).kv_capacity == 4096
-    assert build_parser().parse_args(["simulate"]).kv_capacity is None
+    assert build_parser().parse_args(["--kv-capacity", "4096"]).kv_capacity == 4096
+    assert build_parser().parse_args([]).kv_capacity is None

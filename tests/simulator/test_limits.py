@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.simulator.errors import ApiError
-from proxy.simulator.limits import Budget, OutputRequest, PromptShape, check_sampling, resolve_max_tokens
-from proxy.simulator.profiles import Profile, get_profile
+from simulator.errors import ApiError
+from simulator.limits import Budget, OutputRequest, PromptShape, check_sampling, resolve_max_tokens
+from simulator.profiles import Profile, get_profile
 
 V031 = get_profile("0.31")
 V032 = get_profile("0.32")

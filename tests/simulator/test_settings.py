@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.simulator import SimulatorSettings
-from proxy.simulator.command import add_arguments
+from simulator import SimulatorSettings
+from simulator.command import add_arguments
 
 
 def test_profile_must_be_supported(tmp_path: Path) -> None:

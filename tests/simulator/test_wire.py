@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.simulator import SimulatorSettings
+from simulator import SimulatorSettings
 from tests.support.sim_fixtures import (  # noqa: F401
     RunningSim,
     fixture_hf_tokenizer,

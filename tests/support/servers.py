@@ -20,8 +20,8 @@ from proxy.counting.registry import ModelRegistry
 from proxy.server.app import GuardApp, create_app
 from proxy.server.running import ServerThread, uvicorn_options
 from proxy.settings import Settings, load_settings
-from proxy.simulator import SimulatorSettings, SimulatorStats
-from proxy.simulator import create_app as create_simulator
+from simulator import SimulatorSettings, SimulatorStats
+from simulator import create_app as create_simulator
 from tests.support.fakehttp import AsgiTransport
 from tests.support.polling import eventually
 

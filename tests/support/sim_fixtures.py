@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 
 from proxy.assets import write_demo_tokenizer_dir
 from proxy.server.running import ServerThread
-from proxy.simulator import SimulatorSettings, SimulatorStats, create_app
+from simulator import SimulatorSettings, SimulatorStats, create_app
 
 
 @dataclass

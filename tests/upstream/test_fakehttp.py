@@ -16,9 +16,9 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.errors import UpstreamRefused, UpstreamTimeout, UpstreamUnavailable
 from proxy.settings import UpstreamSettings
-from proxy.simulator import SimulatorSettings, SimulatorStats
-from proxy.simulator import create_app as create_simulator
 from proxy.upstream.client import Upstream
+from simulator import SimulatorSettings, SimulatorStats
+from simulator import create_app as create_simulator
 from tests.support.fakehttp import AsgiTransport
 from tests.support.polling import until
 from tests.support.servers import MODEL

@@ -1,0 +1,56 @@
+"""What differs between the vLLM releases the simulator can pretend to be (docs/vllm-wire-contract.md, section 14).
+
+0.31 and 0.32 share every response shape; they differ in how the context window is enforced and in the text
+of the unknown-model error. Each difference is one field here, so the rules read `profile.reserves_output`
+instead of comparing version strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    version: str
+    # 0.31 reserves the requested output inside the window (input limit = M - T) and rejects overflows;
+    # 0.32 lets the prompt use the whole window and clamps max_tokens to M - N instead.
+    reserves_output: bool
+    # 0.32 appends " Valid aliases: a, b." to the unknown-model message.
+    lists_aliases_on_not_found: bool
+    # 0.32's /inference/v1/generate answers carry output_mode, and each choice stop_reason and weight_versions.
+    generate_output_mode: bool
+    # 0.32 checks the chat renderer's kv_transfer_params.prompt_token_ids, and renders the messages under echo;
+    # 0.31 runs any value that is not empty.
+    checks_transferred_ids: bool = True
+    # 0.32 drops Claude Code's "x-anthropic-billing-header" line off a chat request's system text (chat_utils.py)
+    strips_billing_header: bool = True
+
+
+PROFILES: dict[str, Profile] = {
+    "0.31": Profile(
+        name="0.31",
+        version="0.31.0",
+        reserves_output=True,
+        lists_aliases_on_not_found=False,
+        generate_output_mode=False,
+        checks_transferred_ids=False,
+        strips_billing_header=False,
+    ),
+    "0.32": Profile(
+        name="0.32",
+        version="0.32.0",
+        reserves_output=False,
+        lists_aliases_on_not_found=True,
+        generate_output_mode=True,
+    ),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        supported = ", ".join(sorted(PROFILES))
+        raise ValueError(f"unknown vLLM profile {name!r}; supported profiles: {supported}") from None
