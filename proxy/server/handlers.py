@@ -163,7 +163,7 @@ class Handlers:
             fanout = outcome.policy.max_fanout
             handed = record.charge.hand if record.charge is not None else None
             runner = ChunkRunner(self.upstream, incoming.forward, headers, fanout, self.metrics.fanout, handed)
-            await answer_chunked(reply, outcome, runner, self.guard, extra, record.charge)
+            await answer_chunked(reply, outcome, runner, self.guard, extra, record)
         elif isinstance(outcome, Answer):  # answered by the guard itself (count_tokens)
             await reply.whole(200, extra, outcome.body)
         else:
