@@ -1,4 +1,5 @@
-"""The response phase of one exchange as Envoy streams it to the processor, and the stream's end: the answer's headers
+"""The answers of one exchange as Envoy streams it to the processor, and the stream's end. The processor's own answers
+(immediate responses: a refusal, count_tokens' count, an error) end the stream at once. An upstream answer's headers
 get what every answer of the request carries (exchange/request.py); its body, when Envoy sends it, is read for the
 key's charge (the answer's usage, a stream's output events) and for the stored response it creates, with the usage
 event the guard asked for taken out; at the stream's end what the request held is given back or handed over, and its
@@ -9,15 +10,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from proxy import error_bodies
+from proxy.errors import internal_error
 from proxy.exchange.headers import Headers
 from proxy.exchange.request import Request
 from proxy.extproc import wire
 from proxy.extproc.wire import FULL_DUPLEX, NONE, HttpHeaders, ProcessingResponse
+from proxy.policy.outcome import Answer, Outcome, Refuse
 from proxy.policy.usage import Charge, TokenEvents
 from proxy.policy.usage_event import HiddenUsage
 from proxy.upstream.admission import Ticket
 
 Answers = list[ProcessingResponse]
+JSON = [(b"content-type", b"application/json")]
 
 
 @dataclass(eq=False)
@@ -30,6 +35,21 @@ class Answering:
     sse: bool = False  # the answer is an event stream
     ticket: Ticket | None = None  # the admission's, released (or handed over) at the stream's end
     follows: str | None = None  # a background response's id: its ticket is held past the stream's end
+    here: bool = False  # an immediate response was made: Envoy sends nothing more, the stream ends
+
+    def immediate(self, status: int, headers: Headers, body: bytes, details: str) -> ProcessingResponse:
+        """An answer the processor makes itself, in place of the upstream's (`details`: Envoy's response code
+        details)."""
+        self.status, self.ended, self.here = status, True, True
+        return wire.immediate(status, headers, body, details)
+
+    def decided(self, request: Request, outcome: Outcome) -> ProcessingResponse:
+        """The answer to a request the guard decided not to forward: a refusal, or count_tokens' count."""
+        if isinstance(outcome, Answer):
+            return self.immediate(200, [*request.headers, *JSON], outcome.body, "token_guard_answered")
+        error = outcome.error if isinstance(outcome, Refuse) else internal_error()  # Chunked: never here
+        headers, body = error_bodies.answer(error, [*request.headers, *JSON], request.route.envelope)
+        return self.immediate(error.status, headers, body, "token_guard_refused")
 
     def headers(self, request: Request | None, message: HttpHeaders, mode: int, tagged: Headers) -> Answers:
         """The answer's headers (Envoy's response body mode `mode`) get the request's headers, or `tagged` when the

@@ -11,11 +11,8 @@ request body      BUFFERED: the whole body in one message; FULL_DUPLEX_STREAMED:
                   admitted by its KV cost
 request trailers  never go on (every one is taken off); they end a body still undecided, an absent one too (an
                   HTTP/2 request of headers then trailers is decided on its empty body)
-response headers  the x-token-guard-* and x-ratelimit-* headers, the request id, the queue time
-response body     when Envoy sends it: its tail settles the key's charge from the answer's usage
-the stream's end  Envoy closes it when the HTTP exchange ends, completed or aborted: the admission ticket is
-                  released, the charge settled, the request's record logged; a background response's ticket and
-                  charge are held on until vLLM says it ended (exchange/background.py)
+response phase    the answer's headers and body, and the stream's end (Envoy closes it when the HTTP exchange ends,
+                  completed or aborted): answering.py
 """
 
 from __future__ import annotations
@@ -33,8 +30,6 @@ from proxy.errors import (
     GuardError,
     GuardUnavailable,
     InvalidRequest,
-    PayloadTooLarge,
-    RequestTimeout,
     internal_error,
 )
 from proxy.exchange.core import Core
@@ -44,37 +39,32 @@ from proxy.exchange.own import own_answer
 from proxy.exchange.record import REQUEST_ID, request_id
 from proxy.exchange.request import Request
 from proxy.extproc import wire
-from proxy.extproc.answering import Answering, Answers
-from proxy.extproc.endpoints import DESTINATION
+from proxy.extproc.answering import JSON, Answering, Answers
+from proxy.extproc.body import Gathered
 from proxy.extproc.gateway import Gateway, Upward
 from proxy.extproc.wire import BUFFERED, FULL_DUPLEX, NONE, STREAMED, HttpHeaders, ProcessingRequest, ProcessingResponse
-from proxy.policy.outcome import Answer, Forward, Outcome, Refuse
+from proxy.policy.outcome import Forward
 from proxy.policy.quota import CHARGE
 from proxy.upstream.admission import Ticket
 
 log = logging.getLogger("token_guard.extproc")
 
-JSON = [(b"content-type", b"application/json")]
 HEADERS, BODY, TRAILERS = "headers", "body", "trailers"  # the message a request's decision answers
 OWN_DETAILS = {"/metrics": "token_guard_metrics", "/livez": "token_guard_alive"}  # Envoy's response code details
 
 
 class Stream:
     def __init__(self, core: Core, gateway: Gateway, max_body_bytes: int) -> None:
-        self.core, self.gateway, self.max_body_bytes = core, gateway, max_body_bytes
+        self.core, self.gateway = core, gateway
         self.request_mode, self.response_mode = BUFFERED, NONE  # the body modes Envoy says it uses (ProcessingMode)
         self.request: Request | None = None  # from the route table's pass on
         self.sent: Headers = []  # the request's headers as received
         self.tagged: Headers = []  # the request id, for the answers the route table makes before there is a Request
         self.upward: Upward = gateway.fixed  # what the request's headers get on their way upstream
-        self.pending = False  # a guarded request whose body is still to come and be decided
-        self.deadline: float | None = None  # by when (the loop's clock) that body must have come
-        self.pieces: list[bytes] = []
-        self.size = 0
-        self.held = core.bodies.hold()  # the body's share of those held at once, given back at the stream's end
+        # the body's share of those held at once, given back at the stream's end
+        self.body = Gathered(core.bodies.hold(), max_body_bytes, gateway.read_timeout_s)
         self.answering = Answering()  # the answer's status, end, usage and ticket (answering.py)
         self.forwarded = False  # a guarded request's answer that sends it on was made
-        self.answered_here = False  # an immediate response was made: Envoy sends nothing more, the stream ends
 
     async def run(self, requests: AsyncIterator[ProcessingRequest]) -> AsyncIterator[Answers]:
         """The answers to Envoy's messages, each as it comes. A guarded body still to come at its deadline is
@@ -82,20 +72,18 @@ class Stream:
         messages = aiter(requests)
         while True:
             try:
-                if self.deadline is None:
+                if self.body.deadline is None:
                     message = await anext(messages)
                 else:
-                    async with asyncio.timeout_at(self.deadline):
+                    async with asyncio.timeout_at(self.body.deadline):
                         message = await anext(messages)
             except StopAsyncIteration:
                 return
             except TimeoutError:
-                yield await self._failed(RequestTimeout(f"The request body did not arrive within "
-                                                        f"{self.gateway.read_timeout_s:g} s (server.read_timeout_s); "
-                                                        f"got {self.size} bytes."))  # fmt: skip
+                yield await self._failed(self.body.late())
                 return
             yield await self.answer(message)
-            if self.answered_here:  # ended here rather than when Envoy closes it: what it held comes back at once
+            if self.answering.here:  # ended here rather than when Envoy closes it: what it held comes back at once
                 return
 
     async def answer(self, message: ProcessingRequest) -> Answers:
@@ -145,25 +133,21 @@ class Stream:
         if found.route.kind is Kind.OWN:  # the guard's own probes and metrics, answered here rather than by vLLM
             status, content_type, body = await own_answer(self.core, found.route.path, sent)
             details = OWN_DETAILS.get(found.route.path, "token_guard_health")
-            return [self._immediate(status, [(b"content-type", content_type)], body, details)]
+            return [self.answering.immediate(status, [(b"content-type", content_type)], body, details)]
         guarded = found.route.guarded and not entered.preflight
         request = self.request = Request.begin(self.core, found.route, entered.key, rid, method, guarded, sent)
         if not guarded:
             entry = await request.reached(path)  # a stored response's: its key's only, sent to its replica
-            pinned = self.gateway.endpoints.pinned(entry.replica) if entry is not None else None
             if request.limited:  # a request of its minute's, no token (as serve)
                 await request.charge(0, CHARGE)
-            return [self._onward([*self.tagged, *([(DESTINATION, pinned[1])] if pinned is not None else [])])]
+            return [self._onward([*self.tagged, *self.gateway.endpoints.pinning(entry.replica if entry else None)])]
         declared = next((v for k, v in sent if k == b"content-length"), b"")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise PayloadTooLarge.over(self.max_body_bytes)
-        if declared.isdigit():  # a 503 before Envoy sends a byte of it, when those held at once leave it no room
-            self.held.check(int(declared))
+        self.body.check(declared)
         if self.request_mode not in (BUFFERED, FULL_DUPLEX) and not message.end_of_stream:
             raise GuardError("token-guard extproc takes request bodies BUFFERED or FULL_DUPLEX_STREAMED only.")
         if message.end_of_stream:  # no body: decided now, from nothing (a guarded route answers it 400)
             return await self._decide(b"", HEADERS)
-        self.pending, self.deadline = True, asyncio.get_running_loop().time() + self.gateway.read_timeout_s
+        self.body.expect()
         if self.request_mode == FULL_DUPLEX:
             return []  # the headers are held until the body is decided
         # BUFFERED sends no body message for a body of no bytes: without a length, the trailers may be its only end
@@ -171,28 +155,20 @@ class Stream:
         return [self._onward(trailers_of=self.response_mode if unsized else None)]
 
     async def _request_body(self, piece: bytes, end: bool) -> Answers:
-        if not self.pending:  # a body a relay route carries on unread
+        if not self.body.pending:  # a body a relay route carries on unread
             return list(wire.streamed(piece, end)) if self.request_mode == FULL_DUPLEX else [wire.request_body()]
-        self.size += len(piece)
-        if self.size > self.max_body_bytes:
-            raise PayloadTooLarge.over(self.max_body_bytes)
-        self.held.grow(self.size)
-        self.pieces.append(piece)
+        self.body.add(piece)
         if not end and self.request_mode == FULL_DUPLEX:  # BUFFERED's one message is the whole body, trailers or not
             return []
-        return await self._decide(self._gathered(), BODY)
+        return await self._decide(self.body.take(), BODY)
 
     async def _request_trailers(self, message: HttpHeaders) -> Answers:
         """Trailers never reach the upstream; they end a guarded body still undecided (an empty one if none came)."""
         cleared = wire.request_trailers([k.decode("latin-1") for k, _ in wire.headers_of(message.trailers)])
-        if not self.pending:
+        if not self.body.pending:
             return [cleared]
-        answers = await self._decide(self._gathered(), TRAILERS)
+        answers = await self._decide(self.body.take(), TRAILERS)
         return answers if self.answering.ended else [*answers, cleared]
-
-    def _gathered(self) -> bytes:
-        body, self.pieces = b"".join(self.pieces), []
-        return body
 
     def _onward(
         self, headers: RawHeaders = (), remove: tuple[str, ...] = (), trailers_of: int | None = None
@@ -205,16 +181,16 @@ class Stream:
         """The guard's decision on the whole `body`, answering the message `at` which it ended: HEADERS (it has none),
         BODY or TRAILERS."""
         assert self.request is not None
-        self.pending, self.deadline = False, None
         hides = self.response_mode in (STREAMED, FULL_DUPLEX)  # the answer's pieces pass here, to be changed
         outcome = await self.core.flow.decide(self.request, body, self._headers(), _here, hides)
         if isinstance(outcome, Forward):
             return await self._forward(self.request, outcome, body, at)
-        return [self._finished(self.request, outcome)]
+        return [self.answering.decided(self.request, outcome)]
 
     async def _forward(self, request: Request, outcome: Forward, body: bytes, at: str) -> Answers:
         self.forwarded, self.answering.follows = True, outcome.follows
-        excluded, pin = await self._pinned(request)  # a background response's ticket is on the pinned replica
+        # a background response's ticket is on the pinned replica: followed there
+        excluded, pin = await self.gateway.endpoints.placed(request.recording(), self.sent)
         if outcome.cost is not None:
             self.answering.ticket = ticket = await _admitted(self.core, outcome.cost, excluded)
             request.admitted(ticket)
@@ -235,36 +211,13 @@ class Stream:
             decided.append((b"content-length", str(len(outcome.body)).encode()))
         return [wire.request_body(outcome.body if changed else None, decided, remove=stripped)]
 
-    async def _pinned(self, request: Request) -> tuple[frozenset[int], Headers]:
-        """The replicas a forwarded request may not be admitted on, and the headers that send it to the one that
-        holds the stored response it continues, where the picker's header routes it (endpoints.py); the ledger's
-        reading of its answer readied."""
-        endpoints = self.gateway.endpoints
-        recorder = request.recording()
-        if recorder is None:
-            return await endpoints.excluded(self.sent), []
-        pinned = endpoints.pinned(recorder.replica) if recorder.replica is not None else None
-        if pinned is not None:
-            recorder.url = recorder.replica or ""
-            return pinned[0], [(DESTINATION, pinned[1])]
-        recorder.url = await endpoints.chosen(self.sent) or ""
-        return await endpoints.excluded(self.sent), []
-
     def _headers(self) -> dict[str, str]:
         """The request's headers as the guard reads them: one value each (the last of a repeated one)."""
         return {k.decode("latin-1"): v.decode("latin-1") for k, v in self.sent if k[:1] != b":"}
 
-    def _finished(self, request: Request, outcome: Outcome) -> ProcessingResponse:
-        """An answer the guard gives itself: a refusal, or count_tokens' count."""
-        if isinstance(outcome, Answer):
-            return self._immediate(200, [*request.headers, *JSON], outcome.body, "token_guard_answered")
-        error = outcome.error if isinstance(outcome, Refuse) else internal_error()  # Chunked: never here
-        headers, body = error_bodies.answer(error, [*request.headers, *JSON], request.route.envelope)
-        return self._immediate(error.status, headers, body, "token_guard_refused")
-
     async def close(self) -> None:
         """The stream ended (Envoy closed it, or it was cancelled): what the request held is given back."""
-        self.held.release()
+        self.body.held.release()
         await self.answering.close(self.request, self._headers())
 
     @property
@@ -285,16 +238,12 @@ class Stream:
         tagged = request.tagged if request is not None else self.tagged
         envelope = request.route.envelope if request is not None else Envelope.OPENAI
         headers, body = error_bodies.answer(error, [*tagged, *JSON], envelope)
-        return [self._immediate(error.status, headers, body, "token_guard_error")]
+        return [self.answering.immediate(error.status, headers, body, "token_guard_error")]
 
     async def _refused(self, refusal: Refusal) -> ProcessingResponse:
         told = encode_headers(await refusal.headers(self.core.quotas))
         headers, body = error_bodies.answer(refusal.error, [*self.tagged, *told, *JSON], refusal.envelope)
-        return self._immediate(refusal.error.status, headers, body, "token_guard_route")
-
-    def _immediate(self, status: int, headers: Headers, body: bytes, details: str) -> ProcessingResponse:
-        self.answering.status, self.answering.ended, self.answered_here = status, True, True
-        return wire.immediate(status, headers, body, details)
+        return self.answering.immediate(refusal.error.status, headers, body, "token_guard_route")
 
 
 async def _admitted(core: Core, cost: int, excluded: frozenset[int]) -> Ticket:

@@ -85,7 +85,7 @@ class Handlers:
                         await request.reached(incoming.forward)
                     if request.limited:  # a request of its minute's, no token; nothing for the rest
                         await request.charge(0, CHARGE)
-                    await self._forward(request, reply, incoming, body, headers, None, listed)
+                    await self._forward(request, reply, incoming, headers, body, listed)
         except ClientGone:  # its upstream request, chunks or place in the queue are given up by now
             record.client_gone = True
             left = incoming.client_gone()
@@ -125,7 +125,7 @@ class Handlers:
                 headers["content-type"] = outcome.content_type
             if request.record.findings.turn is not None:  # a Responses create the ledger follows
                 request.recording()
-            await self._forward(request, reply, incoming, outcome.body, headers, outcome.cost, follows=outcome.follows)
+            await self._forward(request, reply, incoming, headers, outcome)
         elif isinstance(outcome, Chunked):
             incoming.leave_if_gone()  # counting and cutting took a while: no chunks for a client that left meanwhile
             fanout, charge = outcome.policy.max_fanout, request.record.charge
@@ -138,13 +138,16 @@ class Handlers:
             await send_error(reply, outcome.error, request.headers, request.route.envelope)
 
     async def _forward(
-        self, request: Request, reply: Reply, incoming: Incoming, body: bytes, headers: dict[str, str],
-        cost: int | None, listed: tuple[str, ...] | None = None, follows: str | None = None,
+        self, request: Request, reply: Reply, incoming: Incoming, headers: dict[str, str], sent: bytes | Forward,
+        listed: tuple[str, ...] | None = None,
     ) -> None:  # fmt: skip
-        """The request's stored response (request.recorder, exchange/stored.py): its answer is recorded in the
-        ledger, and a request naming one is pinned to the replica that holds it. `follows`: a background response's id
-        (policy/background.py): vLLM runs it after its answer, so what the request holds is handed to the core's
-        followers (exchange/background.py), which poll the replica that answered, rather than given back here."""
+        """`sent`: the body as received (a relay route), or the guard's Forward (its body, KV cost and whether it
+        follows a background response). The request's stored response (request.recorder, exchange/stored.py): its
+        answer is recorded in the ledger, and a request naming one is pinned to the replica that holds it. A
+        background response (policy/background.py) runs after its answer, so what the request holds is handed to the
+        core's followers (exchange/background.py), which poll the replica that answered, rather than given back here.
+        `listed`: the models a key may use, the only ones its GET /v1/models lists."""
+        body, cost, follows = (sent.body, sent.cost, sent.follows) if isinstance(sent, Forward) else (sent, None, None)
         incoming.leave_if_gone()  # nor sent upstream, where vLLM would start on it only to be told to abort
         charge, recorder = request.record.charge, request.recorder
         handed = charge.hand if charge is not None else None  # once admitted: the key pays from then
