@@ -63,7 +63,9 @@ def log_fields(record: RequestRecord) -> dict[str, object]:
         "max_tokens_after": decision.max_tokens if decision else None,
         "chunks": decision.chunks if decision else None,
         "truncated_tokens": decision.truncated_tokens if decision else None,
-        **(changes(decision) if decision else {}),
+        "dropped_messages": decision.dropped_messages if decision else None,
+        "count_source": decision.count_source if decision else None,
+        "next_turn_tokens": decision.next_turn if decision else None,
         "merge": record.merge,
         "count_s": found.count_s,
         "queue_s": record.queue_s,
@@ -77,19 +79,15 @@ def log_fields(record: RequestRecord) -> dict[str, object]:
         "cancel_s": record.cancel_s,
         "total_s": record.total_s,
     }
+    if decision is not None and (decision.chunk_tokens or decision.thinking is not None):
+        fields.update(_rare(decision))
     return {k: _round(v) for k, v in fields.items() if v not in (None, False)}
 
 
-def changes(decision: Decision) -> dict[str, object]:
-    """What the guard changed beyond the limit, the cut and the chunks (every x-token-guard-* header a changed request
-    carries has its field): who counted, the messages dropped, the chunks' sizes, the room kept for the next turn, and
-    the thinking budget lowered (`thinking=lowered thinking_budget=N`) or thinking turned off (`thinking=disabled`)."""
-    fields: dict[str, object] = {
-        "count_source": decision.count_source,
-        "dropped_messages": decision.dropped_messages,
-        "chunk_tokens": ",".join(map(str, decision.chunk_tokens)) or None,
-        "next_turn_tokens": decision.next_turn,
-    }
+def _rare(decision: Decision) -> dict[str, object]:
+    """The changes few requests get, so that every x-token-guard-* header has its field: the chunks' sizes, and the
+    thinking budget lowered (`thinking=lowered thinking_budget=N`) or thinking turned off (`thinking=disabled`)."""
+    fields: dict[str, object] = {"chunk_tokens": ",".join(map(str, decision.chunk_tokens)) or None}
     if decision.thinking is not None:
         budget = thinking_budget(decision.thinking)
         fields["thinking"] = "disabled" if budget is None else "lowered"
