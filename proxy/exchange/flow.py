@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from proxy.api.routes import Route
 from proxy.errors import GuardError
-from proxy.exchange.headers import Headers, encode_headers
+from proxy.exchange.headers import encode_headers
 from proxy.exchange.logs import write_line
 from proxy.exchange.metering import Meter
 from proxy.exchange.metrics import Metrics
@@ -20,6 +20,9 @@ from proxy.exchange.turnstile import Turnstile
 from proxy.policy.guard import Guard
 from proxy.policy.outcome import Outcome
 from proxy.policy.quota import CHECK, TAKE
+
+if TYPE_CHECKING:
+    from proxy.exchange.request import Request
 
 requests_log = logging.getLogger("token_guard.requests")
 
@@ -33,32 +36,33 @@ class Flow:
         self.turnstile = Turnstile()
 
     async def decide(
-        self, route: Route, body: bytes, headers: Mapping[str, str], record: RequestRecord, tagged: Headers,
-        still_there: Callable[[], None], hides_usage: bool = False,
-    ) -> tuple[Outcome, Headers]:  # fmt: skip
-        """The guard's outcome for a guarded request, charged to its key, and the headers its answer carries (`tagged`
-        and the decision's x-token-guard-*). `still_there` raises when the client has left: nothing is counted for a
-        client that left while its request waited its turn. `hides_usage`: the front end can take a usage event out
+        self, request: Request, body: bytes, headers: Mapping[str, str], still_there: Callable[[], None],
+        hides_usage: bool = False,
+    ) -> Outcome:  # fmt: skip
+        """The guard's outcome for a guarded request, charged to its key; the request keeps the decision's
+        x-token-guard-* headers for its answer. `still_there` raises when the client has left: nothing is counted for
+        a client that left while its request waited its turn. `hides_usage`: the front end can take a usage event out
         of the answer, so a limited key's stream asks vLLM for one (policy/usage_event.py) to settle exactly."""
         if self.learning is not None:  # nothing is counted before the guard knows how the upstream counts
             await self.learning.wait()
             still_there()
-        key = record.findings.api_key
-        limited = key is not None and key.limited
+        limited = request.limited
         if len(body) > HEAVY_BYTES:  # a large prompt's counting holds the loop for milliseconds: take turns
-            if key is not None and limited:  # and is work: a key with nothing left gets nothing counted
-                await self.meter.charge(key, 0, CHECK, record, tagged)
+            if limited:  # and is work: a key with nothing left gets nothing counted
+                await request.charge(0, CHECK)
             await self.turnstile.enter()
         still_there()
         try:
-            outcome = await self.guard.handle(route, body, headers, record.findings, hides_usage and limited)
+            outcome = await self.guard.handle(request.route, body, headers, request.record.findings,
+                                              hides_usage and limited)  # fmt: skip
         except GuardError as exc:
-            if key is not None and limited and exc.status < 500:
-                await self.meter.charge(key, 0, TAKE, record, tagged)  # a request refused unread still is a request
+            if limited and exc.status < 500:
+                await request.charge(0, TAKE)  # a request refused unread still is a request
             raise
-        if key is not None and limited:
-            await self.meter.charge_outcome(key, outcome, record, tagged)
-        return outcome, tagged + encode_headers(outcome.decision.headers())
+        if limited:
+            await request.charge_outcome(outcome)
+        request.decided = encode_headers(outcome.decision.headers())
+        return outcome
 
     def done(self, record: RequestRecord, status: int | None, gone: bool) -> None:
         """The request's answer ended with `status` (None: none was sent; `gone`: its client left before its end)."""

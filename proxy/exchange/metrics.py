@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from proxy.counting.text_count import CounterStats
-from proxy.exchange.record import RequestRecord
+from proxy.exchange.record import RequestRecord, thinking_budget
 from proxy.policy.decide import Action
 from proxy.policy.outcome import Decision
 
@@ -57,6 +57,20 @@ DEFINITIONS = {
     "rejections": Definition("token_guard_overflow_rejections", "Requests refused because the prompt cannot fit", ME),
     "truncated": Definition("token_guard_truncated_tokens", "Prompt tokens cut by the truncate policy", ME),
     "chunks": Definition("token_guard_chunks", "Parts per chunked request", ME, CHUNK_BUCKETS),
+    "dropped": Definition("token_guard_dropped_messages", "Messages (or turns) the truncate policy dropped", ME),
+    "next_turn": Definition(
+        "token_guard_next_turn_tokens", "Tokens of the window a clamp kept free for the conversation's next turn", ME
+    ),
+    "thinking": Definition(
+        "token_guard_thinking_changes",
+        "Anthropic thinking budgets lowered with the output limit (lowered), or thinking turned off (disabled)",
+        (*ME, "change"),
+    ),
+    "merges": Definition(
+        "token_guard_chunk_merges",
+        "Chunked requests' answers merged by a combining request (reduce), or joined when it would not fit (concat)",
+        (*ME, "merge"),
+    ),
     "first_byte": Definition(
         "token_guard_upstream_first_byte_seconds", "Upstream time to response headers", ME, LATENCY_BUCKETS
     ),
@@ -159,6 +173,8 @@ class Metrics:
                 self.add("output_asked", labels, found.max_tokens_before)
             if decision is not None:
                 self._decided(labels, decision, found.max_tokens_before)
+            if record.merge is not None:
+                self.add("merges", (*labels, record.merge))
         if record.upstream_first_byte_s is not None:
             self.observe_value("first_byte", labels, record.upstream_first_byte_s)
         if record.upstream_s is not None:
@@ -194,6 +210,12 @@ class Metrics:
             self.add("truncated", labels, decision.truncated_tokens)
         if decision.chunks:
             self.observe_value("chunks", labels, decision.chunks)
+        if decision.dropped_messages:
+            self.add("dropped", labels, decision.dropped_messages)
+        if decision.next_turn:
+            self.add("next_turn", labels, decision.next_turn)
+        if decision.thinking is not None:
+            self.add("thinking", (*labels, "disabled" if thinking_budget(decision.thinking) is None else "lowered"))
 
     def register(self, collector: Collector) -> None:
         """A collector of metrics that name no key and no model, for every exposition."""

@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from proxy.policy.outcome import Findings
+from proxy.policy.outcome import Decision, Findings
 from proxy.policy.usage import Charge
 
 REQUEST_ID = b"x-request-id"
@@ -34,6 +34,7 @@ class RequestRecord:
     charged_tokens: int | None = None  # what the key paid in the end
     quota_limited: bool = False  # refused: its key was over quota
     quota_told: bool = False  # its key's x-ratelimit-* headers are in its answer
+    merge: str | None = None  # a chunked request's answers merged by "reduce", or "concat" when that would not fit
 
     def finish(self, status: int) -> None:
         self.status = status if self.status is None else self.status
@@ -62,6 +63,10 @@ def log_fields(record: RequestRecord) -> dict[str, object]:
         "max_tokens_after": decision.max_tokens if decision else None,
         "chunks": decision.chunks if decision else None,
         "truncated_tokens": decision.truncated_tokens if decision else None,
+        "dropped_messages": decision.dropped_messages if decision else None,
+        "count_source": decision.count_source if decision else None,
+        "next_turn_tokens": decision.next_turn if decision else None,
+        "merge": record.merge,
         "count_s": found.count_s,
         "queue_s": record.queue_s,
         "charged_tokens": record.charged_tokens,
@@ -74,7 +79,26 @@ def log_fields(record: RequestRecord) -> dict[str, object]:
         "cancel_s": record.cancel_s,
         "total_s": record.total_s,
     }
+    if decision is not None and (decision.chunk_tokens or decision.thinking is not None):
+        fields.update(_rare(decision))
     return {k: _round(v) for k, v in fields.items() if v not in (None, False)}
+
+
+def _rare(decision: Decision) -> dict[str, object]:
+    """The changes few requests get, so that every x-token-guard-* header has its field: the chunks' sizes, and the
+    thinking budget lowered (`thinking=lowered thinking_budget=N`) or thinking turned off (`thinking=disabled`)."""
+    fields: dict[str, object] = {"chunk_tokens": ",".join(map(str, decision.chunk_tokens)) or None}
+    if decision.thinking is not None:
+        budget = thinking_budget(decision.thinking)
+        fields["thinking"] = "disabled" if budget is None else "lowered"
+        fields["thinking_budget"] = budget
+    return fields
+
+
+def thinking_budget(note: str) -> int | None:
+    """The budget an x-token-guard-thinking note names (`budget_tokens=N`); None for `disabled`."""
+    name, _, value = note.partition("=")
+    return int(value) if name == "budget_tokens" and value.isdigit() else None
 
 
 def log_line(fields: dict[str, object]) -> str:

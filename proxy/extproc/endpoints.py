@@ -13,7 +13,8 @@ import socket
 import time
 from urllib.parse import urlsplit
 
-from proxy.exchange.headers import RawHeaders
+from proxy.exchange.headers import Headers, RawHeaders
+from proxy.exchange.stored import Recorder
 
 DESTINATION = b"x-gateway-destination-endpoint"
 POOL: frozenset[int] = frozenset()  # no replica excluded
@@ -37,6 +38,25 @@ class Endpoints:
             return None
         index = self.urls.index(url)
         return self._others[index], _address(*self._replicas[index]).encode("latin-1")
+
+    def pinning(self, url: str | None) -> Headers:
+        """The header that sends a request to the replica at `url` (a stored response's), where the processor routes
+        it (Endpoints.pinned); none otherwise."""
+        pinned = self.pinned(url) if url is not None else None
+        return [(DESTINATION, pinned[1])] if pinned is not None else []
+
+    async def placed(self, recorder: Recorder | None, headers: RawHeaders) -> tuple[frozenset[int], Headers]:
+        """The replicas a forwarded request may not be admitted on, and the headers that send it to the replica that
+        holds the stored response it continues (`recorder`'s), where the picker's header routes it; the replica its
+        answer is recorded for, set on the recorder."""
+        if recorder is None:
+            return await self.excluded(headers), []
+        pinned = self.pinned(recorder.replica) if recorder.replica is not None else None
+        if pinned is not None:
+            recorder.url = recorder.replica or ""
+            return pinned[0], [(DESTINATION, pinned[1])]
+        recorder.url = await self.chosen(headers) or ""
+        return await self.excluded(headers), []
 
     async def chosen(self, headers: RawHeaders) -> str | None:
         """The URL of the replica the picker named (trusted only), for the ledger to record; None when not known."""

@@ -43,10 +43,7 @@ class GuardApp:
             Kind.GENERATE: handlers.guarded, Kind.POOL: handlers.guarded, Kind.COUNT: handlers.guarded,
             Kind.RELAY: handlers.relayed, Kind.CONTROL: handlers.control,
         }  # fmt: skip
-        self._own: dict[str, Handler] = {
-            "/health": handlers.health, "/ping": handlers.health, "/livez": handlers.alive,
-            "/metrics": handlers.metrics_text,
-        }  # fmt: skip
+        self._own: Handler = handlers.own
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -76,7 +73,7 @@ class GuardApp:
         if entered.preflight:  # relayed without its body (it has none)
             handler = self._handlers[Kind.RELAY]
         else:
-            handler = self._own[route.path] if route.kind is Kind.OWN else self._handlers[route.kind]
+            handler = self._own if route.kind is Kind.OWN else self._handlers[route.kind]
         task, drain = asyncio.current_task(), self.core.drain
         assert task is not None
         drain.enter(task)

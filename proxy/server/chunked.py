@@ -11,6 +11,7 @@ from typing import Any
 
 from proxy.errors import GuardError, internal_error
 from proxy.exchange.headers import Headers
+from proxy.exchange.record import RequestRecord
 from proxy.policy.guard import Guard
 from proxy.policy.merge import StreamMerger, merge_answers, sum_usage, told_usage
 from proxy.policy.outcome import Chunked
@@ -25,10 +26,12 @@ log = logging.getLogger("token_guard.chunked")
 
 
 async def answer_chunked(
-    reply: Reply, chunked: Chunked, runner: ChunkRunner, guard: Guard, headers: Headers, charge: Charge | None = None
+    reply: Reply, chunked: Chunked, runner: ChunkRunner, guard: Guard, headers: Headers, record: RequestRecord
 ) -> None:
-    """Answer it. A keyed request's `charge` learns what its merged answer used (its chunks' usage summed) as soon as
-    that is known: the client may leave right after the last byte, which cancels this before it could return."""
+    """Answer it. A keyed request's charge learns what its merged answer used (its chunks' usage summed) as soon as
+    that is known: the client may leave right after the last byte, which cancels this before it could return. The
+    record says how the answers were merged, when the policy asked for the combining request."""
+    charge = record.charge
     if chunked.stream and chunked.policy.chunk_merge == "concat":  # chunk 1's tokens go out as they are generated
         merger = StreamMerger(chunked.kind, len(chunked.bodies), chunked.policy.chunk_separator, chunked.include_usage)
         try:
@@ -37,7 +40,7 @@ async def answer_chunked(
             _pay(charge, merger.usage())
         return
     try:
-        await _merged(reply, runner, chunked, guard, headers, charge)
+        await _merged(reply, runner, chunked, guard, headers, record)
     except (ChunkFailed, GuardError) as exc:
         await failed(reply, exc, headers)
 
@@ -63,14 +66,16 @@ async def _stream(reply: Reply, body: AsyncGenerator[bytes, None], headers: Head
 
 
 async def _merged(
-    reply: Reply, runner: ChunkRunner, chunked: Chunked, guard: Guard, headers: Headers, charge: Charge | None
+    reply: Reply, runner: ChunkRunner, chunked: Chunked, guard: Guard, headers: Headers, record: RequestRecord
 ) -> None:
+    charge = record.charge
     bodies = [_non_streaming(b) for b in chunked.bodies] if chunked.stream else chunked.bodies
     answers = await runner.answers(bodies, chunked.costs)
     merged = merge_answers(chunked.kind, answers, chunked.policy.chunk_separator)
     usages = [a.get("usage") for a in answers]
     if chunked.policy.chunk_merge == "reduce":
         reduce = await guard.reduce(chunked, answers)
+        record.merge = "concat" if reduce is None else "reduce"
         if reduce is None:
             headers = [*headers, (b"x-token-guard-merge", b"concat (the combining request would not fit)")]
         else:

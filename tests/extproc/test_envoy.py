@@ -7,6 +7,7 @@ same."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 from typing import Any, cast
@@ -25,6 +26,7 @@ from tests.support.audio import wav
 from tests.support.h2c import h2c
 from tests.support.leaving import leave_before_the_headers
 from tests.support.polling import eventually
+from tests.support.request_log import as_headers, logged
 from tests.support.servers import MODEL
 from tests.support.side_doors import CONTROL, UNDECLARED
 
@@ -341,6 +343,56 @@ def test_counts_clamps_and_refusals_are_serves(
             assert rig.fast.last()[3] == asked  # the same body reached the upstream
         else:
             assert answer.json() == served.json()
+
+
+CHANGED = [
+    ("thinking off", MESSAGES, {"model": MODEL, "max_tokens": 32000, "thinking": {"type": "enabled",
+     "budget_tokens": 16000}, "messages": [{"role": "user", "content": "List the files."}]}, {}),
+    ("truncated", CHAT, {"model": MODEL, "max_tokens": 5, "messages": [
+        {"role": "user", "content": "word " * 2500}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "and now?"}]}, TRUNCATE),
+    ("clamped", "/v1/responses", {"model": MODEL, "input": essay(300), "max_output_tokens": 100_000}, {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "path", "body", "headers"), CHANGED, ids=[c[0] for c in CHANGED])
+def test_the_log_line_and_metrics_say_every_change_as_serves_do(
+    rig: Rig, caplog: pytest.LogCaptureFixture, name: str, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> None:
+    """A thinking budget turned off, messages dropped, a limit lowered with room kept for the next turn: each change
+    the x-token-guard-* headers tell, the request's log line says too, the same on either front end, and the metrics
+    count it on the processor as on serve."""
+    caplog.set_level(logging.INFO, logger="token_guard.requests")
+    said = {}
+    for front, url in [("serve", rig.serve), ("buffered", rig.url("buffered")), ("duplex", rig.url("duplex"))]:
+        metrics = rig.processor.core.metrics if front != "serve" else None
+        before = changes_counted(metrics)
+        rid = f"changes-{name}-{front}".replace(" ", "-")
+        answer = httpx.post(url + path, json=body, headers={**headers, "x-request-id": rid}, timeout=30)
+        assert answer.status_code == 200 and tg_headers(answer)["x-token-guard-action"] != "pass"
+        fields = logged(caplog, rid)
+        said[front] = {k: v for k, v in fields.items() if k in CHANGE_FIELDS}
+        assert as_headers(fields) == tg_headers(answer)
+        if metrics is not None:
+            assert changes_counted(metrics) - before == changes_of(tg_headers(answer))
+    assert said["buffered"] == said["duplex"] == said["serve"]
+
+
+CHANGE_FIELDS = {"action", "prompt_tokens", "max_tokens_after", "dropped_messages", "truncated_tokens", "thinking",
+                 "thinking_budget", "count_source", "next_turn_tokens"}  # fmt: skip
+
+
+def changes_counted(metrics: Any) -> int:
+    """How many thinking changes and dropped messages a processor's metrics counted, over every label."""
+    if metrics is None:
+        return 0
+    text = metrics.exposition().decode()
+    names = ("token_guard_thinking_changes_total{", "token_guard_dropped_messages_total{")
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines() if line.startswith(names))
+
+
+def changes_of(headers: dict[str, str]) -> int:
+    return ("x-token-guard-thinking" in headers) + int(headers.get("x-token-guard-dropped-messages", 0))
 
 
 def test_chunk_is_unavailable_and_says_so(rig: Rig) -> None:

@@ -5,6 +5,7 @@ thinking budget is served): Claude Code's thinking budget under a clamped max_to
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import httpx
 import openai
 import pytest
 
+from tests.support.prometheus import metric
+from tests.support.request_log import as_headers, changes_told, logged
 from tests.support.servers import MODEL, InMemorySim, guard, simulator, simulator_in_memory
 
 WINDOW = 2048
@@ -79,6 +82,27 @@ def test_thinking_is_turned_off_when_no_budget_fits_under_the_limit(
     assert sim.stats.requests[-1]["thinking"] == {"type": "disabled"}
     assert int(raw.headers["x-token-guard-prompt-tokens"]) == reply.usage.input_tokens  # counted again, exactly
     assert reply.usage.input_tokens + reply.usage.output_tokens == WINDOW
+
+
+@pytest.mark.parametrize(("words", "change"), [(3, "lowered"), (700, "disabled")])
+def test_the_log_line_and_metrics_say_what_became_of_the_thinking_budget(
+    claude: anthropic.Anthropic, proxy: str, caplog: pytest.LogCaptureFixture, words: int, change: str
+) -> None:
+    """Not only x-token-guard-thinking: the request's log line says the budget was lowered (and to what) or thinking
+    turned off, as every other change its headers tell, and token_guard_thinking_changes_total counts it."""
+    caplog.set_level(logging.INFO, logger="token_guard.requests")
+    labels = {"model": MODEL, "endpoint": "/v1/messages", "change": change}
+    before = metric(httpx.get(f"{proxy}/metrics").text, "token_guard_thinking_changes_total", **labels)
+    rid = f"thinking-{change}"
+    raw = claude.messages.with_raw_response.create(
+        model=MODEL, max_tokens=32000, thinking={"type": "enabled", "budget_tokens": 16000},
+        messages=[{"role": "user", "content": essay(words)}], extra_headers={"x-request-id": rid},
+    )  # fmt: skip
+    fields = logged(caplog, rid)
+    assert fields["thinking"] == change and as_headers(fields) == changes_told(raw.headers)
+    assert ("thinking_budget" in fields) == (change == "lowered")
+    after = metric(httpx.get(f"{proxy}/metrics").text, "token_guard_thinking_changes_total", **labels)
+    assert after - before == 1
 
 
 def test_a_budget_that_fits_is_forwarded_as_sent(claude: anthropic.Anthropic, sim: InMemorySim) -> None:

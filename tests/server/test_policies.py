@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from simulator import SimulatorSettings
 from simulator import create_app as create_simulator
 from tests.support.documents import document
 from tests.support.polling import eventually
+from tests.support.prometheus import metric
+from tests.support.request_log import as_headers, changes_told, logged
 from tests.support.servers import MODEL, InMemorySim, guard, simulator, simulator_in_memory
 
 WINDOW = 2048
@@ -72,6 +75,34 @@ def test_truncate_chat_keeps_system_and_last_user_message_verbatim(proxy: str, s
     assert dropped > 0 and len(forwarded) == 2 + len(history) - dropped
     assert forwarded[1:-1] == history[len(history) - len(forwarded) + 2 :]  # the newest turns survive, in order
     assert int(raw.headers["x-token-guard-truncated-tokens"]) > 0
+
+
+@pytest.mark.parametrize("policy", ["truncate", "chunk"])
+def test_the_log_line_and_metrics_say_every_change_the_headers_tell(
+    proxy: str, caplog: pytest.LogCaptureFixture, policy: str
+) -> None:
+    """Messages dropped and tokens cut, the chunks' sizes: the request's log line says each as its answer's
+    x-token-guard-* headers do, and a metric counts them."""
+    caplog.set_level(logging.INFO, logger="token_guard.requests")
+    history: Any = [{"role": "user" if i % 2 == 0 else "assistant", "content": document(300)} for i in range(11)]
+    messages: Any = history if policy == "truncate" else [{"role": "user", "content": document(5000)}]
+    before = httpx.get(f"{proxy}/metrics").text
+    raw = sdk(proxy, policy).chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=50, extra_headers={"x-request-id": f"changes-{policy}"}
+    )
+    headers = changes_told(raw.headers)
+    assert headers["x-token-guard-action"] == policy and as_headers(logged(caplog, f"changes-{policy}")) == headers
+    after, labels = httpx.get(f"{proxy}/metrics").text, {"model": MODEL, "endpoint": "/v1/chat/completions"}
+    if policy == "truncate":
+        dropped = metric(after, "token_guard_dropped_messages_total", **labels)
+        assert dropped - metric(before, "token_guard_dropped_messages_total", **labels) == int(
+            headers["x-token-guard-dropped-messages"]
+        ) > 0  # fmt: skip
+    else:
+        assert (
+            metric(after, "token_guard_chunks_count", **labels) - metric(before, "token_guard_chunks_count", **labels)
+            == 1
+        )
 
 
 def test_truncate_shortens_a_single_long_message_in_the_middle(proxy: str, sim: InMemorySim) -> None:
@@ -156,11 +187,18 @@ def test_chunked_completions_stream_and_not(proxy: str) -> None:
     assert whole.usage.completion_tokens == 16  # vLLM's default max_tokens, shared by the chunks
 
 
-def test_reduce_merge_returns_the_combining_answer(deepseek_dir: Path, sim: InMemorySim) -> None:
+def test_reduce_merge_returns_the_combining_answer(
+    deepseek_dir: Path, sim: InMemorySim, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="token_guard.requests")
     with guard(sim, deepseek_dir, **{"model.max_model_len": WINDOW, "policy.chunk_merge": "reduce"}) as server:
         raw = sdk(server.url, "chunk").chat.completions.with_raw_response.create(
-            model=MODEL, messages=[{"role": "user", "content": document(5000)}], max_tokens=24
-        )
+            model=MODEL, messages=[{"role": "user", "content": document(5000)}], max_tokens=24,
+            extra_headers={"x-request-id": "reduce-1"},
+        )  # fmt: skip
+        assert as_headers(logged(caplog, "reduce-1")) == changes_told(raw.headers)  # the merge among them
+        merges = metric(httpx.get(f"{server.url}/metrics").text, "token_guard_chunk_merges_total", merge="reduce")
+        assert merges == 1
         reply = raw.parse()
         parts = int(raw.headers["x-token-guard-chunks"])
         assert raw.headers["x-token-guard-merge"] == "reduce"
