@@ -73,6 +73,15 @@ class Request:
             raise over_quota(self.key, verdict, max(tokens, 1))
         return verdict
 
+    async def charge_one(self) -> None:
+        """A request the guard does not count (relay, a stored response's route): one request, no token."""
+        await self.charge(0, CHARGE)
+
+    async def admitted_for(self, cost: int, excluded: frozenset[int]) -> Ticket:
+        """A ticket from the admission gate for `cost` KV tokens, on a replica not `excluded` (429 when refused)."""
+        gate = self.core.upstream.admission
+        return gate.try_acquire(cost, excluded) or await gate.acquire(cost, excluded)
+
     async def charge_outcome(self, outcome: Outcome) -> None:
         """Charge the key what the request reserves before it is forwarded (input + output cap, the KV cost admission
         uses), settled later against its answer's usage; a request the guard answers itself (count_tokens), forwards

@@ -44,8 +44,6 @@ from proxy.extproc.body import Gathered
 from proxy.extproc.gateway import Gateway, Upward
 from proxy.extproc.wire import BUFFERED, FULL_DUPLEX, NONE, STREAMED, HttpHeaders, ProcessingRequest, ProcessingResponse
 from proxy.policy.outcome import Forward
-from proxy.policy.quota import CHARGE
-from proxy.upstream.admission import Ticket
 
 log = logging.getLogger("token_guard.extproc")
 
@@ -139,7 +137,7 @@ class Stream:
         if not guarded:
             entry = await request.reached(path)  # a stored response's: its key's only, sent to its replica
             if request.limited:  # a request of its minute's, no token (as serve)
-                await request.charge(0, CHARGE)
+                await request.charge_one()
             return [self._onward([*self.tagged, *self.gateway.endpoints.pinning(entry.replica if entry else None)])]
         declared = next((v for k, v in sent if k == b"content-length"), b"")
         self.body.check(declared)
@@ -192,7 +190,7 @@ class Stream:
         # a background response's ticket is on the pinned replica: followed there
         excluded, pin = await self.gateway.endpoints.placed(request.recording(), self.sent)
         if outcome.cost is not None:
-            self.answering.ticket = ticket = await _admitted(self.core, outcome.cost, excluded)
+            self.answering.ticket = ticket = await request.admitted_for(outcome.cost, excluded)
             request.admitted(ticket)
         if request.record.charge is not None:  # admitted, it goes on to the upstream: the key pays from here
             request.record.charge.hand(True)
@@ -244,12 +242,6 @@ class Stream:
         told = encode_headers(await refusal.headers(self.core.quotas))
         headers, body = error_bodies.answer(refusal.error, [*self.tagged, *told, *JSON], refusal.envelope)
         return self.answering.immediate(refusal.error.status, headers, body, "token_guard_route")
-
-
-async def _admitted(core: Core, cost: int, excluded: frozenset[int]) -> Ticket:
-    """A ticket from the admission gate for `cost` KV tokens, on a replica not `excluded` (429 when refused)."""
-    gate = core.upstream.admission
-    return gate.try_acquire(cost, excluded) or await gate.acquire(cost, excluded)
 
 
 def _here() -> None:

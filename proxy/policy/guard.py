@@ -15,36 +15,18 @@ from proxy.api.routes import Kind, Reads, Route
 from proxy.counting.isolated import BodyParser
 from proxy.counting.registry import ModelRegistry
 from proxy.counting.source import CountSource, RemoteCount, Uncounted
-from proxy.errors import ContextLengthExceeded, InvalidRequest
-from proxy.policy import audio, counted
-from proxy.policy.batch import batch
-from proxy.policy.chat import chat
-from proxy.policy.cohere import cohere
-from proxy.policy.completions import completion
+from proxy.errors import ContextLengthExceeded
+from proxy.policy import recipes
 from proxy.policy.decide import Action, limits_for
-from proxy.policy.generate import tokens
 from proxy.policy.ledger import Ledger
-from proxy.policy.messages import messages
 from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse
-from proxy.policy.pooling import pooled
 from proxy.policy.reduce import reduce_request
-from proxy.policy.responses import responses
-from proxy.policy.steps import Recipe, Steps
+from proxy.policy.steps import Steps
 from proxy.policy.usage_event import usage_options
 from proxy.settings import PolicySettings, Settings
 
 log = logging.getLogger("token_guard.guard")
 
-RECIPES: dict[Reads, Recipe] = {  # the generate and pool routes' (audio reads a form: policy/audio.py)
-    Reads.CHAT: chat, Reads.COMPLETION: completion, Reads.RESPONSES: responses, Reads.MESSAGES: messages,
-    Reads.CHAT_BATCH: batch, Reads.TOKENS: tokens, Reads.COHERE_EMBED: cohere,
-    Reads.EMBEDDINGS: pooled("embeddings"), Reads.POOLING: pooled("pooling"), Reads.CLASSIFY: pooled("classify"),
-    Reads.SCORE: pooled("score"), Reads.RERANK: pooled("rerank"),
-}  # fmt: skip
-COUNTED: dict[Reads, counted.CountRecipe] = {  # the count routes'
-    Reads.COMPLETION: counted.completion, Reads.COUNT_TOKENS: counted.messages, Reads.RESPONSES: counted.responses,
-    Reads.CHAT: counted.chat,
-}  # fmt: skip
 USAGE_ASKED = (Reads.CHAT, Reads.COMPLETION, Reads.TOKENS)  # the streams whose usage event the guard can ask for
 CHUNK_UNAVAILABLE = (  # the guard as Envoy's external processor (extproc.chunk_instead)
     "The chunk policy was not applied: it sends one request upstream as several, which token-guard cannot do as "
@@ -74,7 +56,7 @@ class Guard:
         (usage_event.py), for a front end that takes the event out of the answer again."""
         server = self.settings.server
         if route.reads is Reads.AUDIO:  # a multipart form, not JSON
-            outcome = audio.audio(self.steps, route.path, raw, headers, findings)
+            outcome = recipes.form(self.steps, route, raw, headers, findings)
         else:
             body = await self.parser.parse(raw, server.max_json_depth, server.max_json_values)  # large: in a child
             try:
@@ -98,20 +80,12 @@ class Guard:
         self, route: Route, reads: Reads | None, body: dict[str, Any], raw: bytes, headers: Mapping[str, str],
         findings: Findings,
     ) -> Outcome:  # fmt: skip
-        """The request read by its endpoint's wire model, counted and decided by its recipe."""
+        """The request read by its endpoint's wire model, counted and decided by its recipe (recipes.py)."""
         if reads is Reads.INVOCATIONS:  # SageMaker: the model its header names, the endpoint vLLM dispatches it to
             seen = invoked_body(body, headers)
             raw = raw if seen is body else with_changes(seen, {})  # what goes upstream names the model checked
             return await self._read(route, Reads(invocation_kind(seen)), seen, raw, headers, findings)
-        if route.kind is Kind.COUNT:
-            count = COUNTED.get(reads) if reads is not None else None
-            if count is None:
-                raise InvalidRequest(f"token-guard cannot count requests of this endpoint ({reads}).")
-            return await count(self.steps, body, raw, headers, findings, route.answered)
-        recipe = RECIPES.get(reads) if reads is not None else None
-        if recipe is None:
-            raise InvalidRequest(f"token-guard cannot read requests of this endpoint ({reads}).")
-        return await recipe(self.steps, body, raw, headers, findings)
+        return await recipes.run(self.steps, route, reads, body, raw, headers, findings)
 
     def _uncounted(self, raw: bytes, exc: Uncounted, findings: Findings, generates: bool = True) -> Outcome:
         """A prompt neither the guard nor the upstream's counting could count: forwarded as sent for vLLM's own

@@ -24,7 +24,6 @@ from proxy.exchange.record import REQUEST_ID, request_id
 from proxy.exchange.request import Request
 from proxy.exchange.stored import ID_ROUTES
 from proxy.policy.outcome import Answer, Chunked, Forward
-from proxy.policy.quota import CHARGE
 from proxy.server.asgi import KEY, ROUTE, ClientGone, Incoming, Receive, Reply, Scope, Send, read_body
 from proxy.server.chunked import answer_chunked
 from proxy.server.disconnect import ClientWatch
@@ -84,7 +83,7 @@ class Handlers:
                     if request.route.path in ID_ROUTES:  # a stored response's: its key's only, on its replica
                         await request.reached(incoming.forward)
                     if request.limited:  # a request of its minute's, no token; nothing for the rest
-                        await request.charge(0, CHARGE)
+                        await request.charge_one()
                     await self._forward(request, reply, incoming, headers, body, listed)
         except ClientGone:  # its upstream request, chunks or place in the queue are given up by now
             record.client_gone = True

@@ -16,8 +16,9 @@ from proxy.api.routes import ROUTES, Kind, Reads, Route, RouteTable
 from proxy.counting.isolated import BodyParser
 from proxy.counting.registry import ModelRegistry
 from proxy.errors import ContextLengthExceeded, InvalidRequest
-from proxy.policy.guard import COUNTED, RECIPES, Guard
+from proxy.policy.guard import Guard
 from proxy.policy.outcome import Answer, Findings, Forward, Outcome, Refuse
+from proxy.policy.recipes import COUNTED, RECIPES
 from proxy.settings import load_settings
 
 MODEL = "tiny"
