@@ -5,10 +5,13 @@ match. One family at a time: start its vLLMs and guards, let the tests run, stop
 from __future__ import annotations
 
 import contextlib
+import gzip
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -18,6 +21,7 @@ from tests.support import zoo
 from tests.support.polling import eventually
 
 WINDOW = 512  # small, so that a clamped answer of random weights (which never stop early) stays short
+CORPORA = Path(__file__).resolve().parents[1] / "counting" / "families"
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,8 @@ class Family:
 THINKING_OFF = '{"enable_thinking": false}'
 FAMILIES = (
     Family("llama3.1", "llama3.1"),
-    # Qwen3 served with thinking off by default: state the guard cannot see unless configured the same way
-    Family("qwen3-nothink", "qwen3", ("--default-chat-template-kwargs", THINKING_OFF),
-           ("--default-chat-template-kwargs", THINKING_OFF)),
+    # Qwen3 served with thinking off by default: the guard is not told, and learns it from vLLM's POST /tokenize
+    Family("qwen3-nothink", "qwen3", ("--default-chat-template-kwargs", THINKING_OFF)),
     Family("mistral-nemo-mistral", "mistral-nemo", ("--tokenizer-mode", "mistral"), ("--tokenizer-mode", "mistral"),
            tokenize_is_reference=False),
     Family("mistral-nemo-hf", "mistral-nemo"),  # tokenizer_mode auto on both sides: its Jinja template
@@ -57,6 +60,31 @@ class Served:
     vllm_url: str
     guard_url: str
     http: httpx.Client
+    first: tuple[int | None, int | None]  # the first corpus request, sent once /health said 200: counted, charged
+
+
+def corpus(family: Family) -> list[dict[str, Any]]:
+    with gzip.open(CORPORA / f"{family.name}.jsonl.gz", "rt", encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines]
+
+
+def one_token(case: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The corpus request as sent: one greedy token; tools with tool_choice "none" (vLLM refuses "auto" without a
+    tool parser, and the choice does not change the prompt)."""
+    body = {**case["body"], "model": runtime.SERVED_NAME, "max_tokens": 1, "temperature": 0}
+    if body.get("tools") and "tool_choice" not in body:
+        body["tool_choice"] = "none"
+    return ("/v1/chat/completions" if case["kind"] == "chat" else "/v1/completions"), body
+
+
+def first_counted(http: httpx.Client, guard: str, family: Family) -> tuple[int | None, int | None]:
+    """The family's first corpus request through the guard: its count (None: the guard gave none) and what vLLM
+    charged for it (None: it was refused)."""
+    path, body = one_token(corpus(family)[0])
+    answer = http.post(guard + path, json=body)
+    counted = answer.headers.get("x-token-guard-prompt-tokens")
+    charged = answer.json()["usage"]["prompt_tokens"] if answer.status_code == 200 else None
+    return (int(counted) if counted is not None else None), charged
 
 
 BILLED = {"model": runtime.SERVED_NAME, "max_tokens": 1, "temperature": 0, "messages": [
@@ -92,15 +120,17 @@ def served(family: Family, versions: Sequence[str], workdir: Path) -> Iterator[d
             extra = ["--max-model-len", str(WINDOW), *family.guard_args]
             guards[version] = runtime.start_proxy(vllm.url, model, workdir / version / "guard", extra_args=extra)
             processes.append(guards[version])
-        for guard in guards.values():
-            guard.wait_ready("/health", PROXY_READY_TIMEOUT)
         with httpx.Client(timeout=120) as http:
+            first = {}
+            for version, guard in guards.items():
+                guard.wait_ready("/health", PROXY_READY_TIMEOUT)
+                first[version] = first_counted(http, guard.url, family)  # the moment the guard says it is ready
             for guard in guards.values():
                 # The start-up check runs once /health is ready; it reads the upstream's version, on which 0.32's
                 # billing-header rule depends: wait until the guard counts such a request as vLLM charges it.
                 if not eventually(partial(_checked, http, guard.url, family.exact), timeout_s=60, interval_s=0.5):
                     raise TimeoutError(f"the guard's start-up check did not finish:\n{runtime.tail(guard.log)}")
-            yield {v: Served(family, v, vllms[v].url, guards[v].url, http) for v in versions}
+            yield {v: Served(family, v, vllms[v].url, guards[v].url, http, first[v]) for v in versions}
     finally:
         for process in reversed(processes):
             process.stop()

@@ -8,27 +8,17 @@ as generation does, it agrees too; and a clamp lands exactly on the window.
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from proxy.upstream.remote_count import chat_tokenize_body
 from tests.e2e import runtime
-from tests.e2e.families import FAMILIES, UNSAID_MISTRAL, WINDOW, Family, Served, served
+from tests.e2e.families import FAMILIES, UNSAID_MISTRAL, WINDOW, Family, Served, corpus, one_token, served
 from tests.e2e.wire import GUARD_ACTION, GUARD_PROMPT
 
 pytestmark = pytest.mark.e2e
-
-CORPORA = Path(__file__).resolve().parents[1] / "counting" / "families"
-
-
-def corpus(family: Family) -> list[dict[str, Any]]:
-    with gzip.open(CORPORA / f"{family.name}.jsonl.gz", "rt", encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.name for f in FAMILIES])
@@ -41,15 +31,6 @@ def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 @pytest.fixture(params=runtime.VERSIONS)
 def family(request: pytest.FixtureRequest, servers: dict[str, Served]) -> Served:
     return servers[request.param]
-
-
-def one_token(case: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The corpus request as sent: one greedy token; tools with tool_choice "none" (vLLM refuses "auto" without a
-    tool parser, and the choice does not change the prompt)."""
-    body = {**case["body"], "model": runtime.SERVED_NAME, "max_tokens": 1, "temperature": 0}
-    if body.get("tools") and "tool_choice" not in body:
-        body["tool_choice"] = "none"
-    return ("/v1/chat/completions" if case["kind"] == "chat" else "/v1/completions"), body
 
 
 def requests(family: Family) -> list[tuple[str, str, dict[str, Any]]]:
@@ -65,6 +46,14 @@ def requests(family: Family) -> list[tuple[str, str, dict[str, Any]]]:
         else:
             out.append((label, path, body))
     return out
+
+
+def test_the_first_request_once_ready_is_counted_as_vllm_charges_it(family: Served) -> None:
+    """The family's first corpus request, sent the moment the guard's /health turned 200: counted with everything
+    the guard learns from the upstream (its window, its version, Qwen3's default of thinking off, the check's
+    verdicts), never before. Measured on vLLM 0.31 before the guard waited for it: Qwen3 counted 18, charged 22."""
+    counted, charged = family.first
+    assert counted is not None and counted == charged, f"{family.family.name} on {family.version}"
 
 
 def test_every_corpus_request_is_counted_as_vllm_charges_it(family: Served) -> None:
