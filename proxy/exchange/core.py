@@ -36,6 +36,7 @@ from proxy.exchange.quotas import Quotas
 from proxy.exchange.readiness import Learning
 from proxy.exchange.stored import ledger_for
 from proxy.policy.guard import Guard
+from proxy.policy.steps import Steps
 from proxy.settings import RedisSettings, Settings
 from proxy.upstream.client import Upstream
 from proxy.upstream.discovery import discover
@@ -89,8 +90,9 @@ class Core:
         self.ledger = ledger_for(settings, self.link)
         self.renderer, self.parser = IsolatedRenderer(), BodyParser()  # each child process spawned on first use
         registry.render_requests_in(self.renderer)
-        self.guard = Guard(settings, registry, RemoteCounter(self.upstream), self.upstream.ceiling, chunk_instead,
-                           self.ledger, parser=self.parser)  # fmt: skip
+        steps = Steps(settings, registry, RemoteCounter(self.upstream), self.upstream.ceiling, chunk_instead,
+                      self.ledger)  # fmt: skip
+        self.guard = Guard(steps, self.parser)
         presence = self.presence
         self.quotas = Quotas(settings, self.link, (lambda: presence.alive) if presence is not None else None)
         self.meter = Meter(self.quotas)

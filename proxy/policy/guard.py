@@ -5,8 +5,8 @@ count -> decide, then the overflow policy when the prompt does not fit; policy/<
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.api.body import with_changes
@@ -14,11 +14,10 @@ from proxy.api.invocations import invocation_kind, invoked_body
 from proxy.api.routes import Kind, Reads, Route
 from proxy.counting.isolated import BodyParser
 from proxy.counting.registry import ModelRegistry
-from proxy.counting.source import CountSource, RemoteCount, Uncounted
+from proxy.counting.source import CountSource, Uncounted
 from proxy.errors import ContextLengthExceeded
 from proxy.policy import recipes
 from proxy.policy.decide import Action, limits_for
-from proxy.policy.ledger import Ledger
 from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse
 from proxy.policy.reduce import reduce_request
 from proxy.policy.steps import Steps
@@ -36,16 +35,16 @@ CHUNK_UNAVAILABLE = (  # the guard as Envoy's external processor (extproc.chunk_
 
 @dataclass
 class Guard:
-    settings: Settings
-    registry: ModelRegistry
-    remote: RemoteCount | None = None  # counts through the upstream (counting.source); None: always local
-    ceiling: Callable[[], int | None] | None = None  # the largest replica's whole KV budget (None: no token budget)
-    chunk_instead: str | None = None  # a front end that cannot fan out: "reject" or "truncate" for chunk (None: chunk)
-    ledger: Ledger | None = None  # the stored responses a Responses create continues (policy/ledger.py)
-    parser: BodyParser = field(kw_only=True)  # the largest bodies parsed in a child process (owner: exchange/core.py)
+    steps: Steps  # what the recipes share: settings, models, the upstream's counting, the KV ceiling, the ledger
+    parser: BodyParser  # the largest bodies parsed in a child process (owner: exchange/core.py)
 
-    def __post_init__(self) -> None:
-        self.steps = Steps(self.settings, self.registry, self.remote, self.ceiling, self.chunk_instead, self.ledger)
+    @property
+    def settings(self) -> Settings:
+        return self.steps.settings
+
+    @property
+    def registry(self) -> ModelRegistry:
+        return self.steps.registry
 
     async def handle(
         self, route: Route, raw: bytes, headers: Mapping[str, str], findings: Findings, ask_usage: bool = False

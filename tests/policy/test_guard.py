@@ -19,6 +19,7 @@ from proxy.errors import ContextLengthExceeded, InvalidRequest
 from proxy.policy.guard import Guard
 from proxy.policy.outcome import Answer, Findings, Forward, Outcome, Refuse
 from proxy.policy.recipes import COUNTED, RECIPES
+from proxy.policy.steps import Steps
 from proxy.settings import load_settings
 
 MODEL = "tiny"
@@ -32,7 +33,7 @@ def guard(tokenizer_dir: Path) -> Iterator[Guard]:
     settings = load_settings(flags, environ={})
     parser = BodyParser()  # started on the first large body only
     try:
-        yield Guard(settings, ModelRegistry.from_settings(settings.models, settings.counting), parser=parser)
+        yield Guard(Steps(settings, ModelRegistry.from_settings(settings.models, settings.counting)), parser)
     finally:
         parser.close()
 
