@@ -1,6 +1,7 @@
 """POST /v1/responses, /v1/messages, /v1/messages/count_tokens and /invocations, as vLLM serves them: each request is
-converted to the chat request vLLM renders (the guard's own conversions, which equal vLLM's), then rendered, limited
-and planned like chat, with the endpoint's own limit field in the error texts."""
+converted to the chat messages vLLM renders (Responses with the simulator's own readers, responses_*.py; Messages
+still with the guard's conversion), then rendered, limited and planned like chat, with the endpoint's own limit field
+in the error texts."""
 
 from __future__ import annotations
 
@@ -13,13 +14,11 @@ from typing import Any
 
 from proxy.api.anthropic import MessagesRequest, parse_messages
 from proxy.api.chat import ChatRequest
-from proxy.api.responses import parse_responses
 from proxy.counting.anthropic import to_chat
 from proxy.counting.anthropic_probes import EFFORTS, fails_inline_system
-from proxy.counting.responses import responses_chat
 from proxy.errors import GuardError
 from simulator.chat import plan_chat, template_inputs
-from simulator.chat_prompt import ChatOptions, RenderedChat, render_chat, template_kwargs
+from simulator.chat_prompt import UNTRUSTED_TEMPLATE, ChatOptions, RenderedChat, render_chat, template_kwargs
 from simulator.completions import plan_completion
 from simulator.context import Context, engine_error, raise_if, response_id, unwrap
 from simulator.conversation import read_messages, read_tools
@@ -29,6 +28,9 @@ from simulator.generation import Generation, PromptPlan
 from simulator.harmony import SimHarmony
 from simulator.invocations import dispatched
 from simulator.limits import OutputRequest, PromptShape, budget, check_prompt, check_request, check_sampling
+from simulator.responses_input import continues, input_messages
+from simulator.responses_request import ResponsesRequest, read_responses
+from simulator.responses_tools import tool_dicts
 from simulator.stored import NO_STORE, not_found
 from simulator.wire import Fields
 
@@ -39,10 +41,9 @@ NO_REASONING = (
 
 
 def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
-    req = _read(lambda raw: parse_responses(raw), body)
+    newer = not ctx.profile.reserves_output
+    req = read_responses(body, newer)
     ctx.check_model(req.model)
-    if req.background and not req.store:  # the request model's own validator
-        raise validation_error("background can only be used when `store` is true", parameter="background")
     if req.background and ctx.store is None:
         raise ApiError(NO_STORE, type="invalid_request_error", param="background")
     history = None
@@ -50,7 +51,10 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
         if ctx.store is None:
             raise not_found(req.previous_response_id)
         history = ctx.store.history(req.previous_response_id)
-    chat = _read(lambda _: responses_chat(req, not ctx.profile.reserves_output, history), body)
+    own_template = (req.chat_template_kwargs or {}).get("chat_template")
+    if own_template is not None and not ctx.settings.trust_request_chat_template:
+        raise ApiError(UNTRUSTED_TEMPLATE)
+    messages = input_messages(req.instructions, req.input, newer, history)
     # truncation "auto": vLLM's TokenizeParams gets truncate_prompt_tokens -1, so the input keeps its last tokens,
     # as many as the window less max_output_tokens (0.31), or all but one (0.32)
     truncate = -1 if req.truncation_auto else None
@@ -59,21 +63,41 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
     # the body's request_id, else a new one (X-Request-Id is not read: the Responses API takes no header's id)
     rid = req.request_id or f"resp_{uuid.uuid4().hex}"
     if ctx.harmony is not None:
-        messages = _harmony_messages(ctx, ctx.harmony, req.body)
-        ids = ctx.harmony.render(messages)
+        harmony_messages = _harmony_messages(ctx, ctx.harmony, req.body)
+        ids = ctx.harmony.render(harmony_messages)
         planned = _planned(ctx, "responses", rid, ids, len(ctx.tokenizer.decode(ids)), request, req.body, req.stream)
     else:
-        planned = _generation(ctx, "responses", rid, chat, request, req.body, req.stream)
+        rendered = render_chat(
+            ctx.tokenizer, _responses_options(req, messages, newer), ctx.profile.strips_billing_header
+        )
+        planned = _planned(ctx, "responses", rid, rendered.token_ids, len(rendered.text), request, req.body,
+                           req.stream)  # fmt: skip
     rules = read_stops(Fields(req.body), 0)  # ResponsesRequest's stop and stop_token_ids (to_sampling_params)
     check_stops(rules)
     planned = with_endings(planned, ctx.tokenizer, rules)
     if ctx.store is None or not req.store:
         return planned
     if ctx.harmony is not None:
-        ctx.store.harmony[rid] = messages
+        ctx.store.harmony[rid] = harmony_messages
     else:
-        ctx.store.rendered(rid, chat.messages)
+        ctx.store.rendered(rid, messages)
     return replace(planned, keep=ctx.store.keep)
+
+
+def _responses_options(req: ResponsesRequest, messages: list[dict[str, Any]], newer: bool) -> ChatOptions:
+    """build_chat_params: the prompt flags from the input's last item, the effort (and enable_thinking, unless
+    the client set it) over the client's chat_template_kwargs; build_tok_params leaves add_special_tokens on."""
+    cont = continues(req.input)
+    user = req.chat_template_kwargs or {}
+    extra: dict[str, Any] = {"reasoning_effort": req.effort}
+    if req.effort is not None and "enable_thinking" not in user:
+        extra["enable_thinking"] = req.effort != "none"
+    tools = tool_dicts(req.tools, newer)
+    return ChatOptions(
+        messages=messages, add_generation_prompt=not cont, continue_final_message=cont, add_special_tokens=True,
+        tools=None if tools is None else read_tools(tools), template_kwargs=template_kwargs(user, extra),
+        chat_template=own if isinstance(own := user.get("chat_template"), str) else None,
+    )  # fmt: skip
 
 
 def _harmony_messages(ctx: Context, harmony: SimHarmony, body: dict[str, Any]) -> list[Any]:

@@ -43,6 +43,9 @@ SIMULATOR_LAYERS = [  # lowest first, as LAYERS
         "content_format",
         "invocations",
         "cohere_request",
+        "responses_input",
+        "responses_request",
+        "responses_tools",
     },
     {"generation", "stats", "responses", "api_shapes", "token_out", "streaming", "stored", "tokenizer", "harmony"},
     {"context", "chat_prompt", "endings"},
@@ -56,12 +59,10 @@ STILL_BORROWED = {  # the guard's readers the simulator has not yet replaced wit
     "proxy.api.anthropic",
     "proxy.api.chat",
     "proxy.api.pooling",
-    "proxy.api.responses",
     "proxy.counting.anthropic",
     "proxy.counting.anthropic_probes",
     "proxy.counting.conversation",
     "proxy.counting.harmony",  # gpt-oss: the last step of rendering (legacy tool-call headers, analysis dropped)
-    "proxy.counting.responses",
     "proxy.counting.roles",
     "proxy.errors",
 }
