@@ -31,9 +31,10 @@ from simulator.chat import plan_chat
 from simulator.cohere import cohere_embed
 from simulator.completions import plan_completion
 from simulator.context import Context
-from simulator.converted import count_tokens, plan_invocation, plan_messages, plan_responses
+from simulator.converted import plan_invocation, plan_responses
 from simulator.errors import ApiError
 from simulator.generation import Engine, Generation
+from simulator.messages import count_tokens, plan_messages
 from simulator.pooling import pool, pooling_invocation
 from simulator.responses import Wire
 from simulator.settings import SimulatorSettings

@@ -73,7 +73,7 @@ def messages(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("thinking", "max_tokens", "says"),
     [
-        ({"type": "enabled", "budget_tokens": 1000}, 2000, "at least 1024"),
+        ({"type": "enabled", "budget_tokens": 1000}, 2000, "greater than or equal to 1024"),  # Field(ge=1024)
         ({"type": "enabled", "budget_tokens": 1500}, 1500, "must be less than max_tokens"),
         ({"type": "enabled", "budget_tokens": 1024}, 1500, "reasoning_config is not configured"),
     ],
