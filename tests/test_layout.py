@@ -59,9 +59,7 @@ SIMULATOR_LAYERS = [  # lowest first, as LAYERS
 # What the simulator takes from proxy/: the demo tokenizer's files only; never the guard's readers or counting
 FROM_PROXY = {"proxy.assets"}
 STILL_BORROWED = {  # the guard's readers the simulator has not yet replaced with its own: this set only shrinks
-    "proxy.counting.conversation",
     "proxy.counting.harmony",  # gpt-oss: the last step of rendering (legacy tool-call headers, analysis dropped)
-    "proxy.counting.roles",
     "proxy.errors",
 }
 PURE = {"api", "counting", "policy"}
