@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import jinja2
@@ -197,6 +198,7 @@ def _tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+@lru_cache(maxsize=16)  # vLLM probes once at start-up; here the server's own templates, each compiled once
 def needs_system_first(template: str | None) -> bool:
     """_detect_merge_inline_system, vLLM's start-up probe of each template it applies (with tools and without):
     [system, user, system, user] rendered in a plain sandboxed Jinja environment; any template error (Qwen's
