@@ -21,8 +21,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.api.pooling import KINDS as POOLING_KINDS
-from proxy.api.pooling import Kind
 from simulator.audio import Task, hear, plan_audio
 from simulator.audio import answer as spoken_answer
 from simulator.audio import events as spoken_events
@@ -31,10 +29,13 @@ from simulator.chat import plan_chat
 from simulator.cohere import cohere_embed
 from simulator.completions import plan_completion
 from simulator.context import Context
-from simulator.converted import count_tokens, plan_invocation, plan_messages, plan_responses
+from simulator.converted import plan_invocation, plan_responses
 from simulator.errors import ApiError
 from simulator.generation import Engine, Generation
+from simulator.messages import count_tokens, plan_messages
 from simulator.pooling import pool, pooling_invocation
+from simulator.pooling_request import ROUTES as POOLING_KINDS
+from simulator.pooling_request import Kind
 from simulator.responses import Wire
 from simulator.settings import SimulatorSettings
 from simulator.stats import RequestTracker, SimulatorStats

@@ -17,8 +17,6 @@ import struct
 import time
 from typing import Any
 
-from proxy.api.pooling import Kind, PoolingRequest, ScoringRequest, pooling_request
-from proxy.errors import InvalidRequest
 from simulator.chat_prompt import ChatOptions, check_prompt_flags, render_chat
 from simulator.context import Context, response_id
 from simulator.errors import ApiError
@@ -31,6 +29,7 @@ from simulator.limits import (
     check_request,
     truncation_length,
 )
+from simulator.pooling_request import Kind, PoolingRequest, ScoringRequest, pooling_request
 
 DIMENSIONS = 16
 PREFIX = {"embeddings": "embd", "pooling": "pooling", "classify": "classify", "score": "score", "rerank": "score"}
@@ -40,10 +39,7 @@ def pool(ctx: Context, body: Any, kind: Kind, headers: dict[str, str]) -> dict[s
     """The JSON answer, or the ApiError vLLM would send."""
     if not isinstance(body, dict):
         raise ApiError("Input should be a valid dictionary", type="Bad Request")
-    try:
-        req = pooling_request(body, kind)
-    except InvalidRequest as exc:
-        raise ApiError(exc.message, type="Bad Request", param=exc.param) from None
+    req = pooling_request(body, kind)
     ctx.check_model(req.model)
     limits = OutputRequest(ctx.settings.max_model_len, None, truncate_prompt_tokens=req.truncate_prompt_tokens)
     _raise(check_request(ctx.profile, limits))
@@ -105,7 +101,7 @@ def _scored(ctx: Context, req: ScoringRequest, limits: OutputRequest) -> dict[st
         return {"object": "list", "created": int(time.time()), "model": ctx.settings.model, "data": data,
                 "usage": _usage(tokens)}  # fmt: skip
     ranked = sorted(range(len(scores)), key=lambda i: -scores[i])
-    top_n = req.body.get("top_n") or len(ranked)
+    top_n = req.top_n or len(ranked)
     results = [{"index": i, "document": {"text": req.documents[i], "multi_modal": None},
                 "relevance_score": scores[i]} for i in ranked[:top_n]]  # fmt: skip
     return {"model": ctx.settings.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},

@@ -43,26 +43,23 @@ SIMULATOR_LAYERS = [  # lowest first, as LAYERS
         "content_format",
         "invocations",
         "cohere_request",
+        "responses_input",
+        "responses_request",
+        "responses_tools",
+        "messages_request",
+        "messages_chat",
+        "pooling_request",
     },
     {"generation", "stats", "responses", "api_shapes", "token_out", "streaming", "stored", "tokenizer", "harmony"},
     {"context", "chat_prompt", "endings"},
-    {"chat", "completions", "converted", "pooling", "cohere", "batch", "token_in", "tokenize", "audio"},
+    {"chat", "completions", "converted", "messages", "pooling", "cohere", "batch", "token_in", "tokenize", "audio"},
     {"app"},
     {"command"},
 ]
 # What the simulator takes from proxy/: the demo tokenizer's files only; never the guard's readers or counting
 FROM_PROXY = {"proxy.assets"}
 STILL_BORROWED = {  # the guard's readers the simulator has not yet replaced with its own: this set only shrinks
-    "proxy.api.anthropic",
-    "proxy.api.chat",
-    "proxy.api.pooling",
-    "proxy.api.responses",
-    "proxy.counting.anthropic",
-    "proxy.counting.anthropic_probes",
-    "proxy.counting.conversation",
     "proxy.counting.harmony",  # gpt-oss: the last step of rendering (legacy tool-call headers, analysis dropped)
-    "proxy.counting.responses",
-    "proxy.counting.roles",
     "proxy.errors",
 }
 PURE = {"api", "counting", "policy"}

@@ -44,6 +44,14 @@ def test_truncation_auto_keeps_all_but_one_token_on_032(sim032: RunningSim) -> N
     assert (usage["input_tokens"], usage["output_tokens"]) == (WINDOW - 1, 1)
 
 
+def test_truncation_null_cuts_as_auto_does(sim032: RunningSim) -> None:
+    """build_tok_params asks for truncate_prompt_tokens -1 whenever truncation is not "disabled": null too."""
+    body = {"model": "tiny", "input": essay(3000), "truncation": None, "max_output_tokens": 100}
+    answer = sim032.client.post("/v1/responses", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["input_tokens"] == WINDOW - 1
+
+
 def test_truncation_auto_without_a_limit_or_over_the_window_is_refused(sim: RunningSim) -> None:
     unsaid = sim.client.post("/v1/responses", json={"model": "tiny", "input": essay(3000), "truncation": "auto"})
     assert unsaid.status_code == 400 and "max_tokens must be at least 1, got 0" in unsaid.json()["error"]["message"]
@@ -65,7 +73,7 @@ def messages(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("thinking", "max_tokens", "says"),
     [
-        ({"type": "enabled", "budget_tokens": 1000}, 2000, "at least 1024"),
+        ({"type": "enabled", "budget_tokens": 1000}, 2000, "greater than or equal to 1024"),  # Field(ge=1024)
         ({"type": "enabled", "budget_tokens": 1500}, 1500, "must be less than max_tokens"),
         ({"type": "enabled", "budget_tokens": 1024}, 1500, "reasoning_config is not configured"),
     ],

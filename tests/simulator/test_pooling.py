@@ -65,3 +65,19 @@ def test_the_other_routes(sim032: RunningSim, path: str, body: dict[str, Any], k
 def test_invocations_without_a_pooling_body_stay_on_generation(sim032: RunningSim) -> None:
     response = sim032.client.post("/invocations", json={})
     assert response.status_code == 400 and "prompt" in response.json()["error"]["message"]
+
+
+def test_fields_are_read_with_pydantics_lax_types(sim032: RunningSim) -> None:
+    """`truncate_prompt_tokens: Annotated[int, Field(ge=-1)]` and `add_special_tokens: bool` take numeric and boolean
+    strings, as vLLM's request model does."""
+    body = {"model": "tiny", "input": "one two three four five six", "truncate_prompt_tokens": "3"}
+    answer = sim032.client.post("/v1/embeddings", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] == 3
+
+
+def test_an_input_of_mixed_strings_and_ids_gets_pydantics_400(sim032: RunningSim) -> None:
+    answer = sim032.client.post("/v1/embeddings", json={"model": "tiny", "input": ["a", 1]})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["type"] == "Bad Request" and "validation error" in error["message"] and error["param"] == "body.input"
