@@ -23,6 +23,7 @@ import httpx
 import openai
 import pytest
 
+from proxy.drift.samples import BUILTIN_SAMPLES
 from proxy.fleet.budget import FleetBudget
 from proxy.fleet.link import RedisLink
 from proxy.fleet.presence import count_instances
@@ -74,6 +75,15 @@ def serve(upstream: str, tokenizer: Path, logs: Path, redis_url: str, budget: in
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=30)
+
+
+def checked(stats: Any, processes: int) -> bool:
+    """Every guard process has run its start-up check, whose 1-token generations of the built-in samples (a tools
+    sample of 118 tokens among them) reach the simulator beside no admission, and none runs any more: from here on
+    the simulator's KV peak is the test's own requests'. Without this wait, CI at 4efdaf6 and a run at 33efb84 saw
+    402: the burst at its budget (4 x 67) beside two processes' check samples still running (118 + 16)."""
+    snapshot = stats.snapshot()
+    return bool(snapshot["received"] >= processes * len(BUILTIN_SAMPLES) and snapshot["active"] == 0)
 
 
 def kill(url: str) -> None:
@@ -141,6 +151,8 @@ def test_two_guards_of_two_workers_share_one_budget_and_fall_back_open(
         budget = 4 * cost  # each worker's share without Redis would be 2 requests: 8 at once over the four
         with serve(sim.url, deepseek_dir, tmp_path, redis.url, budget, guards=2) as urls:
             assert eventually(lambda: instances(redis.url) == 4, timeout_s=10)  # four processes share it
+            assert eventually(lambda: checked(stats, 4), timeout_s=60)
+            stats.kv.reset()
 
             responses = asyncio.run(burst(urls, 32, 60))
             assert [r.status_code for r in responses] == [200] * 32
@@ -174,6 +186,7 @@ def test_credit_admits_without_a_round_trip_within_the_budget_and_goes_back(
         budget = 16 * cost_of(sim.url, 60)  # each of the four processes' blocks: two requests' worth
         with serve(sim.url, deepseek_dir, tmp_path, redis.url, budget, guards=2) as urls:
             assert eventually(lambda: instances(redis.url) == 4, timeout_s=10)
+            assert eventually(lambda: checked(stats, 4), timeout_s=60)
             with httpx.Client(timeout=60) as client:
                 for url in urls * 8:  # one at a time: after its first, a process has credit for the next
                     assert client.post(f"{url}/v1/chat/completions", json=body(60)).status_code == 200
