@@ -93,9 +93,9 @@ def _per_request(system: str, scenario: str, upstream: Running, workdir: Path, a
 
 
 def _profiled(system: str, scenario: str, upstream: Running, workdir: Path, requests: int) -> Profile:
-    tree, env = (None, None) if system == "token-guard" else checkout(system, system.removeprefix(OTHER_TREE))
     if system != "token-guard" and not system.startswith(OTHER_TREE):
         raise SetupError(f"unknown system {system!r}: token-guard or token-guard@<checkout>")
+    tree, env = (None, None) if system == "token-guard" else checkout(system, system.removeprefix(OTHER_TREE))
     output, port = workdir / f"{len(list(workdir.glob('*.prof')))}.prof", free_port()
     argv = [sys.executable, "-m", "cProfile", "-o", str(output), "-m", "proxy", "serve", "--upstream", upstream.url,
             "--model", MODEL, "--tokenizer", str(demo_tokenizer()), "--max-model-len", str(MAX_MODEL_LEN),

@@ -18,6 +18,7 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from proxy.api.models import ModelCard
 from proxy.api.routes import RouteTable
 from proxy.counting.isolated import BodyParser, IsolatedRenderer
 from proxy.counting.registry import ModelRegistry
@@ -205,21 +206,22 @@ async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: U
     the guard counts. Again, the same way, whenever a replica comes back from being out (it may have restarted with
     another template or other defaults); meanwhile nothing is counted."""
     while True:
-        while True:
-            try:
-                cards = await discover(upstream, settings.upstream.startup_wait_s)
-            except GuardError as exc:
-                log.error("%s; still retrying", exc.message)
-                continue
-            registry.apply_discovery(cards)
-            break
+        registry.apply_discovery(await _discovered(settings, upstream))
         for line in await drift_warnings(registry, upstream):
             log.warning("%s", line)
         learning.learned()
         await learning.until_stale()
-        learning.forget()
         registry.forget_learned()
         log.info("an upstream replica is back: learning its models and how it counts again before counting")
+
+
+async def _discovered(settings: Settings, upstream: Upstream) -> list[ModelCard]:
+    """The upstream's model cards, asked until it answers."""
+    while True:
+        try:
+            return await discover(upstream, settings.upstream.startup_wait_s)
+        except GuardError as exc:
+            log.error("%s; still retrying", exc.message)
 
 
 async def _logged(job: Job) -> None:

@@ -27,10 +27,6 @@ class Learning:
     def learned(self) -> None:
         self._known.set()
 
-    def forget(self) -> None:
-        """Count nothing until it is learned again."""
-        self._known.clear()
-
     def stale(self) -> None:
         """What was learned may no longer hold (a replica came back, perhaps restarted): count nothing from now on
         until it is learned again."""
