@@ -45,6 +45,21 @@ PROFILES: dict[str, Profile] = {
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
     ),
+    # 0.33 and 0.34 answer as 0.32 does except where a field above says otherwise (docs/vllm-wire-contract.md)
+    "0.33": Profile(
+        name="0.33",
+        version="0.33.0",
+        reserves_output=False,
+        lists_aliases_on_not_found=True,
+        generate_output_mode=True,
+    ),
+    "0.34": Profile(
+        name="0.34",
+        version="0.34.0",
+        reserves_output=False,
+        lists_aliases_on_not_found=True,
+        generate_output_mode=True,
+    ),
 }
 
 

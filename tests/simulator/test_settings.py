@@ -12,7 +12,8 @@ from simulator.command import add_arguments
 
 
 def test_profile_must_be_supported(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"unknown vLLM profile '0\.9'; supported profiles: 0\.31, 0\.32"):
+    supported = r"supported profiles: 0\.31, 0\.32, 0\.33, 0\.34"
+    with pytest.raises(ValueError, match=r"unknown vLLM profile '0\.9'; " + supported):
         SimulatorSettings(tokenizer=tmp_path, profile="0.9")
 
 
