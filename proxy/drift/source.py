@@ -31,12 +31,20 @@ def decide(model: GuardedModel, rows: Sequence[Row], counter: RemoteCounter) -> 
     if not counter.renders and counter.tokenizes is False:
         return "auto", (f"auto: the guard {where}, but the upstream offers no way to count (no render endpoints, no "
                         "POST /tokenize); counted locally")  # fmt: skip
-    if counter.renders or mode == "hf":
+    if upstream_counts(model, counter):
         return "upstream", f"auto: the guard {where}; vLLM counts this model's prompts ({counter.method})"
     return "auto", (
         f"auto: the guard {where}, but the upstream cannot count {mode} chat exactly (POST /tokenize renders it "
         "differently, and it offers no render endpoints: start vLLM with --enable-scale-out); counted locally"
     )
+
+
+def upstream_counts(model: GuardedModel, counter: RemoteCounter) -> bool:
+    """Whether the upstream can count this model's prompts exactly: its render endpoints, or POST /tokenize for a
+    model rendered with a Jinja template."""
+    if not counter.renders and counter.tokenizes is False:
+        return False
+    return bool(counter.renders) or model.tokenizer.rendering.mode == "hf"
 
 
 async def apply(registry: ModelRegistry, rows: Sequence[Row], counter: RemoteCounter) -> None:

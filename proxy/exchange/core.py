@@ -22,6 +22,7 @@ from proxy.api.models import ModelCard
 from proxy.api.routes import RouteTable
 from proxy.counting.isolated import BodyParser, IsolatedRenderer
 from proxy.counting.registry import ModelRegistry
+from proxy.drift.evidence import Evidence
 from proxy.drift.startup import drift_warnings
 from proxy.errors import GuardError
 from proxy.exchange.background import Followers
@@ -91,9 +92,10 @@ class Core:
         self.ledger = ledger_for(settings, self.link)
         self.renderer, self.parser = IsolatedRenderer(), BodyParser()  # each child process spawned on first use
         registry.render_requests_in(self.renderer)
-        steps = Steps(settings, registry, RemoteCounter(self.upstream), self.upstream.ceiling, chunk_instead,
-                      self.ledger)  # fmt: skip
+        remote = RemoteCounter(self.upstream)
+        steps = Steps(settings, registry, remote, self.upstream.ceiling, chunk_instead, self.ledger)
         self.guard = Guard(steps, self.parser)
+        self.evidence = Evidence(registry, remote)  # answers' usage against the guard's counts
         presence = self.presence
         self.quotas = Quotas(settings, self.link, (lambda: presence.alive) if presence is not None else None)
         self.meter = Meter(self.quotas)
@@ -160,7 +162,9 @@ class Core:
         if not healthy:
             return 503, {"status": "unhealthy", "detail": "no upstream replica answers its /health"}
         # checked: the start-up check has run, so each model's count source is decided
-        shown = {"models": self.registry.names} if models else {}
+        shown: dict[str, object] = {"models": self.registry.names} if models else {}
+        if models and self.evidence.moved:  # answers' usage moved these models' counting to the upstream
+            shown["counted_upstream"] = dict(self.evidence.moved)
         return 200, {"status": "ok", **shown, "checked": self.registry.checked}
 
     def exposition(self, headers: RawHeaders) -> bytes:
@@ -170,7 +174,8 @@ class Core:
     def _jobs(self) -> list[Coroutine[Any, Any, None]]:
         """The background work of the core's lifetime, each logged if it fails (never taking the server down). Each
         job's coroutine is made only once its task runs: a lifetime left at once cancels tasks that never began."""
-        jobs: list[Job] = [partial(_learn_models, self.settings, self.registry, self.upstream, self.learning),
+        jobs: list[Job] = [partial(_learn_models, self.settings, self.registry, self.upstream, self.learning,
+                                   self.evidence),
                            self.upstream.watch_health, self.followers.run]  # fmt: skip
         if self.upstream.auto_budget:
             jobs.append(self.upstream.learn_budgets)
@@ -201,7 +206,9 @@ def _redis_link(redis: RedisSettings) -> RedisLink | None:
     return RedisLink(redis.url, redis.timeout_ms)
 
 
-async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: Upstream, learning: Learning) -> None:
+async def _learn_models(
+    settings: Settings, registry: ModelRegistry, upstream: Upstream, learning: Learning, evidence: Evidence
+) -> None:
     """Discovery until it succeeds, then the start-up check (warnings, and counting.source auto's verdicts): then
     the guard counts. Again, the same way, whenever a replica comes back from being out (it may have restarted with
     another template or other defaults); meanwhile nothing is counted."""
@@ -212,6 +219,7 @@ async def _learn_models(settings: Settings, registry: ModelRegistry, upstream: U
         learning.learned()
         await learning.until_stale()
         registry.forget_learned()
+        evidence.forget()
         log.info("an upstream replica is back: learning its models and how it counts again before counting")
 
 

@@ -18,8 +18,9 @@ from proxy.exchange.readiness import Learning
 from proxy.exchange.record import RequestRecord, log_fields, log_line
 from proxy.exchange.turnstile import Turnstile
 from proxy.policy.guard import Guard
-from proxy.policy.outcome import Outcome
+from proxy.policy.outcome import Forward, Outcome
 from proxy.policy.quota import CHECK, TAKE
+from proxy.policy.usage import AnswerTail
 
 if TYPE_CHECKING:
     from proxy.exchange.request import Request
@@ -61,6 +62,9 @@ class Flow:
             raise
         if limited:
             await request.charge_outcome(outcome)
+        record = request.record
+        if record.charge is None and isinstance(outcome, Forward) and record.checked:
+            record.evidence = AnswerTail()  # its usage compared with the count (drift/evidence.py)
         request.decided = encode_headers(outcome.decision.headers())
         return outcome
 

@@ -31,6 +31,7 @@ TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 13107
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 COUNT_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 CHUNK_BUCKETS = (2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
+MISMATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 CANCEL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 ME = ("model", "endpoint")
@@ -97,6 +98,18 @@ DEFINITIONS = {
     ),
     "key_limited": Definition(
         "token_guard_key_requests_limited", "Requests refused because their API key was over quota", ("key",)
+    ),
+    "count_checks": Definition(
+        "token_guard_count_checks", "Answers whose usage was compared with the guard's count of the prompt",
+        ("model", "source"),
+    ),
+    "count_mismatches": Definition(
+        "token_guard_count_mismatches", "Answers whose usage disagreed with the guard's count of the prompt",
+        ("model", "source"),
+    ),
+    "mismatch_tokens": Definition(
+        "token_guard_count_mismatch_tokens", "How far the guard's count of a prompt was from what vLLM charged",
+        ("model", "source"), MISMATCH_BUCKETS,
     ),
     "queue_wait": Definition(
         "token_guard_admission_wait_seconds", "Time requests waited for admission", ME, LATENCY_BUCKETS
@@ -173,6 +186,8 @@ class Metrics:
                 self.add("output_asked", labels, found.max_tokens_before)
             if decision is not None:
                 self._decided(labels, decision, found.max_tokens_before)
+            if record.usage_prompt_tokens is not None and found.expected is not None:
+                self._checked((found.model or "", found.count_source or ""), found.expected, record.usage_prompt_tokens)
             if record.merge is not None:
                 self.add("merges", (*labels, record.merge))
         if record.upstream_first_byte_s is not None:
@@ -192,6 +207,12 @@ class Metrics:
                 self.add("key_tokens", (found.api_key.name,), record.charged_tokens)
             if record.quota_limited:
                 self.add("key_limited", (found.api_key.name,))
+
+    def _checked(self, labels: tuple[str, str], counted: int, charged: int) -> None:
+        self.add("count_checks", labels)
+        if counted != charged:
+            self.add("count_mismatches", labels)
+            self.observe_value("mismatch_tokens", labels, abs(charged - counted))
 
     def charged(self, record: RequestRecord) -> None:
         """A charge settled after its request's record was observed (a background response's, once it ended)."""

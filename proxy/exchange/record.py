@@ -8,10 +8,12 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from proxy.policy.decide import Action
 from proxy.policy.outcome import Decision, Findings
-from proxy.policy.usage import Charge
+from proxy.policy.usage import AnswerTail, Charge
 
 REQUEST_ID = b"x-request-id"
+CHECKED = (Action.PASS, Action.CLAMP)  # forwarded with the prompt the guard counted
 
 
 @dataclass(slots=True)
@@ -35,6 +37,20 @@ class RequestRecord:
     quota_limited: bool = False  # refused: its key was over quota
     quota_told: bool = False  # its key's x-ratelimit-* headers are in its answer
     merge: str | None = None  # a chunked request's answers merged by "reduce", or "concat" when that would not fit
+    evidence: AnswerTail | None = None  # the end of the answer, read for its usage when no charge reads it
+    usage_prompt_tokens: int | None = None  # what the answer's usage says vLLM charged for the prompt, when checked
+
+    @property
+    def checked(self) -> bool:
+        """Whether the answer's usage is compared with the guard's count: the whole prompt counted, forwarded as
+        counted (or with its output limit lowered)."""
+        decision = self.findings.decision
+        return self.findings.expected is not None and decision is not None and decision.action in CHECKED
+
+    @property
+    def tail(self) -> AnswerTail | None:
+        """The end of the answer as it is relayed: its charge's, or the one read only to check the count."""
+        return self.charge.tail if self.charge is not None else self.evidence
 
     def finish(self, status: int) -> None:
         self.status = status if self.status is None else self.status
@@ -65,6 +81,7 @@ def log_fields(record: RequestRecord) -> dict[str, object]:
         "truncated_tokens": decision.truncated_tokens if decision else None,
         "dropped_messages": decision.dropped_messages if decision else None,
         "count_source": decision.count_source if decision else None,
+        "usage_prompt_tokens": record.usage_prompt_tokens,
         "next_turn_tokens": decision.next_turn if decision else None,
         "merge": record.merge,
         "count_s": found.count_s,

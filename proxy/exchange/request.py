@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from proxy.api.routes import Route
 from proxy.exchange.background import Followed
+from proxy.exchange.checked import check_count
 from proxy.exchange.core import Core
 from proxy.exchange.headers import Headers, RawHeaders, encode_headers
 from proxy.exchange.quotas import over_quota
@@ -143,8 +144,9 @@ class Request:
 
     async def end(self, status: int | None, cut: bool, gone: bool) -> None:
         """The request's answer ended with `status` (None: none was sent; `cut`: before its last byte): its key's
-        charge is settled (`gone`: its client left, policy/usage.py says what it pays then), its record logged and
-        counted."""
+        charge is settled (`gone`: its client left, policy/usage.py says what it pays then), its count checked against
+        the usage the answer reports (exchange/checked.py), its record logged and counted."""
         if self.record.charge is not None:  # no coroutine for requests without a quota: the hot path
             await self.core.meter.settle(self.record.charge, self.record, status, gone)
+        check_count(self.record, status, self.core.evidence)
         self.core.flow.done(self.record, status, cut)

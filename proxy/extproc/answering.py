@@ -72,9 +72,9 @@ class Answering:
             await recorder.read(piece, self.sse)  # recorded before the answer's last bytes go on
             if end:
                 await recorder.end(self.sse)
-        charge = request.record.charge if request is not None else None
-        if charge is not None:
-            charge.tail.feed(piece)
+        tail = request.record.tail if request is not None else None
+        if tail is not None:
+            tail.feed(piece)
         if hidden is not None:
             out = hidden.feed(piece) + (hidden.end() if end else b"")
         if end:

@@ -27,7 +27,7 @@ async def chat(
     proven = await refuse_by_size(model, texts, limits, choice, policy, "messages", findings)
     if proven is not None:
         return proven
-    prompt_tokens = await steps.count(model, req, findings)
+    prompt_tokens = findings.expected = await steps.count(model, req, findings)
     plan = decide_chat(req, prompt_tokens, limits)
     if fits_by_cutting(plan, choice, findings):  # truncate and chunk re-count their cuts
         return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)

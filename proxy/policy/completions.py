@@ -29,6 +29,7 @@ async def completion(
     if proven is not None:
         return proven
     counts = await timed(findings, completion_tokens(model, req, steps.remote))
+    findings.expected = None if req.embeds else sum(counts)  # vLLM's usage: every prompt's tokens, each once
     plan = decide_completion(req, counts, limits)
     if fits_by_cutting(plan, choice, findings):
         return await overflow_completion(model.tokenizer, req, counts, plan, limits, policy, choice)

@@ -35,7 +35,7 @@ async def messages(
 
 async def _decided(steps: Steps, target: Target, req: MessagesRequest, raw: bytes, findings: Findings) -> Outcome:
     model, newer = target.model, steps.registry.upstream_newer()
-    prompt_tokens = await steps.count(model, messages_chat(model.tokenizer, req, newer), findings)
+    prompt_tokens = findings.expected = await steps.count(model, messages_chat(model.tokenizer, req, newer), findings)
 
     async def recount(items: list[Any]) -> int:
         cut = replace(req, messages=items, body={**req.body, "messages": items})

@@ -116,6 +116,7 @@ class Findings:
     kept_whole: str | None = None  # why its truncate or chunk policy became reject (policy/choice.py, whole_prompt)
     owner: str = NOBODY  # the key that creates or reaches a stored response (policy/ledger.py), set by the front end
     turn: Turn | None = None  # a Responses create vLLM stores: recorded in the ledger from its answer
+    expected: int | None = None  # the prompt tokens vLLM's usage should report, where the count is the whole prompt
 
 
 def outcome_of(plan: Plan, body: dict[str, Any], raw: bytes, cost: int, source: str | None) -> Outcome:

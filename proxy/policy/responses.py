@@ -36,6 +36,8 @@ async def responses(
         messages = None if req.background else messages  # background: answered empty at first
         findings.turn = Turn(findings.owner, model.name, messages, entry, req.store, chat.harmony is not None)
     prompt_tokens = await steps.count(model, chat, findings)
+    if not (partial or req.truncation_auto or req.background):  # the whole prompt, in an answer that says its usage
+        findings.expected = prompt_tokens
 
     async def recount(items: list[Any]) -> int:
         cut = replace(req, input=items, body={**req.body, "input": items})

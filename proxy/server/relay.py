@@ -49,8 +49,11 @@ async def relay(reply: Reply, upstream: Answer, extra: Headers, record: RequestR
         await _relay_charged(reply, upstream, extra, record, envelope, charge)
         return
     await reply.start(upstream.status, relayed_headers(upstream, extra))
+    evidence = record.evidence
     try:
         async for piece in upstream.pieces():
+            if evidence is not None:  # read for its usage (drift/evidence.py)
+                evidence.feed(piece)
             await reply.write(piece)
     except GuardError as exc:
         await _broken(reply, upstream, record, exc, envelope)
