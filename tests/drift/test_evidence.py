@@ -1,0 +1,77 @@
+"""What an answer whose usage disagrees with the guard's count does: a warning at most once a minute per model (the
+rest counted into the next), and in counting.source auto a move to upstream counting for a model the guard counted
+itself; never for a model configured "local", nor for one the upstream already counts."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from proxy.counting.registry import ModelRegistry
+from proxy.drift.evidence import QUIET_S, Evidence, Sighting
+from proxy.settings import UpstreamSettings, load_settings
+from proxy.upstream.client import Upstream
+from proxy.upstream.http import HttpClient
+from proxy.upstream.remote_count import RemoteCounter
+from tests.support.servers import MODEL
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def evidence(tokenizer: Path, source: str) -> tuple[Evidence, ModelRegistry, Clock]:
+    flags = {"model.name": MODEL, "model.tokenizer": str(tokenizer), "counting.source": source}
+    settings = load_settings(flags, environ={})
+    registry = ModelRegistry.from_settings(settings.models, settings.counting)
+    upstream_settings = UpstreamSettings(urls=("http://127.0.0.1:9",))
+    clock = Clock()
+    counter = RemoteCounter(Upstream(upstream_settings, HttpClient(upstream_settings)))
+    return Evidence(registry, counter, clock), registry, clock
+
+
+def seen(source: str = "local", counted: int = 7, charged: int = 26) -> Sighting:
+    return Sighting(MODEL, source, "/v1/chat/completions", "req-1", counted, charged)
+
+
+def test_a_locally_counted_model_in_auto_moves_to_the_upstream(deepseek_dir: Path) -> None:
+    watch, registry, _ = evidence(deepseek_dir, "auto")
+    watch.weigh(seen())
+    assert registry.resolve(MODEL).count_source == "upstream"
+    assert "vLLM charged 26 prompt tokens where the guard counted 7" in watch.moved[MODEL]
+    watch.forget()  # a fresh start-up check decides again
+    assert not watch.moved
+
+
+@pytest.mark.parametrize("configured", ["local", "upstream"])
+def test_a_model_configured_otherwise_stays(deepseek_dir: Path, configured: str) -> None:
+    watch, registry, _ = evidence(deepseek_dir, configured)
+    watch.weigh(seen())
+    assert registry.resolve(MODEL).count_source == configured and not watch.moved
+
+
+def test_what_the_upstream_counted_moves_nothing(deepseek_dir: Path) -> None:
+    watch, registry, _ = evidence(deepseek_dir, "auto")
+    watch.weigh(seen(source="upstream"))
+    assert registry.resolve(MODEL).count_source == "auto" and not watch.moved
+
+
+def test_warnings_are_rate_limited_per_model(deepseek_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    watch, _, clock = evidence(deepseek_dir, "local")
+    with caplog.at_level(logging.WARNING, "token_guard.drift"):
+        for _ in range(5):
+            watch.weigh(seen())
+            clock.now += 1
+        clock.now += QUIET_S
+        watch.weigh(seen(counted=8, charged=9))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "token_guard.drift"]
+    assert len(warnings) == 2
+    assert "counted 7" in warnings[0] and "/v1/chat/completions" in warnings[0] and "req-1" in warnings[0]
+    assert "vLLM charged 9 prompt tokens where the guard counted 8" in warnings[1]
+    assert "4 more since the last warning" in warnings[1]
