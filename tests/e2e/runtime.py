@@ -209,8 +209,10 @@ def start_vllm(
     workdir: Path,
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
+    port: int | None = None,
 ) -> Process:
-    port = free_port()
+    """vLLM serving `model_dir`, on `port` (a free one if None)."""
+    port = port or free_port()
     argv: list[str | Path] = [
         venv / "bin" / "vllm", "serve", model_dir,
         "--host", "127.0.0.1", "--port", str(port),

@@ -85,6 +85,9 @@ def test_every_corpus_request_is_counted_as_vllm_charges_it(family: Served) -> N
           f"{len(differ)} differ; /tokenize differs from the charge on {len(tokenize_differ)}")  # fmt: skip
     assert not differ, "\n".join(differ)
     assert agreed >= 35 and refused >= 1
+    scraped = family.http.get(family.guard_url + "/metrics").text  # the guard's own comparison of every answer
+    assert total(scraped, "token_guard_count_checks_total") >= agreed
+    assert total(scraped, "token_guard_count_mismatches_total") == 0
     if family.family.tokenize_is_reference:
         assert not tokenize_differ, "\n".join(tokenize_differ)
     else:
@@ -106,6 +109,11 @@ def test_a_clamp_lands_exactly_on_the_window(family: Served) -> None:
     usage = answer.json()["usage"]
     assert usage["prompt_tokens"] == prompt
     assert usage["prompt_tokens"] + usage["completion_tokens"] <= WINDOW
+
+
+def total(exposition: str, name: str) -> float:
+    """A counter's samples summed over their labels."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines() if line.startswith(name + "{"))
 
 
 def _chat(text: str, max_tokens: int) -> dict[str, Any]:
