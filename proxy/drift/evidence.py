@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.counting.registry import ModelRegistry
+from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.source import CountSource
 from proxy.drift.source import upstream_counts
 from proxy.upstream.remote_count import RemoteCounter
@@ -56,11 +56,17 @@ class Evidence:
         if seen.source != CountSource.LOCAL or seen.model not in self.registry.names:
             return  # the upstream counted it: nothing better to move to
         model = self.registry.resolve(seen.model)
-        if model.count_source != "auto" or not upstream_counts(model, self.counter):
+        if model.count_source != "auto" or not self._upstream_counts(model):
             return
         reason = f"auto: {seen.says()}; vLLM counts this model's prompts ({self.counter.method})"
         self.registry.set_count_source(seen.model, "upstream", reason)
         self.moved[seen.model] = reason
+
+    def _upstream_counts(self, model: GuardedModel) -> bool:
+        """Known to count this model exactly: the start-up check (which shares this counter) found render endpoints,
+        or POST /tokenize for a model rendered with a Jinja template. An upstream not known to count (an
+        OpenAI-compatible server other than vLLM) never takes the counting: every request would fail over to local."""
+        return (self.counter.renders or self.counter.tokenizes) is True and upstream_counts(model, self.counter)
 
     def forget(self) -> None:
         """A fresh start-up check decides again (exchange/core.py)."""

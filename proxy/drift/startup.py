@@ -15,10 +15,13 @@ from proxy.upstream.client import Upstream
 from proxy.upstream.remote_count import RemoteCounter
 
 
-async def drift_warnings(registry: ModelRegistry, upstream: Upstream) -> list[str]:
+async def drift_warnings(
+    registry: ModelRegistry, upstream: Upstream, counter: RemoteCounter | None = None
+) -> list[str]:
     """The built-in samples for every guarded model, as warning lines (none when all agree); in counting.source
-    auto, a model that disagrees is counted by the upstream from then on. Never raises: start-up goes on whatever
-    happens, and a check that could not run is itself a warning line."""
+    auto, a model that disagrees is counted by the upstream from then on. `counter`: the one that learns whether the
+    upstream can count (its render endpoints, POST /tokenize), kept for the answers' evidence (drift/evidence.py).
+    Never raises: start-up goes on whatever happens, and a check that could not run is itself a warning line."""
     try:
         version, _ = await upstream_version(upstream)
         if version is not None:
@@ -28,7 +31,7 @@ async def drift_warnings(registry: ModelRegistry, upstream: Upstream) -> list[st
         for name in registry.names:
             model = registry.resolve(name)
             rows += await count_both(model, BUILTIN_SAMPLES, upstream)
-        await apply(registry, rows, RemoteCounter(upstream))
+        await apply(registry, rows, counter or RemoteCounter(upstream))
     except GuardError as exc:
         return [f"drift check against {upstream.where} could not run: {exc.message}"]
     except Exception as exc:  # a warning must never stop the proxy from serving

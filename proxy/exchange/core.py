@@ -214,7 +214,7 @@ async def _learn_models(
     another template or other defaults); meanwhile nothing is counted."""
     while True:
         registry.apply_discovery(await _discovered(settings, upstream))
-        for line in await drift_warnings(registry, upstream):
+        for line in await drift_warnings(registry, upstream, evidence.counter):
             log.warning("%s", line)
         learning.learned()
         await learning.until_stale()

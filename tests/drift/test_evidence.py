@@ -26,13 +26,15 @@ class Clock:
         return self.now
 
 
-def evidence(tokenizer: Path, source: str) -> tuple[Evidence, ModelRegistry, Clock]:
+def evidence(tokenizer: Path, source: str, tokenizes: bool | None = True) -> tuple[Evidence, ModelRegistry, Clock]:
+    """`tokenizes`: what the start-up check learned of the upstream's POST /tokenize (None: not asked)."""
     flags = {"model.name": MODEL, "model.tokenizer": str(tokenizer), "counting.source": source}
     settings = load_settings(flags, environ={})
     registry = ModelRegistry.from_settings(settings.models, settings.counting)
     upstream_settings = UpstreamSettings(urls=("http://127.0.0.1:9",))
     clock = Clock()
     counter = RemoteCounter(Upstream(upstream_settings, HttpClient(upstream_settings)))
+    counter.renders, counter.tokenizes = False, tokenizes
     return Evidence(registry, counter, clock), registry, clock
 
 
@@ -47,6 +49,15 @@ def test_a_locally_counted_model_in_auto_moves_to_the_upstream(deepseek_dir: Pat
     assert "vLLM charged 26 prompt tokens where the guard counted 7" in watch.moved[MODEL]
     watch.forget()  # a fresh start-up check decides again
     assert not watch.moved
+
+
+@pytest.mark.parametrize("tokenizes", [False, None])
+def test_an_upstream_not_known_to_count_takes_nothing(deepseek_dir: Path, tokenizes: bool | None) -> None:
+    """An OpenAI-compatible server without POST /tokenize (or one never asked): local counting stays, since every
+    request would otherwise fail over to it; the mismatch is still warned and counted."""
+    watch, registry, _ = evidence(deepseek_dir, "auto", tokenizes)
+    watch.weigh(seen())
+    assert registry.resolve(MODEL).count_source == "auto" and not watch.moved
 
 
 @pytest.mark.parametrize("configured", ["local", "upstream"])
