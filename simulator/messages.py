@@ -25,7 +25,7 @@ NO_TOOLS: tuple[list[dict[str, Any]] | None, ...] = (None, [])  # both templates
 
 
 def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
-    req = read_messages_request(body, _newer(ctx))
+    req = read_messages_request(body, _newer(ctx), between_tools=ctx.profile.thinks_between_tools)
     options = _options(ctx, req)
     # vLLM hands the limit to chat as max_completion_tokens too, so that is the name its errors use
     request = OutputRequest(ctx.settings.max_model_len, req.max_tokens, "max_completion_tokens")
@@ -40,7 +40,7 @@ def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Genera
 
 
 def count_tokens(ctx: Context, body: Any) -> dict[str, Any]:
-    req = read_messages_request(body, _newer(ctx), count_only=True)
+    req = read_messages_request(body, _newer(ctx), count_only=True, between_tools=ctx.profile.thinks_between_tools)
     rendered = render_chat(ctx.tokenizer, _options(ctx, req), ctx.profile.strips_billing_header)
     request = OutputRequest(ctx.settings.max_model_len, None)
     shape = PromptShape(len(rendered.token_ids), len(rendered.text), ctx.tokenizer.max_chars_per_token)
@@ -57,7 +57,7 @@ def _options(ctx: Context, req: MessagesRequest) -> ChatOptions:
     ctx.check_model(req.model)
     merge = any(needs_system_first(ctx.tokenizer.template_for(tools)) for tools in NO_TOOLS)
     disabled = "none"
-    if (req.thinking or {}).get("type") == "disabled":
+    if (req.thinking or {}).get("type") in ("disabled", "between_tools"):
         disabled = _disabled_effort(ctx)
     chat: MessagesChat = messages_chat(req, _newer(ctx), merge, disabled)
     user = req.chat_template_kwargs or {}

@@ -43,7 +43,7 @@ def messages_chat(req: MessagesRequest, newer: bool, merge_inline: bool, disable
     budget = None
     if thinking is not None and thinking.get("type") == "enabled":
         budget = thinking.get("budget_tokens")
-    elif thinking is not None and thinking.get("type") == "disabled":
+    elif thinking is not None and thinking.get("type") in ("disabled", "between_tools"):  # between_tools: 0.34
         effort = disabled_effort
     tools = _resolved_tools(req) if newer else req.tools
     choice = _choice(req.tool_choice)

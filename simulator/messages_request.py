@@ -33,8 +33,11 @@ class MessagesRequest:
     chat_template_kwargs: dict[str, Any] | None
 
 
-def read_messages_request(body: Any, newer: bool, count_only: bool = False) -> MessagesRequest:
-    """Raises ApiError (400 "Bad Request", pydantic's errors) where vLLM's request model refuses the body."""
+def read_messages_request(
+    body: Any, newer: bool, count_only: bool = False, between_tools: bool = False
+) -> MessagesRequest:
+    """Raises ApiError (400 "Bad Request", pydantic's errors) where vLLM's request model refuses the body;
+    `between_tools`: the release takes thinking type "between_tools" (0.34)."""
     fields = Fields(body)
     fields.check()
     model = fields.require("model")
@@ -51,7 +54,7 @@ def read_messages_request(body: Any, newer: bool, count_only: bool = False) -> M
         max_tokens = fields.int_or_none("max_tokens")
         if max_tokens is not None and max_tokens <= 0:
             fields.invalid("body.max_tokens", "value_error", "Value error, max_tokens must be positive", max_tokens)
-    thinking = _thinking(fields, max_tokens)
+    thinking = _thinking(fields, max_tokens, THINKING + ("between_tools",) if between_tools else THINKING)
     output = fields.dict_or_none("output_config") or {}
     req = MessagesRequest(
         body=fields.body, model=model if isinstance(model, str) else "", system=system, messages=messages,
@@ -149,14 +152,14 @@ def _choice(fields: Fields) -> dict[str, Any] | None:
     return choice
 
 
-def _thinking(fields: Fields, max_tokens: int | None) -> dict[str, Any] | None:
+def _thinking(fields: Fields, max_tokens: int | None, kinds: tuple[str, ...]) -> dict[str, Any] | None:
     thinking = fields.dict_or_none("thinking")
     if thinking is None:
         return None
     kind = thinking.get("type")
-    if kind not in THINKING:
-        fields.invalid("body.thinking", "union_tag_invalid", "Input tag does not match 'enabled', 'disabled', "
-                       "'adaptive'", kind)  # fmt: skip
+    if kind not in kinds:
+        tags = ", ".join(f"'{k}'" for k in kinds)
+        fields.invalid("body.thinking", "union_tag_invalid", f"Input tag does not match {tags}", kind)
         return None
     if kind != "enabled":
         return thinking

@@ -26,6 +26,8 @@ class Profile:
     checks_transferred_ids: bool = True
     # 0.32 drops Claude Code's "x-anthropic-billing-header" line off a chat request's system text (chat_utils.py)
     strips_billing_header: bool = True
+    # 0.34 takes Anthropic's `thinking: {"type": "between_tools"}` and renders it as disabled; earlier ones refuse it
+    thinks_between_tools: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -59,6 +61,7 @@ PROFILES: dict[str, Profile] = {
         reserves_output=False,
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
+        thinks_between_tools=True,
     ),
 }
 

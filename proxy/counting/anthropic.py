@@ -22,6 +22,7 @@ from proxy.errors import InvalidRequest
 
 BILLING_HEADER = "x-anthropic-billing-header"
 BLOCKS = frozenset({"text", "image", "tool_use", "tool_result", "tool_reference", "thinking", "redacted_thinking"})
+THINKING_OFF = ("disabled", "between_tools")  # between_tools: 0.34, "off up front", rendered as disabled
 TOOL_EDITS = frozenset({"tool_addition", "tool_removal"})  # 0.32: system messages may edit the tool list
 
 
@@ -216,11 +217,12 @@ def _tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
 
 
 def _effort(req: MessagesRequest, newer: bool, disabled_effort: Callable[[], str]) -> str | None:
-    """output_config.effort, overridden by `thinking: disabled` (0.31's count_tokens reads neither)."""
+    """output_config.effort, overridden by `thinking: disabled` (0.31's count_tokens reads neither), and by 0.34's
+    `between_tools`, which vLLM maps to disabled (older releases refuse it: their answer, not the count, then)."""
     if req.max_tokens is None and not newer:
         return None
     config, thinking = req.body.get("output_config"), req.body.get("thinking")
     effort = config.get("effort") if isinstance(config, dict) else None
-    if isinstance(thinking, dict) and thinking.get("type") == "disabled":
+    if isinstance(thinking, dict) and thinking.get("type") in THINKING_OFF:
         effort = disabled_effort()
     return effort if isinstance(effort, str) else None

