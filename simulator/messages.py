@@ -42,6 +42,9 @@ def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Genera
 def count_tokens(ctx: Context, body: Any) -> dict[str, Any]:
     req = read_messages_request(body, _newer(ctx), count_only=True, between_tools=ctx.profile.thinks_between_tools)
     rendered = render_chat(ctx.tokenizer, _options(ctx, req), ctx.profile.strips_billing_header)
+    if ctx.profile.counts_past_window:  # 0.34: counted like /tokenize, whatever the window
+        count = len(rendered.token_ids)
+        return {"input_tokens": count, "context_management": {"original_input_tokens": count}}
     request = OutputRequest(ctx.settings.max_model_len, None)
     shape = PromptShape(len(rendered.token_ids), len(rendered.text), ctx.tokenizer.max_chars_per_token)
     tokens = unwrap(check_prompt(ctx.profile, request, shape))

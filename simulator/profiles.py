@@ -28,6 +28,8 @@ class Profile:
     strips_billing_header: bool = True
     # 0.34 takes Anthropic's `thinking: {"type": "between_tools"}` and renders it as disabled; earlier ones refuse it
     thinks_between_tools: bool = False
+    # 0.34's Anthropic count_tokens counts a prompt longer than the window instead of answering 400
+    counts_past_window: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -62,6 +64,7 @@ PROFILES: dict[str, Profile] = {
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
         thinks_between_tools=True,
+        counts_past_window=True,
     ),
 }
 

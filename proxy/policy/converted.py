@@ -138,9 +138,10 @@ def message_kept(message: Any) -> bool:
     return bool(message.get("role") == "system")
 
 
-def count_answer(prompt_tokens: int, limits: Limits) -> Outcome:
-    """Anthropic's count_tokens, answered as vLLM answers it: the count, or a 400 for a prompt over the window."""
-    if prompt_tokens > limits.max_model_len:
+def count_answer(prompt_tokens: int, limits: Limits | None) -> Outcome:
+    """Anthropic's count_tokens, answered as vLLM answers it: the count, or a 400 for a prompt over the window
+    (`limits`; None: counted whatever the window, as vLLM 0.34 does)."""
+    if limits is not None and prompt_tokens > limits.max_model_len:
         error = ContextLengthExceeded(
             f"This model's maximum context length is {limits.max_model_len} tokens. However, your request has "
             f"{prompt_tokens} input tokens. The prompt is too long: please reduce the length of the messages.",

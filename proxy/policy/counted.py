@@ -22,6 +22,8 @@ from proxy.policy.size import refuse_by_size
 from proxy.policy.steps import Steps, Target, refuse_untrusted
 from proxy.settings import Overflow
 
+COUNTS_PAST_WINDOW = (0, 34)  # vLLM's count_tokens counts a prompt over the window, as /tokenize does
+
 
 class CountRecipe(Protocol):
     """A count route's path: `answered`, the guard answers the count itself; else it forwards the body."""
@@ -76,11 +78,13 @@ async def _counted(
     steps: Steps, target: Target, chat: ChatRequest, raw: bytes, findings: Findings, answered: bool
 ) -> Outcome:
     model, policy, _, limits = target
-    texts = [list(verbatim_texts(chat.messages))]
-    proven = await refuse_by_size(model, texts, limits, Overflow.REJECT, policy, "messages", findings)
-    if proven is not None:
-        return proven
+    past_window = answered and steps.registry.upstream_at_least(COUNTS_PAST_WINDOW)
+    if not past_window:  # a size that proves the prompt over the window is refused uncounted
+        texts = [list(verbatim_texts(chat.messages))]
+        proven = await refuse_by_size(model, texts, limits, Overflow.REJECT, policy, "messages", findings)
+        if proven is not None:
+            return proven
     prompt_tokens = await steps.count(model, chat, findings)
     if answered:
-        return count_answer(prompt_tokens, limits)
+        return count_answer(prompt_tokens, None if past_window else limits)
     return Forward(raw, Decision(Action.COUNT, prompt_tokens, count_source=findings.count_source))

@@ -1,0 +1,62 @@
+"""What vLLM 0.34 changed on the Anthropic routes, through the guard in front of the simulator's 0.34 and 0.32
+profiles: `thinking: {"type": "between_tools"}` ("off up front") taken and rendered as disabled thinking (0.33 and
+earlier refuse it), counted as 0.34 renders it (Qwen3's real template, where thinking off adds an empty think block);
+and count_tokens counting a prompt longer than the window (0.33 and earlier: 400), where the guard answers the count
+itself."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import pytest
+
+from tests.support import zoo
+from tests.support.servers import MODEL, InMemorySim, guard, simulator_in_memory
+
+MESSAGES: Any = [{"role": "user", "content": "List the files in this directory."}]
+
+
+WINDOW = 256
+
+
+@pytest.fixture(scope="module", params=["0.32", "0.34"])
+def claude(request: pytest.FixtureRequest) -> Iterator[tuple[str, anthropic.Anthropic, InMemorySim]]:
+    tokenizer = zoo.family_dir("qwen3")
+    with (
+        simulator_in_memory(tokenizer, profile=request.param, max_model_len=WINDOW) as sim,
+        guard(sim, tokenizer) as proxy,
+    ):
+        yield request.param, anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0), sim
+
+
+def counted(claude: anthropic.Anthropic, thinking: Any) -> tuple[int, int]:
+    """(the guard's count, vLLM's input_tokens) of one Messages request."""
+    raw = claude.messages.with_raw_response.create(model=MODEL, max_tokens=5, messages=MESSAGES, thinking=thinking)
+    return int(raw.headers["x-token-guard-prompt-tokens"]), raw.parse().usage.input_tokens
+
+
+def test_between_tools_is_counted_as_vllm_034_renders_it(claude: tuple[str, anthropic.Anthropic, InMemorySim]) -> None:
+    profile, client, _ = claude
+    if profile == "0.32":
+        with pytest.raises(anthropic.BadRequestError, match="between_tools|does not match"):
+            counted(client, {"type": "between_tools"})
+        return
+    guard_count, charged = counted(client, {"type": "between_tools"})
+    assert guard_count == charged
+    assert charged == counted(client, {"type": "disabled"})[1]  # rendered as disabled thinking
+    assert charged != counted(client, {"type": "adaptive"})[1]  # which the template renders differently
+
+
+def test_count_tokens_counts_past_the_window_on_034(claude: tuple[str, anthropic.Anthropic, InMemorySim]) -> None:
+    profile, client, sim = claude
+    long: Any = [{"role": "user", "content": " ".join(f"word{i}" for i in range(WINDOW))}]
+    if profile == "0.32":
+        with pytest.raises(anthropic.BadRequestError, match="maximum context length"):
+            client.messages.count_tokens(model=MODEL, messages=long)
+        return
+    raw = client.messages.with_raw_response.count_tokens(model=MODEL, messages=long)
+    assert raw.headers["x-token-guard-action"] == "count"  # answered by the guard itself
+    direct = sim.client.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": long})
+    assert direct.status_code == 200 and raw.parse().input_tokens == direct.json()["input_tokens"] > WINDOW
