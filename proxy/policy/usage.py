@@ -34,6 +34,8 @@ TAIL_BYTES = 16384
 # A key is a JSON string right before a colon; inside a string a quote is escaped, so text cannot match.
 INPUT = re.compile(rb'"(?:prompt_tokens|input_tokens)":\s*(\d+)')
 OUTPUT = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
+# Anthropic's input_tokens leave out the prompt's cached part (vLLM with --enable-prompt-tokens-details): added back
+CACHED = re.compile(rb'"cache_(?:read|creation)_input_tokens":\s*(\d+)')
 EVENT_BYTES = 2**20  # an event longer than this is not looked into (it is not counted: the count stays a floor)
 DIGITS = b"0123456789"
 
@@ -94,13 +96,19 @@ class AnswerTail:
             self._size -= len(self._pieces.popleft())
 
     def usage(self) -> tuple[int | None, int] | None:
-        """(input, output) tokens from the last usage in the tail; input None when only output is there."""
+        """(input, output) tokens from the last usage in the tail; input None when only output is there. The input
+        is the whole prompt: Anthropic's cache_read/cache_creation_input_tokens of the same usage added back."""
         tail = b"".join(self._pieces)[-TAIL_BYTES:]
         outputs = OUTPUT.findall(tail)
         if not outputs:
             return None
-        inputs = INPUT.findall(tail)
-        return (int(inputs[-1]) if inputs else None), int(outputs[-1])
+        last = collections.deque(INPUT.finditer(tail), maxlen=1)
+        if not last:
+            return None, int(outputs[-1])
+        found = last[0]
+        end = tail.find(b"}", found.end())  # Anthropic's usage is flat: its cache fields come before its end
+        cached = sum(map(int, CACHED.findall(tail, found.end(), end if end >= 0 else len(tail))))
+        return int(found.group(1)) + cached, int(outputs[-1])
 
 
 @dataclass(slots=True)

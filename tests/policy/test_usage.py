@@ -32,10 +32,20 @@ RESPONSES = {"output": [], "usage": {"input_tokens": 41, "output_tokens": 9,
                                      "output_tokens_details": {"reasoning_tokens": 2}}}  # fmt: skip
 
 
-@pytest.mark.parametrize(("answer", "used"), [(CHAT, 48), (RESPONSES, 50)])
+# vLLM with --enable-prompt-tokens-details: Anthropic's input_tokens leave out the prompt's cached part
+MESSAGES = {"type": "message", "content": [{"type": "text", "text": '"cache_read_input_tokens": 500'}],
+            "usage": {"input_tokens": 30, "output_tokens": 5, "cache_creation_input_tokens": 4,
+                      "cache_read_input_tokens": 7}}  # fmt: skip
+
+
+@pytest.mark.parametrize(("answer", "used"), [(CHAT, 48), (RESPONSES, 50), (MESSAGES, 46)])
 def test_usage_of_a_json_answer(answer: dict[str, object], used: int) -> None:
     charge = charged(json.dumps(answer).encode())
     assert charge.used(200) == used and charge.unused(200) == 500 - used
+
+
+def test_the_whole_prompt_of_an_anthropic_answer_with_cached_tokens() -> None:
+    assert charged(json.dumps(MESSAGES).encode()).tail.usage() == (41, 5)  # 30 + 4 created + 7 read
 
 
 def test_usage_event_of_a_stream_after_a_long_answer() -> None:
