@@ -92,7 +92,8 @@ async def responses_events(g: Generation, engine: Engine, tracker: RequestTracke
     completed = responses_object(g, text, count)
     if g.keep is not None:
         g.keep(completed)
-    yield send("response.completed", {"response": completed})
+    incomplete = g.ends_incomplete and completed["status"] == "incomplete"
+    yield send("response.incomplete" if incomplete else "response.completed", {"response": completed})
 
 
 # --- Anthropic Messages -------------------------------------------------------------------------------------------

@@ -57,6 +57,8 @@ class Generation:
     request: Mapping[str, Any] | None = None
     # A Responses answer vLLM stores: handed the response once it is complete (stored.py)
     keep: Callable[[dict[str, Any]], None] | None = None
+    # A Responses stream ends an incomplete response with response.incomplete (0.33+), else response.completed
+    ends_incomplete: bool = False
 
     @property
     def kv_tokens(self) -> int:

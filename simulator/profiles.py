@@ -28,6 +28,8 @@ class Profile:
     strips_billing_header: bool = True
     # 0.34 takes Anthropic's `thinking: {"type": "between_tools"}` and renders it as disabled; earlier ones refuse it
     thinks_between_tools: bool = False
+    # 0.33 ends a Responses stream whose response is incomplete (cut at max_output_tokens) with response.incomplete
+    ends_incomplete_streams: bool = False
     # 0.34's Anthropic count_tokens counts a prompt longer than the window instead of answering 400
     counts_past_window: bool = False
 
@@ -56,6 +58,7 @@ PROFILES: dict[str, Profile] = {
         reserves_output=False,
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
+        ends_incomplete_streams=True,
     ),
     "0.34": Profile(
         name="0.34",
@@ -63,6 +66,7 @@ PROFILES: dict[str, Profile] = {
         reserves_output=False,
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
+        ends_incomplete_streams=True,
         thinks_between_tools=True,
         counts_past_window=True,
     ),

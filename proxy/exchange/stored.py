@@ -1,7 +1,8 @@
 """Stored responses on the request path, whatever the front end: the ledger (policy/ledger.py) built from the
 settings, the owner a request speaks for, the replica a request naming a stored response must reach, and each
-stored response recorded from its answer as it is relayed (the JSON body, or the stream's `response.completed`),
-before the answer's last bytes reach the client, so that a next turn sent at once finds it."""
+stored response recorded from its answer as it is relayed (the JSON body, or the stream's `response.completed`, or
+0.33's `response.incomplete`), before the answer's last bytes reach the client, so that a next turn sent at once
+finds it."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("token_guard.responses")
 
 ID_ROUTES = frozenset({"/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel"})
-COMPLETED = b"event: response.completed"
+ENDED = (b"event: response.completed", b"event: response.incomplete")  # incomplete: 0.33+, cut at its limit
 ANSWER_BYTES = 8 * 2**20  # the most of one answer held to read its response: past it, recorded without its conversation
 SEPARATOR = b"\n\n"
 
@@ -134,7 +135,7 @@ class Recorder:
         *events, rest = b"".join(self._held).split(SEPARATOR)
         self._held, self._size = ([rest], len(rest)) if rest else ([], 0)
         for event in events:
-            if event.startswith(COMPLETED):
+            if event.startswith(ENDED):
                 await self._record(_data(event), final=True)
             elif b"response.created" in event[:40]:  # the id, known before the end: its owner and replica already
                 await self._record(_data(event), final=False)
