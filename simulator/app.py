@@ -56,9 +56,10 @@ QUEUE_FULL = ApiError(
 Planner = Callable[[Context, Any, Mapping[str, str]], Generation]
 
 
-def error_response(error: ApiError, anthropic: bool = False) -> JSONResponse:
-    """vLLM's error body; on the Anthropic routes its router translates it into Anthropic's envelope."""
-    body = {"type": "error", "error": {"type": error.type, "message": error.message}} if anthropic else error.body()
+def error_response(error: ApiError, anthropic: bool = False, own_types: bool = False) -> JSONResponse:
+    """vLLM's error body; on the Anthropic routes its router translates it into Anthropic's envelope (`own_types`:
+    with Anthropic's type names, as 0.33+ does)."""
+    body = error.anthropic_body(own_types) if anthropic else error.body()
     return JSONResponse(body, status_code=error.status)
 
 
@@ -195,7 +196,7 @@ class Endpoints:
             body = await read_body(request)
             return JSONResponse(await self._off_loop(partial(count_tokens, self.ctx, body)))
         except ApiError as error:
-            return error_response(error, anthropic=True)
+            return error_response(error, True, self.ctx.profile.anthropic_error_types)
 
     async def _generate(
         self, request: Request, planner: Planner, anthropic: bool = False, body: Any = None
@@ -223,14 +224,14 @@ class Endpoints:
             generation = planned
         except ApiError as error:
             tracker.finish("rejected")
-            return error_response(error, anthropic)
+            return error_response(error, anthropic, self.ctx.profile.anthropic_error_types)
         except Exception as exc:
             tracker.finish("rejected")
             return internal_error(exc)
         if self._queue_full():  # a stream has begun by then: 0.32 answers 200 with the error as its first event
             if not (generation.stream and generation.endpoint in ("chat", "completion")):
                 tracker.finish("rejected")
-                return error_response(QUEUE_FULL, anthropic)
+                return error_response(QUEUE_FULL, anthropic, self.ctx.profile.anthropic_error_types)
             generation = replace(generation, engine_error=QUEUE_FULL)
         wire, engine = Wire(generation, self.ctx.fingerprint), self.engine
         if generation.engine_error is None:

@@ -26,6 +26,9 @@ class Profile:
     checks_transferred_ids: bool = True
     # 0.32 drops Claude Code's "x-anthropic-billing-header" line off a chat request's system text (chat_utils.py)
     strips_billing_header: bool = True
+    # 0.33 names the Messages API's errors in Anthropic's own types (invalid_request_error, overloaded_error, ...),
+    # 0.31/0.32 by vLLM's exception names (BadRequestError, ...)
+    anthropic_error_types: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -52,6 +55,7 @@ PROFILES: dict[str, Profile] = {
         reserves_output=False,
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
+        anthropic_error_types=True,
     ),
     "0.34": Profile(
         name="0.34",
@@ -59,6 +63,7 @@ PROFILES: dict[str, Profile] = {
         reserves_output=False,
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
+        anthropic_error_types=True,
     ),
 }
 
