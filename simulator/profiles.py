@@ -29,6 +29,9 @@ class Profile:
     # 0.33 names the Messages API's errors in Anthropic's own types (invalid_request_error, overloaded_error, ...),
     # 0.31/0.32 by vLLM's exception names (BadRequestError, ...)
     anthropic_error_types: bool = False
+    # 0.33's POST /pause (modes abort and wait) makes the engine refuse new requests with a retryable 503 until
+    # POST /resume; 0.31/0.32's pause queues them instead, which the simulator does not imitate (no /pause there)
+    refuses_while_paused: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -56,6 +59,7 @@ PROFILES: dict[str, Profile] = {
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
         anthropic_error_types=True,
+        refuses_while_paused=True,
     ),
     "0.34": Profile(
         name="0.34",
@@ -64,6 +68,7 @@ PROFILES: dict[str, Profile] = {
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
         anthropic_error_types=True,
+        refuses_while_paused=True,
     ),
 }
 
