@@ -20,6 +20,7 @@ from proxy.errors import GuardError, GuardUnavailable, TooBusy
 
 Headers = list[tuple[bytes, bytes]]  # as exchange/headers.py's, which this layer cannot import
 DONE = b"data: [DONE]\n\n"
+ERROR_EVENT_STARTS = (b'data: {"error"', b"event: error\n")  # how a stream's error event opens: OpenAI's, Anthropic's
 
 
 class Envelope(StrEnum):
