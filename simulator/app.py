@@ -234,7 +234,8 @@ class Endpoints:
             return internal_error(exc)
         refused = PAUSED if self.paused else QUEUE_FULL if self._queue_full() else None
         if refused is not None:  # a stream has begun by then: vLLM answers 200 with the error as its first event
-            if not (generation.stream and generation.endpoint in ("chat", "completion")):
+            streams = ("chat", "completion", "messages") if refused is PAUSED else ("chat", "completion")
+            if not (generation.stream and generation.endpoint in streams):
                 tracker.finish("rejected")
                 return error_response(refused, anthropic, self.ctx.profile.anthropic_error_types)
             generation = replace(generation, engine_error=refused)
@@ -242,7 +243,7 @@ class Endpoints:
         if generation.engine_error is None:
             tracker.occupy(generation.kv_tokens)
         if generation.stream:
-            stream = events(generation, wire, engine, tracker)
+            stream = events(generation, wire, engine, tracker, self.ctx.profile.anthropic_error_types)
             return TrackedStream(stream, tracker, failed=generation.engine_error is not None)
         if generation.engine_error is not None:
             tracker.finish("rejected")

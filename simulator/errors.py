@@ -43,6 +43,10 @@ class ApiError(Exception):
         kind = anthropic_type(self.status) if own_types else self.type
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
+    def anthropic_event(self, own_types: bool) -> str:
+        """The Messages stream's error event (pydantic's compact JSON, wrap_data_with_event), without [DONE]."""
+        return f"event: error\ndata: {json.dumps(self.anthropic_body(own_types), separators=(',', ':'))}\n\n"
+
     def sse_event(self) -> str:
         # vLLM writes mid-stream errors with json.dumps defaults: spaces after separators, ASCII escapes.
         return f"data: {json.dumps(self.body())}\n\n"

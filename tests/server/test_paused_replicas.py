@@ -108,11 +108,13 @@ def test_both_paused_is_a_503_with_retry_after(fresh: Rig, stream: bool) -> None
     assert error["type"] == "ServiceUnavailableError"
 
 
-def test_both_paused_on_the_messages_api_is_anthropics_overloaded_error(fresh: Rig) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_both_paused_on_the_messages_api_is_anthropics_overloaded_error(fresh: Rig, stream: bool) -> None:
+    """A Messages stream meeting a paused 0.33 engine is its 200 and an `event: error`: read, and skipped, too."""
     fresh.first.pause()
     fresh.second.pause()
     with pytest.raises(anthropic.ServiceUnavailableError) as caught:
-        claude(fresh).messages.create(model=MODEL, max_tokens=3, messages=HI)
+        claude(fresh).messages.create(model=MODEL, max_tokens=3, messages=HI, stream=stream)
     assert caught.value.status_code == 503 and "retry-after" in caught.value.response.headers
     assert caught.value.body == {
         "type": "error",

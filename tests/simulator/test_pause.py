@@ -45,6 +45,11 @@ def test_paused_refuses_new_requests_until_resumed(sim033: RunningSim) -> None:
     )
     assert messages.status_code == 503
     assert messages.json() == {"type": "error", "error": {"type": "overloaded_error", "message": PAUSED}}
+    streamed = client.post("/v1/messages", json={"model": sim033.app.state.settings.model, "max_tokens": 3,
+                                                 "messages": CHAT["messages"], "stream": True})  # fmt: skip
+    assert streamed.status_code == 200 and streamed.text == (
+        'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"' + PAUSED + '"}}\n\n'
+    )
     assert client.get("/health").status_code == 200  # a paused engine is healthy
     assert client.post("/resume").json() == {"status": "resumed"}
     assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
