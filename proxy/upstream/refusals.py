@@ -32,6 +32,7 @@ UNAVAILABLE_RETRY_AFTER_S = 1
 class Refusal:
     marker: bytes  # a piece of vLLM's message that no other answer carries
     code: str  # the code of the guard's answer when no replica could take the request
+    since: str  # the first vLLM release that sends it
 
     @property
     def busy(self) -> bool:
@@ -50,12 +51,12 @@ class Refusal:
 
 
 REFUSALS = (
-    Refusal(b"The engine is currently busy and cannot accept new requests.", "queue_full"),
-    Refusal(b"The engine has reached its prefill token backlog limit.", "queue_full"),
-    Refusal(b"The model is currently scaling. Please try again later.", "scaling"),
-    Refusal(b"Generation is paused. Please retry after it resumes.", "engine_paused"),
-    Refusal(b"This data-parallel rank has been retired and is awaiting shutdown.", "rank_retired"),
-    Refusal(b"The engine has faulted and cannot accept new requests.", "engine_faulted"),
+    Refusal(b"The engine is currently busy and cannot accept new requests.", "queue_full", "0.31"),
+    Refusal(b"The engine has reached its prefill token backlog limit.", "queue_full", "0.31"),
+    Refusal(b"The model is currently scaling. Please try again later.", "scaling", "0.31"),
+    Refusal(b"Generation is paused. Please retry after it resumes.", "engine_paused", "0.33"),
+    Refusal(b"This data-parallel rank has been retired and is awaiting shutdown.", "rank_retired", "0.33"),
+    Refusal(b"The engine has faulted and cannot accept new requests.", "engine_faulted", "0.34"),
 )
 
 
