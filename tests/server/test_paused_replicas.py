@@ -7,6 +7,7 @@ behind the admin key."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 
 from proxy.server.running import ServerThread
 from tests.server.test_resilience import RawServer
+from tests.support.polling import eventually
 from tests.support.servers import MODEL, guard, keyed_guard, simulator, wait_checked, wait_healthy
 
 CONFIG = '[server]\napi_keys = ["sk-client"]\nadmin_api_keys = ["sk-admin"]\n'
@@ -205,3 +207,20 @@ def test_a_messages_stream_opening_with_the_paused_event_is_skipped(deepseek_dir
             assert refused.json()["type"] == "error" and "Generation is paused" in refused.json()["error"]["message"]
     finally:
         raw.close()
+
+
+def test_the_openai_sdk_retries_the_503_and_is_served_once_a_replica_resumes(fresh: Rig) -> None:
+    """What the 503 with Retry-After is for: the SDK's own retries (2 by default) wait what it says, then try again."""
+    fresh.first.pause()
+    fresh.second.pause()
+    refused = fresh.first.stats.rejected + fresh.second.stats.rejected
+
+    def resume_after_the_first_refusal() -> None:
+        if eventually(lambda: fresh.first.stats.rejected + fresh.second.stats.rejected >= refused + 2, timeout_s=20):
+            fresh.second.resume()
+
+    waiter = threading.Thread(target=resume_after_the_first_refusal, daemon=True)
+    waiter.start()
+    served = oai(fresh, retries=2).chat.completions.with_raw_response.create(model=MODEL, messages=HI, max_tokens=3)
+    waiter.join(30)
+    assert served.http_response.status_code == 200 and served.retries_taken >= 1
