@@ -53,12 +53,16 @@ QUEUE_FULL = ApiError(
     "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.",
     status=503, type="Service Unavailable",
 )  # fmt: skip
+# 0.33's engine_paused RequestError (v1/engine/core.py _reject_add_while_paused), retryable: a RetryableRequestError
+PAUSED = ApiError("Generation is paused. Please retry after it resumes.", status=503, type="ServiceUnavailableError")
+PAUSE_MODES = ("abort", "wait", "keep")  # vLLM's PauseMode
 Planner = Callable[[Context, Any, Mapping[str, str]], Generation]
 
 
-def error_response(error: ApiError, anthropic: bool = False) -> JSONResponse:
-    """vLLM's error body; on the Anthropic routes its router translates it into Anthropic's envelope."""
-    body = {"type": "error", "error": {"type": error.type, "message": error.message}} if anthropic else error.body()
+def error_response(error: ApiError, anthropic: bool = False, own_types: bool = False) -> JSONResponse:
+    """vLLM's error body; on the Anthropic routes its router translates it into Anthropic's envelope (`own_types`:
+    with Anthropic's type names, as 0.33+ does)."""
+    body = error.anthropic_body(own_types) if anthropic else error.body()
     return JSONResponse(body, status_code=error.status)
 
 
@@ -92,6 +96,7 @@ class Endpoints:
         # vLLM renders and tokenizes prompts in one worker thread (its _tokenizer_executor), not on the event loop,
         # and cancels a request whose client leaves meanwhile (with_cancellation); so do we.
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim-tokenize")
+        self.paused = False  # POST /pause (0.33+): new requests are refused until POST /resume
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._tokenizing, work)
@@ -195,7 +200,7 @@ class Endpoints:
             body = await read_body(request)
             return JSONResponse(await self._off_loop(partial(count_tokens, self.ctx, body)))
         except ApiError as error:
-            return error_response(error, anthropic=True)
+            return error_response(error, True, self.ctx.profile.anthropic_error_types)
 
     async def _generate(
         self, request: Request, planner: Planner, anthropic: bool = False, body: Any = None
@@ -223,20 +228,22 @@ class Endpoints:
             generation = planned
         except ApiError as error:
             tracker.finish("rejected")
-            return error_response(error, anthropic)
+            return error_response(error, anthropic, self.ctx.profile.anthropic_error_types)
         except Exception as exc:
             tracker.finish("rejected")
             return internal_error(exc)
-        if self._queue_full():  # a stream has begun by then: 0.32 answers 200 with the error as its first event
-            if not (generation.stream and generation.endpoint in ("chat", "completion")):
+        refused = PAUSED if self.paused else QUEUE_FULL if self._queue_full() else None
+        if refused is not None:  # a stream has begun by then: vLLM answers 200 with the error as its first event
+            streams = ("chat", "completion", "messages") if refused is PAUSED else ("chat", "completion")
+            if not (generation.stream and generation.endpoint in streams):
                 tracker.finish("rejected")
-                return error_response(QUEUE_FULL, anthropic)
-            generation = replace(generation, engine_error=QUEUE_FULL)
+                return error_response(refused, anthropic, self.ctx.profile.anthropic_error_types)
+            generation = replace(generation, engine_error=refused)
         wire, engine = Wire(generation, self.ctx.fingerprint), self.engine
         if generation.engine_error is None:
             tracker.occupy(generation.kv_tokens)
         if generation.stream:
-            stream = events(generation, wire, engine, tracker)
+            stream = events(generation, wire, engine, tracker, self.ctx.profile.anthropic_error_types)
             return TrackedStream(stream, tracker, failed=generation.engine_error is not None)
         if generation.engine_error is not None:
             tracker.finish("rejected")
@@ -271,6 +278,25 @@ class Endpoints:
             return error_response(error)
         except Exception as exc:
             return internal_error(exc)
+
+    async def pause(self, request: Request) -> Response:
+        """0.33's POST /pause?mode=abort|wait|keep: new requests refused with a retryable 503 until /resume. The
+        generations under way finish (as `wait`); `keep`, which queues new requests instead, is not imitated."""
+        mode = request.query_params.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            error = f"mode must be one of {', '.join(PAUSE_MODES)}"
+            return JSONResponse({"detail": [{"loc": ["query", "mode"], "msg": error}]}, status_code=422)
+        if mode == "keep":
+            return JSONResponse({"error": "the simulator does not imitate pause mode keep"}, status_code=400)
+        self.paused = True
+        return JSONResponse({"status": "paused"})
+
+    async def resume(self, request: Request) -> Response:
+        self.paused = False
+        return JSONResponse({"status": "resumed"})
+
+    async def is_paused(self, request: Request) -> Response:
+        return JSONResponse({"is_paused": self.paused})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(model_list(self.ctx.settings))
@@ -335,6 +361,17 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
+def _pause_routes(endpoints: Endpoints) -> list[Route]:
+    """vLLM's /pause, /resume and /is_paused, where the profile's engine refuses requests while paused."""
+    if not endpoints.ctx.profile.refuses_while_paused:
+        return []
+    return [
+        Route("/pause", endpoints.pause, methods=["POST"]),
+        Route("/resume", endpoints.resume, methods=["POST"]),
+        Route("/is_paused", endpoints.is_paused, methods=["GET"]),
+    ]
+
+
 def create_app(settings: SimulatorSettings) -> Starlette:
     """Load the tokenizer and build the app; `app.state.stats` counts what reaches it."""
     stats = SimulatorStats(settings.kv_capacity_tokens)
@@ -359,6 +396,7 @@ def create_app(settings: SimulatorSettings) -> Starlette:
         Route("/detokenize", endpoints.detokenize, methods=["POST"]),
         Route("/health", endpoints.health, methods=["GET"]),
         Route("/version", endpoints.version, methods=["GET"]),
+        *_pause_routes(endpoints),
         Route("/sim/stats", endpoints.sim_stats, methods=["GET"]),
         Route("/sim/reset", endpoints.sim_reset, methods=["POST"]),
     ]

@@ -7,6 +7,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+# vLLM 0.33's _ANTHROPIC_ERROR_TYPE_BY_STATUS (entrypoints/anthropic/protocol.py)
+ANTHROPIC_TYPE_BY_STATUS = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+}  # fmt: skip
+
+
+def anthropic_type(status: int) -> str:
+    """vLLM 0.33's translate_error_type: the table's, else api_error from 500 up and invalid_request_error below."""
+    found = ANTHROPIC_TYPE_BY_STATUS.get(status)
+    if found is not None:
+        return found
+    return "api_error" if status >= 500 else "invalid_request_error"
+
 
 class ApiError(Exception):
     """An error vLLM would answer with; `body()` is the exact JSON it sends."""
@@ -22,6 +36,16 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
+
+    def anthropic_body(self, own_types: bool) -> dict[str, Any]:
+        """The body on the Messages API: Anthropic's envelope, the type vLLM's exception name up to 0.32 and
+        Anthropic's own from 0.33 (`own_types`: translate_error_type of entrypoints/anthropic/protocol.py)."""
+        kind = anthropic_type(self.status) if own_types else self.type
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def anthropic_event(self, own_types: bool) -> str:
+        """The Messages stream's error event (pydantic's compact JSON, wrap_data_with_event), without [DONE]."""
+        return f"event: error\ndata: {json.dumps(self.anthropic_body(own_types), separators=(',', ':'))}\n\n"
 
     def sse_event(self) -> str:
         # vLLM writes mid-stream errors with json.dumps defaults: spaces after separators, ASCII escapes.

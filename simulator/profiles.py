@@ -32,6 +32,12 @@ class Profile:
     ends_incomplete_streams: bool = False
     # 0.34's Anthropic count_tokens counts a prompt longer than the window instead of answering 400
     counts_past_window: bool = False
+    # 0.33 names the Messages API's errors in Anthropic's own types (invalid_request_error, overloaded_error, ...),
+    # 0.31/0.32 by vLLM's exception names (BadRequestError, ...)
+    anthropic_error_types: bool = False
+    # 0.33's POST /pause (modes abort and wait) makes the engine refuse new requests with a retryable 503 until
+    # POST /resume; 0.31/0.32's pause queues them instead, which the simulator does not imitate (no /pause there)
+    refuses_while_paused: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -59,6 +65,8 @@ PROFILES: dict[str, Profile] = {
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
         ends_incomplete_streams=True,
+        anthropic_error_types=True,
+        refuses_while_paused=True,
     ),
     "0.34": Profile(
         name="0.34",
@@ -69,6 +77,8 @@ PROFILES: dict[str, Profile] = {
         ends_incomplete_streams=True,
         thinks_between_tools=True,
         counts_past_window=True,
+        anthropic_error_types=True,
+        refuses_while_paused=True,
     ),
 }
 

@@ -90,8 +90,12 @@ async def generate_body(generation: Generation, wire: Wire, engine: Engine, trac
 
 
 async def events(
-    generation: Generation, wire: Wire, engine: Engine, tracker: RequestTracker
+    generation: Generation, wire: Wire, engine: Engine, tracker: RequestTracker, own_types: bool = False
 ) -> AsyncGenerator[str, None]:
+    """The stream's events; `own_types`: the Messages API names its errors in Anthropic's types (0.33+)."""
+    if generation.engine_error is not None and generation.endpoint == "messages":
+        yield generation.engine_error.anthropic_event(own_types)  # before message_start, and nothing after it
+        return
     if generation.engine_error is not None:
         yield generation.engine_error.sse_event()
         yield DONE

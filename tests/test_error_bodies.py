@@ -16,6 +16,7 @@ from proxy.error_bodies import Envelope
 from proxy.errors import (
     ContextLengthExceeded,
     GuardError,
+    GuardUnavailable,
     HeaderTooLarge,
     InvalidRequest,
     TooBusy,
@@ -168,3 +169,30 @@ def test_the_protocol_layers_raw_reply_is_a_whole_http_response_that_closes(erro
 def test_an_upstream_failure_takes_the_upstreams_status_and_its_name(status: int, kind: str) -> None:
     body = json.loads(error_bodies.json_bytes(UpstreamFailed("it broke", status)))["error"]
     assert (body["type"], body["code"], body["message"]) == (kind, status, "it broke")
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (InvalidRequest("no messages"), "invalid_request_error"),
+        (TooBusy("full", retry_after_s=1), "rate_limit_error"),
+        (GuardUnavailable("starting", 1, "not_ready"), "overloaded_error"),
+        (UpstreamUnavailable("reset"), "api_error"),
+    ],
+)
+def test_from_vllm_033_the_messages_api_names_anthropics_types(error: GuardError, kind: str) -> None:
+    whole = json.loads(error_bodies.json_bytes(error, Envelope.ANTHROPIC_TYPES))
+    assert whole == {"type": "error", "error": {"type": kind, "message": error.message}}
+    event = error_bodies.stream_event(error, Envelope.ANTHROPIC_TYPES)
+    name, data = event.removesuffix(b"\n\n").split(b"\n")
+    assert name == b"event: error" and json.loads(data.removeprefix(b"data: ")) == whole
+
+
+def test_anthropics_types_are_vllm_033s_table() -> None:
+    """Every status vLLM 0.33's translate_error_type names, and its fallbacks either side of 500."""
+    assert {status: error_bodies.anthropic_type(status) for status in (400, 401, 403, 404, 413, 422, 429, 500, 501,
+            503, 504)} == {  # fmt: skip
+        400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+        413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 500: "api_error",
+        501: "api_error", 503: "overloaded_error", 504: "api_error",
+    }  # fmt: skip

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from proxy.error_bodies import Envelope
+from proxy.error_bodies import ANTHROPIC, Envelope
 
 
 class Kind(StrEnum):
@@ -185,6 +185,17 @@ class RouteTable:
                 self.unguarded.append(path)
             self._exact[path] = Route(path, GET | POST, Kind.RELAY)
         self._found = {path: Found(route, path) for path, route in self._exact.items()}
+
+    def speak(self, anthropic_types: bool) -> None:
+        """The Messages API's error vocabulary, as the upstream's release answers there (the start-up check tells
+        it: ModelRegistry.anthropic_error_types): Anthropic's own types from vLLM 0.33, vLLM's exception names
+        before and while the release is not known. Every answer of the guard's own on those routes, from either
+        front end, reads it from the route it found."""
+        new = Envelope.ANTHROPIC_TYPES if anthropic_types else Envelope.ANTHROPIC
+        for path, route in self._exact.items():
+            if route.envelope in ANTHROPIC and route.envelope is not new:
+                self._exact[path] = replace(route, envelope=new)
+                self._found[path] = Found(self._exact[path], path)
 
     def find(self, path: str) -> Found | None:
         """The route of a request's (decoded) path; a trailing slash is the route without it, as vLLM redirects it."""

@@ -106,6 +106,11 @@ class ModelRegistry:
         """True for an upstream of vLLM `release` or later; False while its version is not known."""
         return self.upstream_version is not None and _release(self.upstream_version) >= release
 
+    def anthropic_error_types(self) -> bool:
+        """True for an upstream of vLLM 0.33 or later, whose Messages API names its errors in Anthropic's own types
+        (invalid_request_error, ...); False while its version is not known (vLLM's exception names, as before)."""
+        return self.upstream_at_least((0, 33))
+
     def set_count_source(self, name: str, source: str, reason: str) -> None:
         """Who counts this model's prompts from now on (the start-up check's verdict in counting.source auto)."""
         model = self._models[name]

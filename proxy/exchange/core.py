@@ -174,9 +174,9 @@ class Core:
     def _jobs(self) -> list[Coroutine[Any, Any, None]]:
         """The background work of the core's lifetime, each logged if it fails (never taking the server down). Each
         job's coroutine is made only once its task runs: a lifetime left at once cancels tasks that never began."""
-        jobs: list[Job] = [partial(_learn_models, self.settings, self.registry, self.upstream, self.learning,
-                                   self.evidence),
-                           self.upstream.watch_health, self.followers.run]  # fmt: skip
+        learn = partial(_learn_models, self.settings, self.registry, self.upstream, self.learning, self.routes,
+                        self.evidence)  # fmt: skip
+        jobs: list[Job] = [learn, self.upstream.watch_health, self.followers.run]
         if self.upstream.auto_budget:
             jobs.append(self.upstream.learn_budgets)
         if self.link is not None and self.presence is not None:
@@ -207,15 +207,18 @@ def _redis_link(redis: RedisSettings) -> RedisLink | None:
 
 
 async def _learn_models(
-    settings: Settings, registry: ModelRegistry, upstream: Upstream, learning: Learning, evidence: Evidence
-) -> None:
-    """Discovery until it succeeds, then the start-up check (warnings, and counting.source auto's verdicts): then
-    the guard counts. Again, the same way, whenever a replica comes back from being out (it may have restarted with
-    another template or other defaults); meanwhile nothing is counted."""
+    settings: Settings, registry: ModelRegistry, upstream: Upstream, learning: Learning, routes: RouteTable,
+    evidence: Evidence,
+) -> None:  # fmt: skip
+    """Discovery until it succeeds, then the start-up check (warnings, counting.source auto's verdicts, the
+    upstream's release and so the Messages API's error vocabulary on `routes`): then the guard counts. Again,
+    the same way, whenever a replica comes back from being out (it may have restarted with another template, other
+    defaults or another release), the answers' evidence forgotten; meanwhile nothing is counted."""
     while True:
         registry.apply_discovery(await _discovered(settings, upstream))
         for line in await drift_warnings(registry, upstream, evidence.counter):
             log.warning("%s", line)
+        routes.speak(registry.anthropic_error_types())
         learning.learned()
         await learning.until_stale()
         registry.forget_learned()

@@ -2,7 +2,8 @@
 
 A request goes to the replica with the fewest in-flight tokens (through the admission gate when a budget is set).
 A replica that refuses connections or times out connecting is taken out for a growing back-off and comes back when
-`GET /health` answers 200. A request is retried on another replica only for a connect failure or a 503, and only
+`GET /health` answers 200. A request is retried on another replica only for a connect failure, a 503, or a stream
+that opens with one of vLLM's refusals (refusals.py: a full queue, a paused, faulted or leaving engine), and only
 before anything was sent to the client.
 """
 
@@ -16,10 +17,11 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from proxy.errors import GuardError, TooBusy, UpstreamConnectTimeout, UpstreamRefused, UpstreamUnavailable
+from proxy.errors import GuardError, UpstreamConnectTimeout, UpstreamRefused, UpstreamUnavailable
 from proxy.settings import AdmissionSettings, RedisSettings, UpstreamSettings
 from proxy.upstream.admission import Admission, Budget, Ticket, kv_capacity
 from proxy.upstream.headers import CREDENTIAL_HEADERS, Credentials, forwardable, outgoing, upstream_auth
+from proxy.upstream.refusals import refusal
 from proxy.upstream.transport import GET_BYTES, METRICS_BYTES, Answer, Transport
 
 if TYPE_CHECKING:
@@ -29,11 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("token_guard.upstream")
 
 MAX_BACKOFF_S = 30.0
-# vLLM's QueueOverflowError and MaxQueuedTokensError: "... Please try again later or on a different instance."
-QUEUE_FULL = (
-    b"The engine is currently busy and cannot accept new requests.",
-    b"The engine has reached its prefill token backlog limit.",
-)
 NONE: frozenset[int] = frozenset()  # no replica excluded
 
 
@@ -150,28 +147,27 @@ class Upstream:
             if replica.failures:  # tried while out (every replica was), and it answered: it is back
                 self._back(replica)
             if (response.status == 503 or response.is_sse) and not await self._keeps(response, ticket, last, cost):
-                tried.add(index)  # only these can be vLLM's full queue: the usual answer costs no coroutine here
+                tried.add(index)  # only these can be vLLM's refusals: the usual answer costs no coroutine here
                 continue
             return Opened(response, ticket, replica.url)
         raise UpstreamUnavailable("No upstream replica could take the request.")
 
     async def _keeps(self, response: Answer, ticket: Ticket | None, last: bool, cost: int | None) -> bool:
-        """Whether to answer with this response; False: closed, try another replica (a 503, or vLLM's full queue).
-        When every replica tried is at its own queue limit, the client gets 429 with Retry-After, as for ours."""
+        """Whether to answer with this response; False: closed, try another replica (a 503, or one of vLLM's
+        refusals). When the last replica tried refuses, the client gets the refusal's retryable error with
+        Retry-After (refusals.py: 429 for a full queue, as for ours; 503 for a paused, faulted or leaving engine)."""
         try:
-            busy = await queue_full(response)
+            refused = await refusal(response)
         except BaseException:  # the client went away, or the upstream broke off, while its first piece was read
             response.close()
             self._release(ticket)
             raise
-        if response.status != 503 and busy is None:
-            return True
-        if last and busy is None:
+        if refused is None and (response.status != 503 or last):
             return True
         response.close()
         self._release(ticket)
-        if last:
-            raise TooBusy(f"The upstream is at its request queue limit: {busy}", self.admission.retry_after(cost or 0))
+        if last and refused is not None:
+            raise refused.error(self.admission.retry_after(cost or 0))
         return False
 
     def _pinned(self, pin: str | None) -> int | None:
@@ -310,20 +306,6 @@ class Upstream:
         if not isinstance(self.admission, Admission):
             await self.admission.aclose()
         await self._transport.aclose()
-
-
-async def queue_full(response: Answer) -> str | None:
-    """vLLM's message when its own queue is full (--max-num-queued-reqs / --max-num-queued-tokens, 0.31+): a 503, or,
-    for a stream, a 200 whose first event is that error (measured on 0.32). None for any other answer; the first
-    piece read to tell stays in the answer."""
-    if response.status == 503 or (response.status == 200 and response.is_sse):
-        head = await response.first()
-        if response.is_sse and not head.startswith(b'data: {"error"'):
-            return None
-        for marker in QUEUE_FULL:
-            if marker in head:
-                return marker.decode()
-    return None
 
 
 def _share(budget: int, workers: int) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from proxy.api.routes import Access, Kind, RouteTable
+from proxy.error_bodies import Envelope
 
 VLLM_ROUTES: dict[str, list[list[str]]] = json.loads((Path(__file__).with_name("vllm_routes.json")).read_text())
 TABLE = RouteTable()
@@ -92,3 +93,21 @@ def test_passthrough_paths_open_only_what_the_table_does_not_decide() -> None:
 def test_anthropic_routes_answer_in_anthropics_envelope() -> None:
     anthropic = {r.path for r in TABLE.routes() if r.envelope == "anthropic"}
     assert anthropic == {"/v1/messages", "/v1/messages/count_tokens", "/v1/messages/render"}
+
+
+def test_the_messages_api_speaks_the_upstreams_error_vocabulary() -> None:
+    table = RouteTable()
+    messages = ("/v1/messages", "/v1/messages/count_tokens", "/v1/messages/render")
+
+    def envelopes() -> set[str]:
+        return {found.route.envelope for path in messages if (found := table.find(path)) is not None}
+
+    assert envelopes() == {Envelope.ANTHROPIC}  # the release not known yet: vLLM's exception names, as before
+    table.speak(anthropic_types=True)
+    assert envelopes() == {Envelope.ANTHROPIC_TYPES}
+    assert {r.path for r in table.routes() if r.envelope == Envelope.ANTHROPIC_TYPES} == set(messages)
+    assert {r.path for r in table.routes() if r.envelope == Envelope.OPENAI} == {
+        r.path for r in TABLE.routes() if r.envelope == Envelope.OPENAI
+    }  # every other route keeps OpenAI's
+    table.speak(anthropic_types=False)  # a replica came back as an older release
+    assert envelopes() == {Envelope.ANTHROPIC}

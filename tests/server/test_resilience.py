@@ -169,8 +169,8 @@ class RawServer:
     """A TCP server on loopback that answers every generation with fixed bytes, then closes the connection; what the
     guard learns before it counts (its models, its health) it answers as vLLM would, so that the guard gets ready."""
 
-    def __init__(self, reply: bytes, pause_s: float = 0.0) -> None:
-        self.reply, self.pause_s = reply, pause_s
+    def __init__(self, reply: bytes, pause_s: float = 0.0, version: str | None = None) -> None:
+        self.reply, self.pause_s, self.version = reply, pause_s, version
         self.sock = bind_socket()
         self.sock.listen()
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -186,7 +186,7 @@ class RawServer:
             with conn:
                 asked = conn.recv(65536)
                 if not asked.startswith(b"POST /v1/"):  # discovery, health, /tokenize, /version
-                    conn.sendall(learned(asked))
+                    conn.sendall(learned(asked, self.version))
                     continue
                 conn.sendall(self.reply)
                 if self.pause_s:
@@ -197,15 +197,18 @@ class RawServer:
         self.sock.close()
 
 
-def learned(asked: bytes) -> bytes:
-    """vLLM's answer to what the guard asks before it counts: its model list and health; 404 for anything else (the
-    start-up check then says it could not compare, and the guard counts locally)."""
+def learned(asked: bytes, version: str | None = None) -> bytes:
+    """vLLM's answer to what the guard asks before it counts: its model list and health, and its `version` when one
+    is given; 404 for anything else (the start-up check then says it could not compare, and the guard counts
+    locally)."""
     status, payload = b"404 Not Found", b'{"error":{"message":"Not Found","type":"NotFoundError","code":404}}'
     if asked.startswith(b"GET /v1/models"):
         card = {"id": MODEL, "object": "model", "max_model_len": WINDOW, "root": None, "parent": None}
         status, payload = b"200 OK", json.dumps({"object": "list", "data": [card]}).encode()
     elif asked.startswith(b"GET /health"):
         status, payload = b"200 OK", b""
+    elif asked.startswith(b"GET /version") and version is not None:
+        status, payload = b"200 OK", json.dumps({"version": version}).encode()
     head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
     return head % (status, len(payload)) + payload
 
@@ -229,22 +232,30 @@ def test_reset_mid_stream_is_an_error_event_then_done(deepseek_dir: Path) -> Non
         raw.close()
 
 
-def messages_stream_that_breaks() -> RawServer:
-    """A /v1/messages stream (as vLLM's Anthropic endpoint writes it) whose connection closes after its first event."""
+def messages_stream_that_breaks(version: str | None = None) -> RawServer:
+    """A /v1/messages stream (as vLLM's Anthropic endpoint writes it) whose connection closes after its first event;
+    `version`: what the upstream's GET /version says (None: it has no such route)."""
     usage = {"input_tokens": 5, "output_tokens": 0}
     message: dict[str, Any] = {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": MODEL,
                "stop_reason": None, "stop_sequence": None, "usage": usage}  # fmt: skip
     event = b"event: message_start\ndata: " + json.dumps({"type": "message_start", "message": message}).encode()
     event += b"\n\n"
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
-    return RawServer(head + b"%x\r\n" % len(event) + event + b"\r\n", pause_s=0.1)
+    return RawServer(head + b"%x\r\n" % len(event) + event + b"\r\n", pause_s=0.1, version=version)
 
 
 MESSAGES_BODY = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "Tell me a story."}]}
 
 
-def test_reset_mid_stream_on_the_messages_api_is_anthropics_error_event(deepseek_dir: Path) -> None:
-    raw = messages_stream_that_breaks()
+# the upstream's release -> the type of the guard's own 502 on the Messages API (0.33: Anthropic's own names)
+BROKEN_TYPE = {None: "BadGatewayError", "0.32.0": "BadGatewayError", "0.33.0": "api_error", "0.34.0": "api_error"}
+
+
+@pytest.mark.parametrize("version", list(BROKEN_TYPE))
+def test_reset_mid_stream_on_the_messages_api_is_anthropics_error_event(
+    deepseek_dir: Path, version: str | None
+) -> None:
+    raw = messages_stream_that_breaks(version)
     try:
         with guard_in_front_of(raw, deepseek_dir) as proxy:
             body = {**MESSAGES_BODY, "stream": True}
@@ -254,16 +265,17 @@ def test_reset_mid_stream_on_the_messages_api_is_anthropics_error_event(deepseek
             name, data = events[-1].split("\n")
             assert name == "event: error" and "[DONE]" not in response.text
             error = json.loads(data.removeprefix("data: "))
-            assert error["type"] == "error" and error["error"]["type"] == "BadGatewayError"
+            assert error["type"] == "error" and error["error"]["type"] == BROKEN_TYPE[version]
             assert set(error["error"]) == {"type", "message"}
     finally:
         raw.close()
 
 
-def test_the_anthropic_sdk_raises_a_messages_stream_broken_mid_way(deepseek_dir: Path) -> None:
+@pytest.mark.parametrize("version", [None, "0.33.0"])
+def test_the_anthropic_sdk_raises_a_messages_stream_broken_mid_way(deepseek_dir: Path, version: str | None) -> None:
     """An error event without Anthropic's `event: error` is skipped by the SDK: the stream would just end, as if the
     answer were whole."""
-    raw = messages_stream_that_breaks()
+    raw = messages_stream_that_breaks(version)
     try:
         with guard_in_front_of(raw, deepseek_dir) as proxy:
             claude = anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0, timeout=30)
@@ -273,7 +285,7 @@ def test_the_anthropic_sdk_raises_a_messages_stream_broken_mid_way(deepseek_dir:
                     seen.append(event.type)
             assert seen == ["message_start"]
             assert isinstance(failed.value.body, dict) and failed.value.body["type"] == "error"
-            assert failed.value.body["error"]["type"] == "BadGatewayError"
+            assert failed.value.body["error"]["type"] == BROKEN_TYPE[version]
     finally:
         raw.close()
 
