@@ -26,6 +26,8 @@ class Profile:
     checks_transferred_ids: bool = True
     # 0.32 drops Claude Code's "x-anthropic-billing-header" line off a chat request's system text (chat_utils.py)
     strips_billing_header: bool = True
+    # 0.33 serves POST /v1/decisions: one engine request per question, a prompt and one token each
+    serves_decisions: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -52,6 +54,7 @@ PROFILES: dict[str, Profile] = {
         reserves_output=False,
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
+        serves_decisions=True,
     ),
     "0.34": Profile(
         name="0.34",
@@ -59,6 +62,7 @@ PROFILES: dict[str, Profile] = {
         reserves_output=False,
         lists_aliases_on_not_found=True,
         generate_output_mode=True,
+        serves_decisions=True,
     ),
 }
 

@@ -100,7 +100,11 @@ class ModelRegistry:
 
     def upstream_newer(self) -> bool:
         """True for an upstream of vLLM 0.32 or later; False while its version is not known (the older rules)."""
-        return self.upstream_version is not None and _release(self.upstream_version) >= (0, 32)
+        return self.upstream_at_least((0, 32))
+
+    def upstream_at_least(self, release: tuple[int, int]) -> bool:
+        """True for an upstream of that vLLM release or later; False while its version is not known."""
+        return self.upstream_version is not None and _release(self.upstream_version) >= release
 
     def set_count_source(self, name: str, source: str, reason: str) -> None:
         """Who counts this model's prompts from now on (the start-up check's verdict in counting.source auto)."""
