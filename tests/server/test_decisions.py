@@ -174,3 +174,15 @@ def test_the_route_is_a_404_in_front_of_vllm_0_32(qwen3_dir: Path) -> None:
         response = httpx.post(f"{g.url}/v1/decisions", json=body)
         assert response.status_code == 404 and "0.32.0" in response.json()["error"]["message"]
         assert older.stats.received == before
+
+
+def test_a_call_whose_fan_out_outgrows_the_kv_budget_is_refused(sim: InMemorySim, qwen3_dir: Path) -> None:
+    with guard(sim, qwen3_dir, **{"admission.max_inflight_tokens": 300}) as small:
+        one = httpx.post(f"{small.url}/v1/decisions", json={"model": MODEL, "input": TICKET, "questions": QUESTIONS})
+        assert one.status_code == 200 and one.json()["usage"]["total_tokens"] <= 300
+        before = sim.stats.received
+        many = httpx.post(f"{small.url}/v1/decisions", json={"model": MODEL, "input": TICKET,
+                                                             "questions": QUESTIONS * 2})  # fmt: skip
+        error = many.json()["error"]
+        assert many.status_code == 400 and error["code"] == "request_too_large" and "6 questions" in error["message"]
+        assert sim.stats.received == before
