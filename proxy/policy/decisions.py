@@ -14,10 +14,12 @@ question's state. Only the next-token models' reads are counted (vLLM's NextToke
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from proxy.api.chat import chat_request
 from proxy.api.decisions import DecisionRequest, check_serving, decision_request
+from proxy.counting.registry import GuardedModel
 from proxy.errors import ContextLengthExceeded, RequestTooLarge
 from proxy.policy.decide import Action, Limits
 from proxy.policy.outcome import Decision, Findings, Forward, Outcome, Refuse
@@ -27,24 +29,37 @@ from proxy.settings import Overflow
 
 PARAM = "input"
 THINKING_OFF = {"enable_thinking": False}  # strategies.ReadPromptRequest: thinking off unless the request enables it
+WHY_NOT = "The {} policy was not applied: a decision reads each question with the whole input, which is not cut here."
 
 
 async def decisions(
     steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
 ) -> Outcome:
     req = decision_request(body)
-    model, policy, _, limits = steps.target(req.model, headers, findings)
+    model, policy, choice, limits = steps.target(req.model, headers, findings)
+    asked = Overflow.CHUNK if findings.chunk_refused else choice  # what the policy or the client asked for
+    findings.chunk_refused = False  # said below: nothing is cut or split here, on either front end
     check_serving(req)
-    proven = await refuse_by_size(model, [[req.text]], limits, Overflow.REJECT, policy, PARAM, findings)
-    if proven is not None:
-        return proven
+    outcome = await refuse_by_size(model, [[req.text]], limits, Overflow.REJECT, policy, PARAM, findings)
+    if outcome is None:
+        outcome = await _counted(steps, model, req, raw, limits, findings)
+    if isinstance(outcome, Refuse) and isinstance(outcome.error, ContextLengthExceeded) and asked != Overflow.REJECT:
+        error = ContextLengthExceeded(f"{outcome.error.message} {WHY_NOT.format(asked)}", param=PARAM)
+        outcome = replace(outcome, error=error)
+    return outcome
+
+
+async def _counted(
+    steps: Steps, model: GuardedModel, req: DecisionRequest, raw: bytes, limits: Limits, findings: Findings
+) -> Outcome:
+    """Each question's prompt counted in order, as vLLM renders them; the first that leaves no room refuses the call."""
     counts: list[int] = []
     for i, prompt in enumerate(req.prompts()):
         chat = chat_request({"model": model.name, "messages": [{"role": "user", "content": prompt}],
                              "chat_template_kwargs": THINKING_OFF})  # fmt: skip
         count = await steps.count(model, chat, findings)
         counts.append(count)
-        if count + 1 > limits.max_model_len:  # vLLM renders the questions in order and stops at the first
+        if count + 1 > limits.max_model_len:
             return _refused(_too_long(count, limits.max_model_len, i), counts, findings)
     return decide_decisions(req, raw, counts, limits, findings)
 

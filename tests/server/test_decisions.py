@@ -186,3 +186,14 @@ def test_a_call_whose_fan_out_outgrows_the_kv_budget_is_refused(sim: InMemorySim
         error = many.json()["error"]
         assert many.status_code == 400 and error["code"] == "request_too_large" and "6 questions" in error["message"]
         assert sim.stats.received == before
+
+
+@pytest.mark.parametrize("policy", ["truncate", "chunk"])
+def test_an_overflow_policy_never_cuts_a_decision_and_says_so(
+    oai: openai.OpenAI, sim: InMemorySim, policy: str
+) -> None:
+    before = sim.stats.received
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.post("/decisions", body={"model": MODEL, "input": "apple " * 1100, "questions": QUESTIONS},
+                 cast_to=httpx.Response, options={"headers": {"x-token-guard-overflow": policy}})  # fmt: skip
+    assert f"The {policy} policy was not applied" in caught.value.message and sim.stats.received == before
