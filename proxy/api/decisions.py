@@ -45,7 +45,7 @@ class Question:
 @dataclass(frozen=True)
 class DecisionRequest:
     body: dict[str, Any]
-    model: str
+    model: str | None  # "" is the served model, as vLLM's model check reads it
     text: str  # the input as the model reads it (adapters.input_text)
     questions: tuple[Question, ...]
     joint: bool
@@ -72,7 +72,7 @@ def decision_request(body: dict[str, Any]) -> DecisionRequest:
     if not isinstance(joint, bool):
         raise InvalidRequest(f"'joint' must be a boolean, got {kind_of(joint)}.", param="joint")
     _cache_salt(body.get("cache_salt"))
-    return DecisionRequest(body, model, _input(body.get("input")), read, joint)
+    return DecisionRequest(body, model or None, _input(body.get("input")), read, joint)
 
 
 def check_serving(req: DecisionRequest) -> None:
