@@ -13,8 +13,9 @@ charges and its error envelope. A path that is not here is a 404 and never reach
     unguarded   vLLM generates here in a form the guard cannot count    nobody        (closed: 404 with the reason)
 
 The routes are vLLM 0.31's to 0.34's (tests/api/test_routes.py holds their route tables and fails when one is not
-declared here). `server.passthrough_paths` adds relay routes of the operator's own; it never opens a route the table
-declares otherwise, except an unguarded one, which the operator then opens on purpose.
+declared here); a route a later release added says which (`since`): in front of an older vLLM it is vLLM's 404.
+`server.passthrough_paths` adds relay routes of the operator's own; it never opens a route the table declares
+otherwise, except an unguarded one, which the operator then opens on purpose.
 """
 
 from __future__ import annotations
