@@ -47,7 +47,7 @@ def decide(ctx: Context, body: Any, headers: dict[str, str]) -> dict[str, Any]:
              "output_tokens": len(prompts), "output_tokens_details": {"reasoning_tokens": 0},
              "total_tokens": used + len(prompts)}  # fmt: skip
     answers = [_answer(raw) for raw in body["questions"]]
-    return {"model": body["model"], "answers": answers, "usage": usage}
+    return {"model": ctx.settings.model, "answers": answers, "usage": usage}  # the served name (no LoRA here)
 
 
 def _read(body: Any) -> list[tuple[str, list[tuple[str, str]]]]:

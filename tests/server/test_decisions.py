@@ -197,3 +197,10 @@ def test_an_overflow_policy_never_cuts_a_decision_and_says_so(
         oai.post("/decisions", body={"model": MODEL, "input": "apple " * 1100, "questions": QUESTIONS},
                  cast_to=httpx.Response, options={"headers": {"x-token-guard-overflow": policy}})  # fmt: skip
     assert f"The {policy} policy was not applied" in caught.value.message and sim.stats.received == before
+
+
+def test_a_call_that_names_no_model_is_the_served_ones_and_answered_in_its_name(proxy: str) -> None:
+    body = {"model": "", "input": TICKET, "questions": QUESTIONS}
+    response = httpx.post(f"{proxy}/v1/decisions", json=body, headers={"authorization": "Bearer sk-decider"})
+    assert response.status_code == 200 and response.json()["model"] == MODEL
+    assert int(response.headers["x-token-guard-prompt-tokens"]) == response.json()["usage"]["input_tokens"]
