@@ -30,6 +30,7 @@ from simulator.cohere import cohere_embed
 from simulator.completions import plan_completion
 from simulator.context import Context
 from simulator.converted import plan_invocation, plan_responses
+from simulator.decisions import decide
 from simulator.errors import ApiError
 from simulator.generation import Engine, Generation
 from simulator.messages import count_tokens, plan_messages
@@ -57,6 +58,7 @@ QUEUE_FULL = ApiError(
 PAUSED = ApiError("Generation is paused. Please retry after it resumes.", status=503, type="ServiceUnavailableError")
 PAUSE_MODES = ("abort", "wait", "keep")  # vLLM's PauseMode
 Planner = Callable[[Context, Any, Mapping[str, str]], Generation]
+Worker = Callable[[Context, Any, dict[str, str]], dict[str, Any]]  # a route answered whole, without the engine
 
 
 def error_response(error: ApiError, anthropic: bool = False, own_types: bool = False) -> JSONResponse:
@@ -177,15 +179,21 @@ class Endpoints:
     async def cohere_embed(self, request: Request) -> Response:
         return await self._pool(request, None)
 
-    async def _pool(self, request: Request, kind: Kind | None, read: Any = None) -> Response:
-        """A pooling route (`kind`), or Cohere's /v2/embed (None); `read`: the body as a decorator rewrote it."""
+    async def decisions(self, request: Request) -> Response:
+        return await self._pool(request, None, work=decide)
+
+    async def _pool(
+        self, request: Request, kind: Kind | None, read: Any = None, work: Worker | None = None
+    ) -> Response:
+        """A pooling route (`kind`), or one answered whole by `work` (Cohere's /v2/embed, the Decisions API);
+        `read`: the body as a decorator rewrote it."""
         tracker = self.stats.start()
         try:
             body = await read_body(request) if read is None else read
             self.stats.record_body(body)
-            work = partial(cohere_embed, self.ctx, body, dict(request.headers)) if kind is None else \
+            job = partial(work or cohere_embed, self.ctx, body, dict(request.headers)) if kind is None else \
                 partial(pool, self.ctx, body, kind, dict(request.headers))  # fmt: skip
-            answer = await self._off_loop(work)
+            answer = await self._off_loop(job)
         except ApiError as error:
             tracker.finish("rejected")
             return error_response(error)
@@ -390,6 +398,11 @@ def create_app(settings: SimulatorSettings) -> Starlette:
         Route("/v1/audio/transcriptions", endpoints.audio("transcribe"), methods=["POST"]),
         Route("/v1/audio/translations", endpoints.audio("translate"), methods=["POST"]),
         Route("/v2/embed", endpoints.cohere_embed, methods=["POST"]),
+        *(
+            [Route("/v1/decisions", endpoints.decisions, methods=["POST"])]
+            if endpoints.ctx.profile.serves_decisions
+            else []
+        ),  # fmt: skip
         *[Route(path, endpoints.pooled(kind), methods=["POST"]) for path, kind in POOLING_KINDS.items()],
         Route("/v1/models", endpoints.models, methods=["GET"]),
         Route("/tokenize", endpoints.tokenize, methods=["POST"]),

@@ -38,6 +38,8 @@ class Profile:
     # 0.33's POST /pause (modes abort and wait) makes the engine refuse new requests with a retryable 503 until
     # POST /resume; 0.31/0.32's pause queues them instead, which the simulator does not imitate (no /pause there)
     refuses_while_paused: bool = False
+    # 0.33 serves POST /v1/decisions: one engine request per question, a prompt and one token each
+    serves_decisions: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -67,6 +69,7 @@ PROFILES: dict[str, Profile] = {
         ends_incomplete_streams=True,
         anthropic_error_types=True,
         refuses_while_paused=True,
+        serves_decisions=True,
     ),
     "0.34": Profile(
         name="0.34",
@@ -79,6 +82,7 @@ PROFILES: dict[str, Profile] = {
         counts_past_window=True,
         anthropic_error_types=True,
         refuses_while_paused=True,
+        serves_decisions=True,
     ),
 }
 

@@ -13,8 +13,9 @@ charges and its error envelope. A path that is not here is a 404 and never reach
     unguarded   vLLM generates here in a form the guard cannot count    nobody        (closed: 404 with the reason)
 
 The routes are vLLM 0.31's to 0.34's (tests/api/test_routes.py holds their route tables and fails when one is not
-declared here). `server.passthrough_paths` adds relay routes of the operator's own; it never opens a route the table
-declares otherwise, except an unguarded one, which the operator then opens on purpose.
+declared here); a route a later release added says which (`since`): in front of an older vLLM it is vLLM's 404.
+`server.passthrough_paths` adds relay routes of the operator's own; it never opens a route the table declares
+otherwise, except an unguarded one, which the operator then opens on purpose.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Reads(StrEnum):
     SCORE = "score"
     RERANK = "rerank"
     COHERE_EMBED = "cohere_embed"
+    DECISIONS = "decisions"  # vLLM 0.33's Decisions API: one engine request per question
 
 
 class Access(StrEnum):
@@ -84,6 +86,7 @@ class Route:
     envelope: Envelope = Envelope.OPENAI  # the envelope of its error answers (error_bodies.py)
     answered: bool = False  # a count route the guard answers itself instead of forwarding
     access: Access | None = None  # None: the kind's (ACCESS)
+    since: tuple[int, int] | None = None  # the vLLM release that added it: before it, a 404 as vLLM answers
 
     @property
     def who(self) -> Access:
@@ -119,7 +122,6 @@ CONTROL_GET = (
 )  # fmt: skip
 UNGUARDED = (  # generation the guard cannot count or clamp in the form vLLM takes it
     "/cohere/v2/chat", "/generative_scoring", "/v1/systemone", "/v1/realtime",
-    "/v1/decisions",  # 0.33: a prefill and one token per question, up to 64 engine requests per call; not counted yet
 )  # fmt: skip
 
 ROUTES: tuple[Route, ...] = (
@@ -136,6 +138,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/inference/v1/generate", POST, Kind.GENERATE, Reads.TOKENS),
     Route("/v1/audio/transcriptions", POST, Kind.GENERATE, Reads.AUDIO),
     Route("/v1/audio/translations", POST, Kind.GENERATE, Reads.AUDIO),
+    Route("/v1/decisions", POST, Kind.GENERATE, Reads.DECISIONS, since=(0, 33)),  # a prompt and 1 token per question
     *[Route(path, POST, Kind.POOL, reads) for path, reads in POOLING.items()],
     Route("/v1/messages/count_tokens", POST, Kind.COUNT, Reads.COUNT_TOKENS, Envelope.ANTHROPIC, answered=True),
     Route("/v1/chat/completions/render", POST, Kind.COUNT, Reads.CHAT),

@@ -15,7 +15,7 @@ from proxy.api.routes import Kind, Reads, Route
 from proxy.counting.isolated import BodyParser
 from proxy.counting.registry import ModelRegistry
 from proxy.counting.source import CountSource, Uncounted
-from proxy.errors import ContextLengthExceeded
+from proxy.errors import ContextLengthExceeded, RouteNotFound
 from proxy.policy import recipes
 from proxy.policy.decide import Action, limits_for
 from proxy.policy.outcome import Chunked, Decision, Findings, Forward, Outcome, Refuse
@@ -54,6 +54,8 @@ class Guard:
         a chat, completions or token-in stream that does not ask vLLM for its usage event asks for it
         (usage_event.py), for a front end that takes the event out of the answer again."""
         server = self.settings.server
+        if route.since is not None and not self.registry.upstream_at_least(route.since):
+            raise _not_yet(route, self.registry.upstream_version)
         if route.reads is Reads.AUDIO:  # a multipart form, not JSON
             outcome = recipes.form(self.steps, route, raw, headers, findings)
         else:
@@ -117,3 +119,11 @@ class Guard:
         model = self.registry.resolve(chunked.original.model)
         limits = limits_for(model.name, model.max_model_len, chunked.policy, None, self.steps.max_cost())
         return await reduce_request(model, chunked, answers, limits)
+
+
+def _not_yet(route: Route, version: str | None) -> RouteNotFound:
+    """A route of a later vLLM release than the upstream's: vLLM answers it 404, and so does the guard."""
+    since = ".".join(map(str, route.since or ()))
+    upstream = f"vLLM {version}" if version is not None else "an upstream whose version is not known"
+    return RouteNotFound(f"Invalid URL (POST {route.path}): the upstream is {upstream}; vLLM serves {route.path} from "
+                         f"{since} on.")  # fmt: skip

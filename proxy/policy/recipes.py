@@ -14,6 +14,7 @@ from proxy.policy.batch import batch
 from proxy.policy.chat import chat
 from proxy.policy.cohere import cohere
 from proxy.policy.completions import completion
+from proxy.policy.decisions import decisions
 from proxy.policy.generate import tokens
 from proxy.policy.messages import messages
 from proxy.policy.outcome import Findings, Outcome
@@ -23,7 +24,7 @@ from proxy.policy.steps import Recipe, Steps
 
 RECIPES: dict[Reads, Recipe] = {  # the generate and pool routes' (audio reads a form: form() below)
     Reads.CHAT: chat, Reads.COMPLETION: completion, Reads.RESPONSES: responses, Reads.MESSAGES: messages,
-    Reads.CHAT_BATCH: batch, Reads.TOKENS: tokens, Reads.COHERE_EMBED: cohere,
+    Reads.CHAT_BATCH: batch, Reads.TOKENS: tokens, Reads.COHERE_EMBED: cohere, Reads.DECISIONS: decisions,
     Reads.EMBEDDINGS: pooled("embeddings"), Reads.POOLING: pooled("pooling"), Reads.CLASSIFY: pooled("classify"),
     Reads.SCORE: pooled("score"), Reads.RERANK: pooled("rerank"),
 }  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.api.routes import Access, Kind, RouteTable
+from proxy.api.routes import Access, Kind, Reads, Route, RouteTable
 from proxy.error_bodies import Envelope
 
 VLLM_ROUTES: dict[str, list[list[str]]] = json.loads((Path(__file__).with_name("vllm_routes.json")).read_text())
@@ -57,12 +57,20 @@ def test_every_route_that_reaches_the_gpu_is_guarded(path: str, kind: Kind) -> N
     assert found is not None and found.route.kind is kind and found.route.guarded and found.route.reads
 
 
-def test_decisions_stay_closed_until_the_guard_counts_them() -> None:
-    """vLLM 0.33's /v1/decisions runs a prefill and a token for each of up to 64 questions: uncounted, nobody reaches
-    it unless the operator opens it on purpose (server.passthrough_paths)."""
+def test_decisions_are_guarded_from_vllm_0_33_on() -> None:
+    """vLLM 0.33's /v1/decisions runs a prefill and a token for each of up to 64 questions: counted and charged as a
+    generation (policy/decisions.py), by a client key, and only in front of a release that serves it."""
     found = TABLE.find("/v1/decisions")
-    assert found is not None and found.route.kind is Kind.UNGUARDED and found.route.who is Access.NOBODY
-    assert RouteTable(passthrough=["/v1/decisions"]).unguarded == ["/v1/decisions"]
+    assert found is not None and found.route.kind is Kind.GENERATE and found.route.who is Access.CLIENT
+    assert found.route.reads is Reads.DECISIONS and found.route.since == (0, 33)
+    assert RouteTable(passthrough=["/v1/decisions"]).kept == [found.route]  # a passthrough path cannot unguard it
+
+
+@pytest.mark.parametrize("route", [r for r in TABLE.routes() if r.since is not None], ids=lambda r: r.path)
+def test_a_route_since_a_release_is_in_that_releases_snapshot_and_not_before(route: Route) -> None:
+    serving = sorted(v for v, routes in VLLM_ROUTES.items() if any(p == route.path for _, p in routes))
+    assert serving and tuple(int(n) for n in serving[0].split(".")[:2]) == route.since
+    assert serving == sorted(v for v in VLLM_ROUTES if tuple(int(n) for n in v.split(".")[:2]) >= route.since)
 
 
 def test_lookups() -> None:
