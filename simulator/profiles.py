@@ -7,7 +7,7 @@ instead of comparing version strings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -42,49 +42,22 @@ class Profile:
     serves_decisions: bool = False
 
 
-PROFILES: dict[str, Profile] = {
-    "0.31": Profile(
-        name="0.31",
-        version="0.31.0",
-        reserves_output=True,
-        lists_aliases_on_not_found=False,
-        generate_output_mode=False,
-        checks_transferred_ids=False,
-        strips_billing_header=False,
-    ),
-    "0.32": Profile(
-        name="0.32",
-        version="0.32.0",
-        reserves_output=False,
-        lists_aliases_on_not_found=True,
-        generate_output_mode=True,
-    ),
-    # 0.33 and 0.34 answer as 0.32 does except where a field above says otherwise (docs/vllm-wire-contract.md)
-    "0.33": Profile(
-        name="0.33",
-        version="0.33.0",
-        reserves_output=False,
-        lists_aliases_on_not_found=True,
-        generate_output_mode=True,
-        ends_incomplete_streams=True,
-        anthropic_error_types=True,
-        refuses_while_paused=True,
-        serves_decisions=True,
-    ),
-    "0.34": Profile(
-        name="0.34",
-        version="0.34.0",
-        reserves_output=False,
-        lists_aliases_on_not_found=True,
-        generate_output_mode=True,
-        ends_incomplete_streams=True,
-        thinks_between_tools=True,
-        counts_past_window=True,
-        anthropic_error_types=True,
-        refuses_while_paused=True,
-        serves_decisions=True,
-    ),
-}
+V031 = Profile(
+    name="0.31",
+    version="0.31.0",
+    reserves_output=True,
+    lists_aliases_on_not_found=False,
+    generate_output_mode=False,
+    checks_transferred_ids=False,
+    strips_billing_header=False,
+)
+V032 = Profile(name="0.32", version="0.32.0", reserves_output=False, lists_aliases_on_not_found=True,
+               generate_output_mode=True)  # fmt: skip
+# each later release: the one before it, and what it changed (docs/vllm-wire-contract.md)
+V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True, anthropic_error_types=True,
+               refuses_while_paused=True, serves_decisions=True)  # fmt: skip
+V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True)
+PROFILES: dict[str, Profile] = {profile.name: profile for profile in (V031, V032, V033, V034)}
 
 
 def get_profile(name: str) -> Profile:
