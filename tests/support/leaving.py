@@ -26,8 +26,21 @@ def leave_before_the_headers(
     try:
         for conn in conns:
             conn.sendall(request)
-        assert eventually(lambda: received() >= clients, timeout_s=60), "the requests never got there"
+        if not eventually(lambda: received() >= clients, timeout_s=60):
+            raise AssertionError(f"{received()} of {clients} requests got there; answered: {answered(conns)}")
         time.sleep(0.3)
     finally:
         for conn in conns:
             conn.close()
+
+
+def answered(conns: list[socket.socket]) -> list[str]:
+    """The first line of whatever each connection has been answered so far, without waiting for more."""
+    lines = []
+    for conn in conns:
+        conn.setblocking(False)
+        try:
+            lines.append(conn.recv(200).split(b"\r\n", 1)[0].decode(errors="replace"))
+        except BlockingIOError:
+            lines.append("nothing")
+    return lines
