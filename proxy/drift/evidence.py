@@ -5,13 +5,18 @@ show up there first.
 
 A disagreement is counted in the metrics (exchange/metrics.py, from the request's record), told in a warning at most
 once a minute per model, and, for a model in counting.source "auto" that the guard counts itself, moves its counting
-to the upstream where the upstream can count it exactly (the start-up check's rule: drift/source.py); the model comes
-back to local counting when a fresh start-up check agrees (a replica back from being out is checked again)."""
+to the upstream where the upstream can count it exactly (the start-up check's rule: drift/source.py) once it is more
+than one answer's say: MOVE_AFTER disagreements among the model's last WINDOW checked answers, and at least half of
+them. A changed template makes every answer disagree and moves the model within five answers; a client that found
+one shape the guard counts differently cannot move a model for everyone with a single request, only by
+outnumbering the model's other traffic. The model comes back to local counting when a fresh start-up check agrees
+(a replica back from being out is checked again)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +28,8 @@ from proxy.upstream.remote_count import RemoteCounter
 log = logging.getLogger("token_guard.drift")
 
 QUIET_S = 60.0  # one warning per model in this long; the rest are counted and named in the next
+WINDOW = 10  # a model's last checked answers, weighed together
+MOVE_AFTER = 3  # disagreements among them that move its counting (when also at least half of them)
 
 
 @dataclass(frozen=True)
@@ -49,12 +56,21 @@ class Evidence:
         self._warned: dict[str, float] = {}  # model -> when its last warning went out
         self._unsaid: dict[str, int] = {}  # model -> sightings since
         self.moved: dict[str, str] = {}  # model -> why the evidence moved its counting to the upstream
+        self._recent: dict[str, deque[bool]] = {}  # served model -> its last checked answers, True where they disagreed
+
+    def agree(self, model: str, source: str) -> None:
+        """An answer whose usage agreed with the guard's count."""
+        self._record(model, source, False)
 
     def weigh(self, seen: Sighting) -> None:
-        """A disagreement: warned (rate-limited), and in auto a locally counted model moves to upstream counting."""
+        """A disagreement: warned (rate-limited), and in auto a locally counted model moves to upstream counting once
+        the disagreements are more than one answer's say (MOVE_AFTER, and half of its last WINDOW)."""
         self._warn(seen)
         if seen.source != CountSource.LOCAL or seen.model not in self.registry.names:
             return  # the upstream counted it: nothing better to move to
+        recent = self._record(seen.model, seen.source, True)
+        if sum(recent) < MOVE_AFTER or 2 * sum(recent) < len(recent):
+            return
         model = self.registry.resolve(seen.model)
         if model.count_source != "auto" or not self._upstream_counts(model):
             return
@@ -68,9 +84,19 @@ class Evidence:
         OpenAI-compatible server other than vLLM) never takes the counting: every request would fail over to local."""
         return (self.counter.renders or self.counter.tokenizes) is True and upstream_counts(model, self.counter)
 
+    def _record(self, model: str, source: str, disagreed: bool) -> deque[bool]:
+        """The model's last WINDOW locally counted answers, this one included (one window per served model, never
+        per name a client made up)."""
+        if source != CountSource.LOCAL or model not in self.registry.names:
+            return deque()
+        recent = self._recent.setdefault(model, deque(maxlen=WINDOW))
+        recent.append(disagreed)
+        return recent
+
     def forget(self) -> None:
-        """A fresh start-up check decides again (exchange/core.py)."""
+        """A fresh start-up check decides again (exchange/core.py), on evidence gathered afresh."""
         self.moved.clear()
+        self._recent.clear()
 
     def _warn(self, seen: Sighting) -> None:
         now, last = self.clock(), self._warned.get(seen.model)

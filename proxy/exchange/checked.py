@@ -17,6 +17,8 @@ def check_count(record: RequestRecord, status: int | None, evidence: Evidence) -
         return  # an answer that says nothing of its prompt (a stream its client asked no usage of)
     charged = record.usage_prompt_tokens = usage[0]
     assert found.expected is not None and found.decision is not None  # record.checked
-    if charged != found.expected:
-        source = found.decision.count_source or ""
+    source = found.decision.count_source or ""
+    if charged == found.expected:
+        evidence.agree(found.model or "", source)
+    else:
         evidence.weigh(Sighting(found.model or "", source, record.endpoint, record.request_id, found.expected, charged))

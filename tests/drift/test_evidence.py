@@ -1,6 +1,7 @@
 """What an answer whose usage disagrees with the guard's count does: a warning at most once a minute per model (the
 rest counted into the next), and in counting.source auto a move to upstream counting for a model the guard counted
-itself; never for a model configured "local", nor for one the upstream already counts."""
+itself, once three of its last ten checked answers disagreed and at least half of them did; never for a model
+configured "local", nor for one the upstream already counts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proxy.counting.registry import ModelRegistry
-from proxy.drift.evidence import QUIET_S, Evidence, Sighting
+from proxy.drift.evidence import MOVE_AFTER, QUIET_S, WINDOW, Evidence, Sighting
 from proxy.settings import UpstreamSettings, load_settings
 from proxy.upstream.client import Upstream
 from proxy.upstream.http import HttpClient
@@ -42,13 +43,36 @@ def seen(source: str = "local", counted: int = 7, charged: int = 26) -> Sighting
     return Sighting(MODEL, source, "/v1/chat/completions", "req-1", counted, charged)
 
 
+def disagree(watch: Evidence, times: int, source: str = "local") -> None:
+    for _ in range(times):
+        watch.weigh(seen(source=source))
+
+
 def test_a_locally_counted_model_in_auto_moves_to_the_upstream(deepseek_dir: Path) -> None:
     watch, registry, _ = evidence(deepseek_dir, "auto")
-    watch.weigh(seen())
+    disagree(watch, MOVE_AFTER - 1)
+    assert registry.resolve(MODEL).count_source == "auto" and not watch.moved  # not on one client's say
+    disagree(watch, 1)
     assert registry.resolve(MODEL).count_source == "upstream"
     assert "vLLM charged 26 prompt tokens where the guard counted 7" in watch.moved[MODEL]
-    watch.forget()  # a fresh start-up check decides again
+    watch.forget()  # a fresh start-up check decides again, on evidence gathered afresh
     assert not watch.moved
+    registry.set_count_source(MODEL, "auto", "a fresh start-up check agreed")
+    disagree(watch, MOVE_AFTER - 1)
+    assert registry.resolve(MODEL).count_source == "auto"
+
+
+def test_a_few_disagreements_among_many_agreeing_answers_move_nothing(deepseek_dir: Path) -> None:
+    """A shape the guard counts differently, sent now and then among answers that agree: warned and counted, but the
+    model keeps its local counting until the disagreements are at least half of its last ten answers."""
+    watch, registry, _ = evidence(deepseek_dir, "auto")
+    for _ in range(3):
+        for _ in range(WINDOW // 2 + 1):
+            watch.agree(MODEL, "local")
+        disagree(watch, WINDOW // 2 - 1)  # four of every ten
+    assert registry.resolve(MODEL).count_source == "auto" and not watch.moved
+    disagree(watch, 1)  # now five of the last ten
+    assert registry.resolve(MODEL).count_source == "upstream"
 
 
 @pytest.mark.parametrize("tokenizes", [False, None])
@@ -56,20 +80,20 @@ def test_an_upstream_not_known_to_count_takes_nothing(deepseek_dir: Path, tokeni
     """An OpenAI-compatible server without POST /tokenize (or one never asked): local counting stays, since every
     request would otherwise fail over to it; the mismatch is still warned and counted."""
     watch, registry, _ = evidence(deepseek_dir, "auto", tokenizes)
-    watch.weigh(seen())
+    disagree(watch, MOVE_AFTER)
     assert registry.resolve(MODEL).count_source == "auto" and not watch.moved
 
 
 @pytest.mark.parametrize("configured", ["local", "upstream"])
 def test_a_model_configured_otherwise_stays(deepseek_dir: Path, configured: str) -> None:
     watch, registry, _ = evidence(deepseek_dir, configured)
-    watch.weigh(seen())
+    disagree(watch, MOVE_AFTER)
     assert registry.resolve(MODEL).count_source == configured and not watch.moved
 
 
 def test_what_the_upstream_counted_moves_nothing(deepseek_dir: Path) -> None:
     watch, registry, _ = evidence(deepseek_dir, "auto")
-    watch.weigh(seen(source="upstream"))
+    disagree(watch, MOVE_AFTER, source="upstream")
     assert registry.resolve(MODEL).count_source == "auto" and not watch.moved
 
 

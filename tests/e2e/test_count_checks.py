@@ -1,7 +1,8 @@
 """Counts that check themselves, against real vLLM 0.32: vLLM restarted on its port with a chat template that adds a
 preamble, while the guard in front looks at it only when a request goes by (its health checks an hour apart). The
-guard learns of it from the first answer's usage: the mismatch shows in /metrics and in its log, the model moves to
-upstream counting, and every request after it is counted as vLLM charges it."""
+guard learns of it from the answers' usage: the mismatches show in /metrics and in its log, the model moves to
+upstream counting once three of its last answers (and at least half) disagreed, and every request after that is
+counted as vLLM charges it."""
 
 from __future__ import annotations
 
