@@ -36,6 +36,7 @@ FLAGS = {  # flag destination -> settings key
     "max_model_len": "model.max_model_len",
     "tokenizer_mode": "model.tokenizer_mode",
     "default_chat_template_kwargs": "model.default_chat_template_kwargs",
+    "reasoning_effort_map": "model.reasoning_effort_map",
     "count_source": "counting.source",
     "redis_url": "redis.url",
 }
@@ -81,6 +82,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument(
         "--default-chat-template-kwargs", help="as vLLM's: a JSON object, e.g. '{\"enable_thinking\": false}'"
     )
+    parser.add_argument("--reasoning-effort-map", help='as vLLM\'s (0.33+): a JSON object, e.g. \'{"minimal": "low"}\'')
     parser.add_argument("--count-source", help="who counts prompts: auto (default), local or upstream")
     parser.add_argument("--log-level", help="critical, error, warning, info or debug")
     parser.add_argument("--redis-url", help="share the admission budget with every guard using this Redis")

@@ -44,7 +44,7 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
         check_tool_choice(body)
         check_stream_options(body)
     fields = Fields(body)
-    options = read_chat_options(fields, template_inputs(fields))
+    options = read_chat_options(fields, template_inputs(fields, ctx.settings.reasoning_effort_map))
     model = fields.str_or_none("model")
     max_completion_tokens = fields.int_or_none("max_completion_tokens")
     max_tokens = fields.int_or_none("max_tokens")
@@ -124,14 +124,20 @@ def _tool_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().int & (2**64 - 1):016x}"
 
 
-def template_inputs(fields: Fields) -> dict[str, Any]:
-    """Chat-only request fields vLLM hands the template next to chat_template_kwargs."""
-    effort = fields.str_or_none("reasoning_effort")
+def template_inputs(fields: Fields, effort_map: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Chat-only request fields vLLM hands the template next to chat_template_kwargs; the effort as the server's
+    --reasoning-effort-map rewrites it (0.33+ build_chat_params)."""
+    effort = mapped_effort(fields.str_or_none("reasoning_effort"), effort_map)
     inputs: dict[str, Any] = {"documents": fields.list_or_none("documents"), "reasoning_effort": effort}
     user_kwargs = fields.raw("chat_template_kwargs")
     if effort is not None and not (isinstance(user_kwargs, dict) and "enable_thinking" in user_kwargs):
         inputs["enable_thinking"] = effort != "none"  # templates that need explicit opt-in to reasoning
     return inputs
+
+
+def mapped_effort(effort: str | None, effort_map: Mapping[str, str] | None) -> str | None:
+    """renderers/params.py map_reasoning_effort."""
+    return effort if effort is None or not effort_map else effort_map.get(effort, effort)
 
 
 def _truncate_prompt_tokens(fields: Fields) -> int | None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from simulator.chat import plan_chat
+from simulator.chat import mapped_effort, plan_chat
 from simulator.chat_prompt import UNTRUSTED_TEMPLATE, ChatOptions, render_chat, template_kwargs
 from simulator.completions import plan_completion
 from simulator.context import Context, engine_error, raise_if, unwrap
@@ -60,7 +60,7 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
         ids = ctx.harmony.render(harmony_messages)
         chars = len(ctx.tokenizer.decode(ids))
     else:
-        options = _responses_options(req, messages, newer)
+        options = _responses_options(req, messages, newer, ctx.settings.reasoning_effort_map)
         rendered = render_chat(ctx.tokenizer, options, ctx.profile.strips_billing_header)
         ids, chars = rendered.token_ids, len(rendered.text)
     planned = planned_prompt(ctx, "responses", rid, ids, chars, request, req.body, req.stream)
@@ -76,14 +76,17 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
     return replace(planned, keep=ctx.store.keep)
 
 
-def _responses_options(req: ResponsesRequest, messages: list[dict[str, Any]], newer: bool) -> ChatOptions:
+def _responses_options(
+    req: ResponsesRequest, messages: list[dict[str, Any]], newer: bool, effort_map: Mapping[str, str] | None
+) -> ChatOptions:
     """build_chat_params: the prompt flags from the input's last item, the effort (and enable_thinking, unless
     the client set it) over the client's chat_template_kwargs; build_tok_params leaves add_special_tokens on."""
     cont = continues(req.input)
     user = req.chat_template_kwargs or {}
-    extra: dict[str, Any] = {"reasoning_effort": req.effort}
-    if req.effort is not None and "enable_thinking" not in user:
-        extra["enable_thinking"] = req.effort != "none"
+    effort = mapped_effort(req.effort, effort_map)
+    extra: dict[str, Any] = {"reasoning_effort": effort}
+    if effort is not None and "enable_thinking" not in user:
+        extra["enable_thinking"] = effort != "none"
     tools = tool_dicts(req.tools, newer)
     return ChatOptions(
         messages=messages, add_generation_prompt=not cont, continue_final_message=cont, add_special_tokens=True,

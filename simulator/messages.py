@@ -64,7 +64,10 @@ def _options(ctx: Context, req: MessagesRequest) -> ChatOptions:
         disabled = _disabled_effort(ctx)
     chat: MessagesChat = messages_chat(req, _newer(ctx), merge, disabled)
     user = req.chat_template_kwargs or {}
-    inputs = template_inputs(Fields({"reasoning_effort": chat.reasoning_effort, "chat_template_kwargs": user}))
+    effort_map = ctx.settings.reasoning_effort_map
+    inputs = template_inputs(
+        Fields({"reasoning_effort": chat.reasoning_effort, "chat_template_kwargs": user}), effort_map
+    )
     options = ChatOptions(
         messages=chat.messages, tools=None if chat.tools is None else read_tools(chat.tools),
         template_kwargs=template_kwargs(user, inputs), untrusted_template=user.get("chat_template") is not None,

@@ -9,7 +9,8 @@ The model's `TokenCounter` does the encoding: segment-cached, and off the event 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from proxy.api.chat import ChatRequest
@@ -25,6 +26,7 @@ CountMessages = Callable[[list[Any]], Awaitable[int]]
 
 
 async def count_chat(tok: ModelTokenizer, req: ChatRequest, counter: TokenCounter | None = None) -> int:
+    req = _effort_mapped(req, tok.effort_map)
     if tok.native is not None:  # mistral_common or openai_harmony: token ids straight from the messages
         return await asyncio.to_thread(tok.native.count_chat, req)
     # A template the request brought is the client's code: it runs in a child process, bounded (isolated.py). A
@@ -50,6 +52,16 @@ async def count_completion(
             return [next(counts) or 0 if isinstance(p, str) else len(p) for p in req.prompts]
     text_counts = iter(await _counter(tok, counter).count(texts, req.add_special_tokens) if texts else [])
     return [next(text_counts) if isinstance(p, str) else len(p) for p in req.prompts]
+
+
+def _effort_mapped(req: ChatRequest, effort_map: Mapping[str, str]) -> ChatRequest:
+    """The effort the server's --reasoning-effort-map rewrites the request's to before templating (vLLM 0.33+
+    build_chat_params, on chat and on what Responses and Messages become); only the count's copy changes, what goes
+    upstream keeps the client's effort, which vLLM maps itself."""
+    effort = req.body.get("reasoning_effort")
+    if not isinstance(effort, str) or effort not in effort_map:
+        return req
+    return replace(req, body={**req.body, "reasoning_effort": effort_map[effort]})
 
 
 def _counter(tok: ModelTokenizer, counter: TokenCounter | None) -> TokenCounter:

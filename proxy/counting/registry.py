@@ -58,7 +58,7 @@ class ModelRegistry:
         for i, spec in enumerate(configured):
             try:
                 tok = load_tokenizer(spec.tokenizer, spec.chat_template, spec.tokenizer_mode,
-                                     spec.default_chat_template_kwargs)  # fmt: skip
+                                     spec.default_chat_template_kwargs, spec.reasoning_effort_map)  # fmt: skip
             except TokenizerLoadError as exc:
                 raise TokenizerLoadError(f"models[{i}] ({spec.name}): {exc}") from exc
             source = "config" if spec.max_model_len is not None else "pending discovery"

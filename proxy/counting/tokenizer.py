@@ -50,6 +50,7 @@ class ModelTokenizer:
     rendering: Rendering = HF
     native: NativeChat | None = None  # set for the mistral and harmony renderings
     default_kwargs: Mapping[str, Any] = field(default_factory=dict)  # the server's default_chat_template_kwargs
+    effort_map: Mapping[str, str] = field(default_factory=dict)  # the server's --reasoning-effort-map (0.33+)
     # vLLM 0.32+ drops Claude Code's billing-header line from system messages; until the upstream's version is known,
     # the guard keeps it, which counts a few tokens more: the safe side
     strip_billing_header: bool = False
@@ -76,9 +77,11 @@ def load_tokenizer(
     chat_template: Path | None = None,
     tokenizer_mode: str = "auto",
     default_kwargs: Mapping[str, Any] | None = None,
+    effort_map: Mapping[str, str] | None = None,
 ) -> ModelTokenizer:
-    """The tokenizer, template and renderer vLLM would use for the model at `spec`; `tokenizer_mode` and
-    `default_kwargs` mirror vLLM's --tokenizer-mode and --default-chat-template-kwargs."""
+    """The tokenizer, template and renderer vLLM would use for the model at `spec`; `tokenizer_mode`,
+    `default_kwargs` and `effort_map` mirror vLLM's --tokenizer-mode, --default-chat-template-kwargs and
+    --reasoning-effort-map."""
     renderer = _load_renderer(spec)
     backend = getattr(renderer, "backend_tokenizer", None)
     if backend is None:
@@ -97,7 +100,8 @@ def load_tokenizer(
     directory = _directory(spec)
     rendering = resolve_mode(directory, tokenizer_mode)
     native = _native(rendering, directory, spec)
-    return ModelTokenizer(spec, renderer, backend, template, specials, rendering, native, dict(default_kwargs or {}))
+    return ModelTokenizer(spec, renderer, backend, template, specials, rendering, native, dict(default_kwargs or {}),
+                          dict(effort_map or {}))  # fmt: skip
 
 
 def _directory(spec: str) -> Path | None:

@@ -203,6 +203,19 @@ def path_value(value: Any) -> Path:
     return Path(nonempty_text(value)).expanduser()
 
 
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # vLLM 0.33's ReasoningEffort
+
+
+def effort_map(value: Any) -> dict[str, str]:
+    """vLLM's --reasoning-effort-map (0.33+): a JSON object from requested efforts to the ones the template takes."""
+    mapping = json_object(value)
+    if not all(isinstance(v, str) for v in mapping.values()):
+        raise ValueError("an object mapping reasoning efforts to strings")
+    if unknown := sorted(set(mapping) - set(REASONING_EFFORTS)):
+        raise ValueError(f"unknown efforts {unknown}; keys must be among {list(REASONING_EFFORTS)}")
+    return mapping
+
+
 def json_object(value: Any) -> dict[str, Any]:
     """A table in TOML, or a JSON object in an environment variable or a flag (as vLLM's flag takes it)."""
     if isinstance(value, str):

@@ -144,10 +144,11 @@ MODEL_SCHEMA: dict[str, Callable[[Any], Any]] = {
     "policy": lambda value: value,  # checked key by key against the policy schema in _model()
     "tokenizer_mode": v.choice(*TOKENIZER_MODES),
     "default_chat_template_kwargs": v.json_object,
+    "reasoning_effort_map": v.effort_map,
     "count_source": v.choice(*COUNT_SOURCES),
 }
 SINGLE_MODEL_ENV = ("model", "tokenizer", "chat_template", "max_model_len", "tokenizer_mode",
-                    "default_chat_template_kwargs", "count_source")  # fmt: skip
+                    "default_chat_template_kwargs", "reasoning_effort_map", "count_source")  # fmt: skip
 SECTIONS = {
     "server": ServerSettings,
     "upstream": UpstreamSettings,

@@ -160,6 +160,7 @@ class ModelSettings:
     policy: PolicySettings | None = None  # the global policy with this model's [models.policy] overrides
     tokenizer_mode: str = "auto"  # as vLLM's --tokenizer-mode: "auto" (decide as vLLM does), "hf" or "mistral"
     default_chat_template_kwargs: dict[str, Any] | None = None  # as vLLM's --default-chat-template-kwargs
+    reasoning_effort_map: dict[str, str] | None = None  # as vLLM's --reasoning-effort-map (0.33+)
     count_source: str | None = None  # this model's counting.source
 
 
