@@ -97,7 +97,10 @@ def _responses_options(
 
 def _harmony_messages(ctx: Context, harmony: SimHarmony, body: dict[str, Any]) -> list[Any]:
     """A gpt-oss model's Responses prompt (simulator/harmony.py): the messages stored for the response it continues,
-    with that response's answer, as they are; then the new input."""
+    with that response's answer, as they are; then the new input. The effort as --reasoning-effort-map rewrites it."""
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and isinstance(effort := reasoning.get("effort"), str):
+        body = {**body, "reasoning": {**reasoning, "effort": mapped_effort(effort, ctx.settings.reasoning_effort_map)}}
     previous = body.get("previous_response_id")
     if not isinstance(previous, str) or ctx.store is None:
         return harmony.prompt(body, None, [])

@@ -20,6 +20,7 @@ renders them.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -54,14 +55,21 @@ class HarmonyHistory:
         return HarmonyHistory(messages, calls)
 
 
-def harmony_chat(native: HarmonyChat, req: ResponsesRequest, newer: bool, stored: HarmonyHistory | None) -> ChatRequest:
+def harmony_chat(
+    native: HarmonyChat, req: ResponsesRequest, newer: bool, stored: HarmonyHistory | None,
+    effort_map: Mapping[str, str] | None = None,
+) -> ChatRequest:  # fmt: skip
     """The chat request for `req` (its checks and the body an upstream count reads), holding the harmony messages
-    vLLM renders for it; `stored`: the response its previous_response_id continues (None: a new conversation)."""
+    vLLM renders for it; `stored`: the response its previous_response_id continues (None: a new conversation);
+    `effort_map`: the server's --reasoning-effort-map."""
     chat = responses_chat(req, newer)  # vLLM's checks of the request and its items, before rendering
-    return replace(chat, harmony=harmony_messages(native, req, stored))
+    return replace(chat, harmony=harmony_messages(native, req, stored, effort_map))
 
 
-def harmony_messages(native: HarmonyChat, req: ResponsesRequest, stored: HarmonyHistory | None) -> Messages:
+def harmony_messages(
+    native: HarmonyChat, req: ResponsesRequest, stored: HarmonyHistory | None,
+    effort_map: Mapping[str, str] | None = None,
+) -> Messages:  # fmt: skip
     items: str | list[dict[str, Any]] = req.input
     if stored is not None:
         messages = [dict(m) for m in stored.messages]
@@ -70,7 +78,7 @@ def harmony_messages(native: HarmonyChat, req: ResponsesRequest, stored: Harmony
         instructions = req.instructions
         if instructions is None and isinstance(items, list):
             instructions, items = _leading_instructions(items)
-        messages, calls = _preamble(native, req, instructions), {}
+        messages, calls = _preamble(native, req, instructions, effort_map or {}), {}
     if isinstance(items, str):
         return [*messages, _text("user", items)]
     for item in items:
@@ -98,10 +106,15 @@ def harmony_after(messages: Messages | None, output: Any) -> HarmonyHistory | No
     return HarmonyHistory(_without_stale_analysis(messages + rebuilt), calls)
 
 
-def _preamble(native: HarmonyChat, req: ResponsesRequest, instructions: str | None) -> Messages:
-    """build_harmony_preamble: the function tools only when some tool is not a built-in one (has_custom_tools)."""
+def _preamble(
+    native: HarmonyChat, req: ResponsesRequest, instructions: str | None, effort_map: Mapping[str, str]
+) -> Messages:
+    """build_harmony_preamble: the function tools only when some tool is not a built-in one (has_custom_tools); the
+    effort as --reasoning-effort-map rewrites it (0.33+)."""
     reasoning = req.body.get("reasoning")
     effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    if isinstance(effort, str):
+        effort = effort_map.get(effort, effort)
     if effort is not None and effort not in EFFORTS:
         raise InvalidRequest(f"reasoning_effort={effort!r} is not supported by Harmony. Supported values are: "
                              "high, medium, low.", param="reasoning_effort")  # fmt: skip

@@ -62,7 +62,7 @@ def continued_chat(
         stored = entry.harmony if entry is not None else None
         if continues and stored is None:
             return responses_chat(req, newer), None
-        chat = harmony_chat(tok.native, req, newer, stored)
+        chat = harmony_chat(tok.native, req, newer, stored, tok.effort_map)
         return chat, chat.harmony
     history = entry.history if entry is not None else None
     chat = responses_chat(req, newer, history)

@@ -4,6 +4,8 @@ counts what vLLM charges; without it, it counts the effort the client sent, and 
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,9 @@ from proxy.server.running import ServerThread
 from proxy.settings import SettingsError, load_settings
 from simulator import SimulatorSettings
 from simulator import create_app as create_simulator
+from tests.support import zoo, zoo_models
 from tests.support.prometheus import metric
-from tests.support.servers import MODEL, guard
+from tests.support.servers import MODEL, guard, simulator
 
 # the server's map: the efforts the template was not written for, to one it spells out at length
 EFFORT_MAP = {"minimal": "a very thorough and deliberate effort, considered step by step", "xhigh": "high"}
@@ -87,3 +90,30 @@ def test_a_map_with_an_effort_vllm_does_not_know_is_refused_at_start(deepseek_di
     }
     with pytest.raises(SettingsError, match="unknown efforts \\['huge'\\]"):
         load_settings(flags, environ={})
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("gpt-oss")
+    shutil.copytree(zoo.family_dir("gpt-oss"), directory, dirs_exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(zoo_models.gpt_oss_config()))
+    return directory
+
+
+def test_a_gpt_oss_response_asking_an_effort_harmony_lacks_is_served_as_vllm_maps_it(gpt_oss_dir: Path) -> None:
+    """Harmony takes low, medium and high; a server mapping "minimal" to "low" serves a Responses request asking
+    "minimal", which the guard without the map would refuse as vLLM without it does."""
+    harmony_map = {"minimal": "low"}
+    with simulator(gpt_oss_dir, profile="0.33", reasoning_effort_map=harmony_map) as (sim, _, _), guard(
+        sim.url, gpt_oss_dir, **{"model.reasoning_effort_map": harmony_map, "counting.source": "local"}
+    ) as proxy:  # fmt: skip
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
+        answer = client.responses.with_raw_response.create(
+            model=MODEL, input="Think about seas.", max_output_tokens=5, reasoning={"effort": "minimal"}
+        )
+        usage = answer.parse().usage
+        assert usage is not None and int(answer.headers["x-token-guard-prompt-tokens"]) == usage.input_tokens
+    with simulator(gpt_oss_dir, profile="0.33") as (sim, _, _), guard(sim.url, gpt_oss_dir) as proxy:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="not supported by Harmony"):
+            client.responses.create(model=MODEL, input="Think about seas.", reasoning={"effort": "minimal"})
