@@ -30,13 +30,14 @@ class Context:
 
     @classmethod
     def load(cls, settings: SimulatorSettings) -> Context:
-        tokenizer = SimTokenizer.load(settings.tokenizer, settings.chat_template)
+        profile = get_profile(settings.profile)
+        tokenizer = SimTokenizer.load(settings.tokenizer, settings.chat_template, profile.follows_namespace_aliases)
         seed = f"{settings.model}|{settings.max_model_len}|{settings.model_root}|{settings.profile}"
         digest = hashlib.sha256(seed.encode()).hexdigest()[:8]
         fingerprint = f"vllm-{settings.vllm_version}-{digest}"
         store = ResponseStore() if settings.responses_store else None
         harmony = SimHarmony() if is_harmony(settings.tokenizer) else None
-        return cls(settings, get_profile(settings.profile), tokenizer, fingerprint, store, harmony)
+        return cls(settings, profile, tokenizer, fingerprint, store, harmony)
 
     def check_model(self, model: str | None) -> None:
         """An omitted or empty model means the served one; anything else must be its name."""

@@ -40,6 +40,8 @@ class Profile:
     refuses_while_paused: bool = False
     # 0.33 serves POST /v1/decisions: one engine request per question, a prompt and one token each
     serves_decisions: bool = False
+    # 0.33's content-format detection follows `namespace(rest=messages)` and `ns.rest = messages` aliases
+    follows_namespace_aliases: bool = False
 
 
 V031 = Profile(
@@ -55,7 +57,7 @@ V032 = Profile(name="0.32", version="0.32.0", reserves_output=False, lists_alias
                generate_output_mode=True)  # fmt: skip
 # each later release: the one before it, and what it changed (docs/vllm-wire-contract.md)
 V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True, anthropic_error_types=True,
-               refuses_while_paused=True, serves_decisions=True)  # fmt: skip
+               refuses_while_paused=True, serves_decisions=True, follows_namespace_aliases=True)  # fmt: skip
 V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True)
 PROFILES: dict[str, Profile] = {profile.name: profile for profile in (V031, V032, V033, V034)}
 

@@ -25,9 +25,10 @@ _GIBBERISH = " the of and to in is that for it as with was on be by at this from
 
 
 class SimTokenizer:
-    def __init__(self, hf: Any, chat_template: str | dict[str, str] | None) -> None:
+    def __init__(self, hf: Any, chat_template: str | dict[str, str] | None, namespaces: bool = False) -> None:
         self._hf = hf
         self._templates = chat_template
+        self._namespaces = namespaces  # the release's content-format detection follows namespace aliases (0.33+)
         vocab: dict[str, int] = hf.get_vocab()
         # vLLM's max_chars_per_token: the longest string in the vocabulary, as stored (byte-level pieces).
         self.max_chars_per_token = max(len(token) for token in vocab)
@@ -39,12 +40,12 @@ class SimTokenizer:
         self.eos_token_id = eos if isinstance(eos, int) else self.max_token_id
 
     @classmethod
-    def load(cls, path: Path, chat_template: Path | None = None) -> SimTokenizer:
+    def load(cls, path: Path, chat_template: Path | None = None, namespaces: bool = False) -> SimTokenizer:
         from transformers import AutoTokenizer
 
         hf = AutoTokenizer.from_pretrained(str(path))
         template = chat_template.read_text() if chat_template is not None else hf.chat_template
-        return cls(hf, template)
+        return cls(hf, template, namespaces)
 
     def template_for(self, tools: list[Any] | None) -> str:
         """vLLM's resolution: the server template, else the tokenizer's (its tool-use variant when tools are sent)."""
@@ -57,7 +58,7 @@ class SimTokenizer:
         return templates
 
     def content_format(self, template: str) -> ContentFormat:
-        return detect_content_format(template)
+        return detect_content_format(template, self._namespaces)
 
     def render_chat(
         self, conversation: list[dict[str, Any]], template: str, tools: list[Any] | None, kwargs: dict[str, Any]

@@ -183,15 +183,21 @@ def _parse_tool_call_arguments(conversation: list[dict[str, Any]]) -> None:
 
 
 @lru_cache(maxsize=64)  # a parse costs milliseconds; bounded, since requests may bring templates of their own
-def detect_content_format(chat_template: str) -> ContentFormat:
+def detect_content_format(chat_template: str, namespaces: bool = False) -> ContentFormat:
+    """`namespaces`: the upstream's detection follows namespace aliases (vLLM 0.33+: `namespace(rest=messages)`,
+    `ns.rest = messages`)."""
     try:
         ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(chat_template)
     except jinja2.TemplateError:
         return "string"
-    return "openai" if next(_content_loops(ast), None) is not None else "string"
+    return "openai" if next(_content_loops(ast, namespaces), None) is not None else "string"
 
 
 def _is_var(node: jn.Node, name: str) -> bool:
+    """`name`, or for a dotted alias "ns.rest" (0.33+) the attribute `ns.rest`."""
+    if isinstance(node, jn.Getattr) and "." in name:
+        base, _, attr = name.rpartition(".")
+        return node.attr == attr and _is_var(node.node, base)
     return isinstance(node, jn.Name) and node.ctx == "load" and node.name == name
 
 
@@ -213,16 +219,33 @@ def _is_access(node: jn.Node, name: str, key: str | None = None) -> bool:
     return _is_attr(node, name, key) if key else _is_var(node, name)
 
 
-def _aliases(root: jn.Template, name: str) -> Iterator[str]:
+def _aliases(root: jn.Template, name: str, namespaces: bool) -> Iterator[str]:
     yield name
-    pending = deque([name])
+    pending, seen = deque([name]), {name}
     while pending:
         current = pending.popleft()
         for assign in root.find_all(jn.Assign):
-            if isinstance(assign.target, jn.Name) and _is_access(assign.node, current):
-                yield assign.target.name
-                if assign.target.name != current:
-                    pending.append(assign.target.name)
+            for alias in _assigned(assign, current, namespaces):
+                yield alias
+                if alias != current and (not namespaces or alias not in seen):
+                    seen.add(alias)
+                    pending.append(alias)
+
+
+def _assigned(assign: jn.Assign, name: str, namespaces: bool) -> list[str]:
+    """The names `assign` gives `name`: its target; with `namespaces` (0.33+) also "ns.rest" for
+    `ns = namespace(rest=name)` and for `ns.rest = name`."""
+    target, value = assign.target, assign.node
+    if isinstance(target, jn.Name) and _is_access(value, name):
+        return [target.name]
+    if not namespaces:
+        return []
+    if isinstance(target, jn.Name) and isinstance(value, jn.Call) and isinstance(value.node, jn.Name) \
+            and value.node.name == "namespace":  # fmt: skip
+        return [f"{target.name}.{kw.key}" for kw in value.kwargs if _is_access(kw.value, name)]
+    if isinstance(target, jn.NSRef) and _is_access(value, name):
+        return [f"{target.name}.{target.attr}"]
+    return []
 
 
 def _loop_targets(root: jn.Template, iterables: list[str], key: str | None) -> Iterator[str]:
@@ -231,10 +254,10 @@ def _loop_targets(root: jn.Template, iterables: list[str], key: str | None) -> I
             yield loop.target.name
 
 
-def _content_loops(root: jn.Template) -> Iterator[jn.For]:
+def _content_loops(root: jn.Template, namespaces: bool) -> Iterator[jn.For]:
     """Loops over a message's content: directly, through a macro parameter bound to it, or (outside macros) over
     a top-level variable named `content`, as vLLM's detection walks them."""
-    message_names = list(_loop_targets(root, list(_aliases(root, "messages")), None))
+    message_names = list(_loop_targets(root, list(_aliases(root, "messages", namespaces)), None))
     bound, in_macros = _macro_content_params(root, message_names)
     for loop in root.find_all(jn.For):
         if any(_is_access(loop.iter, n, "content") for n in message_names):

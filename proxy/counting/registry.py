@@ -90,13 +90,16 @@ class ModelRegistry:
             self._models[name] = replace(model, tokenizer=replace(model.tokenizer, sandbox=sandbox))
 
     def set_upstream_version(self, version: str) -> None:
-        """What the upstream's vLLM version changes in counting: 0.32 strips a billing-header line (see
-        conversation.py)."""
+        """What the upstream's vLLM version changes in counting: 0.32 strips a billing-header line, 0.33 follows
+        namespace aliases of `messages` when it decides a template's content format (see conversation.py)."""
         self.upstream_version = version
-        strip = _release(version) >= (0, 32)
+        release = _release(version)
+        strip, namespaces = release >= (0, 32), release >= (0, 33)
         for name, model in self._models.items():
-            if model.tokenizer.strip_billing_header != strip:
-                self._models[name] = replace(model, tokenizer=replace(model.tokenizer, strip_billing_header=strip))
+            tok = model.tokenizer
+            if (tok.strip_billing_header, tok.namespace_aliases) != (strip, namespaces):
+                tok = replace(tok, strip_billing_header=strip, namespace_aliases=namespaces)
+                self._models[name] = replace(model, tokenizer=tok)
 
     def upstream_newer(self) -> bool:
         """True for an upstream of vLLM 0.32 or later; False while its version is not known (the older rules)."""

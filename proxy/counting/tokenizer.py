@@ -54,6 +54,8 @@ class ModelTokenizer:
     # vLLM 0.32+ drops Claude Code's billing-header line from system messages; until the upstream's version is known,
     # the guard keeps it, which counts a few tokens more: the safe side
     strip_billing_header: bool = False
+    # vLLM 0.33+ follows namespace aliases of `messages` when it decides a template's content format
+    namespace_aliases: bool = False
     # where a chat template the request brought renders: a child process, which the core that serves the model owns
     # (exchange/core.py, through the registry); None: nowhere, such a request is refused
     sandbox: IsolatedRenderer | None = None
@@ -69,7 +71,7 @@ class ModelTokenizer:
         return self.chat_template
 
     def content_format(self, template: str) -> ContentFormat:
-        return detect_content_format(template)
+        return detect_content_format(template, self.namespace_aliases)
 
 
 def load_tokenizer(
