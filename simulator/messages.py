@@ -62,7 +62,7 @@ def _options(ctx: Context, req: MessagesRequest) -> ChatOptions:
     disabled = "none"
     if (req.thinking or {}).get("type") in ("disabled", "between_tools"):
         disabled = _disabled_effort(ctx)
-    chat: MessagesChat = messages_chat(req, _newer(ctx), merge, disabled)
+    chat: MessagesChat = messages_chat(req, _newer(ctx), merge, disabled, ctx.profile.joins_tool_references)
     user = req.chat_template_kwargs or {}
     effort_map = ctx.settings.reasoning_effort_map
     inputs = template_inputs(

@@ -31,12 +31,15 @@ class MessagesChat:
     thinking_token_budget: int | None
 
 
-def messages_chat(req: MessagesRequest, newer: bool, merge_inline: bool, disabled_effort: str) -> MessagesChat:
+def messages_chat(
+    req: MessagesRequest, newer: bool, merge_inline: bool, disabled_effort: str, joined: bool = False
+) -> MessagesChat:
     """`merge_inline`: the start-up probe found the template refuses an inline system message; `disabled_effort`:
-    the effort `thinking: disabled` maps to (0.31 applies thinking and output_config to count_tokens not at all)."""
+    the effort `thinking: disabled` maps to (0.31 applies thinking and output_config to count_tokens not at all);
+    `joined`: a tool result's references and text are one tool message (0.34)."""
     messages = _system(req, merge_inline)
     for message in req.messages:
-        _message(message, messages, merge_inline)
+        _message(message, messages, merge_inline, joined)
     applies = newer or req.max_tokens is not None  # 0.31 returns early for AnthropicCountTokensRequest
     thinking = req.thinking if applies else None
     effort = req.effort if applies else None
@@ -74,7 +77,7 @@ def _system_text(message: dict[str, Any]) -> str | None:
     return "".join(parts) or None
 
 
-def _message(message: dict[str, Any], out: list[dict[str, Any]], merge_inline: bool) -> None:
+def _message(message: dict[str, Any], out: list[dict[str, Any]], merge_inline: bool, joined: bool) -> None:
     """_convert_messages: system messages in place (unless merged), the others block by block."""
     role: str = message["role"]
     content: str | list[dict[str, Any]] = message["content"]
@@ -87,12 +90,14 @@ def _message(message: dict[str, Any], out: list[dict[str, Any]], merge_inline: b
     if isinstance(content, str):
         converted["content"] = content
     else:
-        _content(role, content, converted, out)
+        _content(role, content, converted, out, joined)
     if not (role == "user" and "content" not in converted):
         out.append(converted)
 
 
-def _content(role: str, blocks: list[dict[str, Any]], converted: dict[str, Any], out: list[dict[str, Any]]) -> None:
+def _content(
+    role: str, blocks: list[dict[str, Any]], converted: dict[str, Any], out: list[dict[str, Any]], joined: bool
+) -> None:
     """_convert_message_content: text and images as parts, thinking as reasoning, tool_use as tool calls; a user's
     tool_result becomes tool messages appended as they come."""
     parts: list[dict[str, Any]] = []
@@ -111,7 +116,7 @@ def _content(role: str, blocks: list[dict[str, Any]], converted: dict[str, Any],
             calls.append({"id": block.get("id") or f"call_{int(time.time())}", "type": "function",
                           "function": {"name": block.get("name") or "", "arguments": arguments}})  # fmt: skip
         elif kind == "tool_result" and role == "user":
-            out += _tool_result(block)
+            out += _tool_result(block, joined)
         elif kind == "tool_result":
             text = str(block.get("content")) if block.get("content") else ""
             parts.append({"type": "text", "text": f"Tool result: {text}"})
@@ -124,9 +129,10 @@ def _content(role: str, blocks: list[dict[str, Any]], converted: dict[str, Any],
         converted["content"] = parts[0]["text"] if single else parts
 
 
-def _tool_result(block: dict[str, Any]) -> list[dict[str, Any]]:
+def _tool_result(block: dict[str, Any], joined: bool) -> list[dict[str, Any]]:
     """_convert_user_tool_result: the text (joined by newlines), then the images as a user message, then the tool
-    references as a second tool message."""
+    references as a second tool message; 0.34 (`joined`): the references, then the text as a part, in the one tool
+    message, before the images."""
     content = block.get("content")
     texts: list[str] = []
     images: list[str] = []
@@ -142,10 +148,13 @@ def _tool_result(block: dict[str, Any]) -> list[dict[str, Any]]:
                 references.append({"type": "tool_reference", "name": name})
     text = content if isinstance(content, str) else "\n".join(texts)
     call_id = block.get("tool_use_id") or ""
-    out: list[dict[str, Any]] = [{"role": "tool", "tool_call_id": call_id, "content": text or ""}]
+    first: str | list[dict[str, Any]] = text or ""
+    if joined and references:
+        first = references + ([{"type": "text", "text": text}] if text else [])
+    out: list[dict[str, Any]] = [{"role": "tool", "tool_call_id": call_id, "content": first}]
     if images:
         out.append({"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in images]})
-    if references:
+    if references and not joined:
         out.append({"role": "tool", "tool_call_id": call_id, "content": references})
     return out
 

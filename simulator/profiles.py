@@ -42,6 +42,8 @@ class Profile:
     serves_decisions: bool = False
     # 0.33's content-format detection follows `namespace(rest=messages)` and `ns.rest = messages` aliases
     follows_namespace_aliases: bool = False
+    # 0.34 gives an Anthropic tool result's tool references and text one tool message; earlier ones two
+    joins_tool_references: bool = False
 
 
 V031 = Profile(
@@ -58,7 +60,8 @@ V032 = Profile(name="0.32", version="0.32.0", reserves_output=False, lists_alias
 # each later release: the one before it, and what it changed (docs/vllm-wire-contract.md)
 V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True, anthropic_error_types=True,
                refuses_while_paused=True, serves_decisions=True, follows_namespace_aliases=True)  # fmt: skip
-V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True)
+V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True,
+               joins_tool_references=True)  # fmt: skip
 PROFILES: dict[str, Profile] = {profile.name: profile for profile in (V031, V032, V033, V034)}
 
 

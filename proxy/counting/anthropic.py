@@ -28,13 +28,17 @@ TOOL_EDITS = frozenset({"tool_addition", "tool_removal"})  # 0.32: system messag
 
 def messages_chat(tok: ModelTokenizer, req: MessagesRequest, newer: bool) -> ChatRequest:
     """The chat request vLLM renders for `req`; `newer`: the upstream is vLLM 0.32+."""
-    return to_chat(req, newer, merges_inline_system(tok), lambda: disabled_thinking_effort(tok))
+    return to_chat(req, newer, merges_inline_system(tok), lambda: disabled_thinking_effort(tok),
+                   tok.tool_references_joined)  # fmt: skip
 
 
-def to_chat(req: MessagesRequest, newer: bool, merge: bool, disabled_effort: Callable[[], str]) -> ChatRequest:
-    """The conversion, given what vLLM's two probes found for the model's template (anthropic_probes.py)."""
+def to_chat(
+    req: MessagesRequest, newer: bool, merge: bool, disabled_effort: Callable[[], str], joined: bool = False
+) -> ChatRequest:
+    """The conversion, given what vLLM's two probes found for the model's template (anthropic_probes.py); `joined`:
+    a tool result's tool references and text go in one tool message (0.34+)."""
     _check_blocks(req, newer)
-    messages = _system(req, merge) + _conversation(req.messages, merge)
+    messages = _system(req, merge) + _conversation(req.messages, merge, joined)
     tools = _tools(_edited_tools(req) if newer else req.tools)
     body: dict[str, Any] = {"messages": messages, "add_special_tokens": False}
     effort = _effort(req, newer, disabled_effort)
@@ -97,7 +101,7 @@ def _inline_system_text(content: Any) -> str | None:
     return "".join(parts) if parts else None
 
 
-def _conversation(messages: list[dict[str, Any]], merge: bool) -> list[dict[str, Any]]:
+def _conversation(messages: list[dict[str, Any]], merge: bool, joined: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for m in messages:
         role, content = m["role"], m["content"]
@@ -109,13 +113,13 @@ def _conversation(messages: list[dict[str, Any]], merge: bool) -> list[dict[str,
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
-        message = _from_blocks(role, content, out)
+        message = _from_blocks(role, content, out, joined)
         if role != "user" or "content" in message:  # a user message of tool results only leaves nothing behind
             out.append(message)
     return out
 
 
-def _from_blocks(role: str, blocks: list[dict[str, Any]], out: list[dict[str, Any]]) -> dict[str, Any]:
+def _from_blocks(role: str, blocks: list[dict[str, Any]], out: list[dict[str, Any]], joined: bool) -> dict[str, Any]:
     """One message's blocks; a user's tool results become tool messages, appended to `out` before it."""
     message: dict[str, Any] = {"role": role}
     parts: list[dict[str, Any]] = []
@@ -135,7 +139,7 @@ def _from_blocks(role: str, blocks: list[dict[str, Any]], out: list[dict[str, An
             call_id = block.get("id") or f"call_{int(time.time())}"
             calls.append({"id": call_id, "type": "function", "function": function})
         elif kind == "tool_result" and role == "user":
-            out.extend(_tool_result(block))
+            out.extend(_tool_result(block, joined))
         elif kind == "tool_result":  # in an assistant message: text, where str() of a list is Python's repr
             content = block.get("content")
             parts.append({"type": "text", "text": f"Tool result: {str(content) if content else ''}"})
@@ -148,8 +152,9 @@ def _from_blocks(role: str, blocks: list[dict[str, Any]], out: list[dict[str, An
     return message
 
 
-def _tool_result(block: dict[str, Any]) -> list[dict[str, Any]]:
-    """A tool message, then a user message with the result's images, then a tool message with its tool references."""
+def _tool_result(block: dict[str, Any], joined: bool) -> list[dict[str, Any]]:
+    """A tool message, then a user message with the result's images, then a tool message with its tool references;
+    `joined` (0.34+): one tool message, its references first and then its text as a part, then the images."""
     call_id = block.get("tool_use_id") or ""
     content = block.get("content")
     text, images, refs = "", [], []
@@ -161,10 +166,13 @@ def _tool_result(block: dict[str, Any]) -> list[dict[str, Any]]:
         images = [url for item in items if item.get("type") == "image" and (url := _image_url(item.get("source", {})))]
         refs = [{"type": "tool_reference", "name": name} for item in items if item.get("type") == "tool_reference"
                 and (name := item.get("tool_name") or item.get("name"))]  # fmt: skip
-    out: list[dict[str, Any]] = [{"role": "tool", "tool_call_id": call_id, "content": text or ""}]
+    first: str | list[dict[str, Any]] = text or ""
+    if joined and refs:
+        first = [*refs, *([{"type": "text", "text": text}] if text else [])]
+    out: list[dict[str, Any]] = [{"role": "tool", "tool_call_id": call_id, "content": first}]
     if images:
         out.append({"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in images]})
-    if refs:
+    if refs and not joined:
         out.append({"role": "tool", "tool_call_id": call_id, "content": refs})
     return out
 

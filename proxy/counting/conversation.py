@@ -61,9 +61,10 @@ def _convert_message(index: int, message: Any, content_format: ContentFormat, st
     if not isinstance(role, str):
         raise ConversationError(f"messages[{index}].role must be a string")
     parts = _content_parts(index, message.get("content"), strip and role == "system")
+    referenced = any(extra is _REFERENCE for _, extra in parts)
     content: Any
-    if content_format == "openai" and role != "tool":  # vLLM joins tool results whatever the format
-        content = [{**extra, "type": "text", "text": text} for text, extra in parts]
+    if content_format == "openai" and (role != "tool" or referenced):  # vLLM joins text-only tool results
+        content = [_wrapped(text, extra) for text, extra in parts]
     elif content_format == "openai":  # a tool message's parts, kept as dicts, empty texts included, then joined
         content = "\n".join(text for text, _ in parts)
     else:  # vLLM keeps only the parts that parse to something truthy: an empty text is dropped, not joined
@@ -90,6 +91,14 @@ def _convert_message(index: int, message: Any, content_format: ContentFormat, st
 
 
 _NO_EXTRA: dict[str, Any] = {}
+_REFERENCE: dict[str, Any] = {}  # a tool_reference part (Anthropic's tool search): its text is the tool's name
+
+
+def _wrapped(text: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """An "openai"-format part as vLLM hands it to the template."""
+    if extra is _REFERENCE:
+        return {"type": "tool_reference", "name": text}
+    return {**extra, "type": "text", "text": text}
 
 
 def _content_parts(index: int, content: Any, strip: bool = False) -> list[tuple[str, dict[str, Any]]]:
@@ -109,6 +118,12 @@ def _content_parts(index: int, content: Any, strip: bool = False) -> list[tuple[
             continue
         kind = part.get("type") if isinstance(part, dict) else None
         field = _TEXT_PART_FIELDS.get(kind) if isinstance(kind, str) else None
+        if kind == "tool_reference":  # passed through as-is for the template to expand (its name, or its dict)
+            name = part.get("name")
+            if not isinstance(name, str):
+                raise ConversationError(f"messages[{index}].content[{j}].name must be a string")
+            parts.append((name, _REFERENCE))
+            continue
         if field is None:
             if kind in MEDIA_PART_TYPES:
                 raise MediaPart(f"messages[{index}].content[{j}] is a {kind} part; its tokens depend on the model's "

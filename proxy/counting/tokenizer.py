@@ -56,6 +56,8 @@ class ModelTokenizer:
     strip_billing_header: bool = False
     # vLLM 0.33+ follows namespace aliases of `messages` when it decides a template's content format
     namespace_aliases: bool = False
+    # vLLM 0.34+ gives an Anthropic tool result's tool references and text one tool message (0.31-0.33: two)
+    tool_references_joined: bool = False
     # where a chat template the request brought renders: a child process, which the core that serves the model owns
     # (exchange/core.py, through the registry); None: nowhere, such a request is refused
     sandbox: IsolatedRenderer | None = None

@@ -60,3 +60,22 @@ def test_count_tokens_counts_past_the_window_on_034(claude: tuple[str, anthropic
     assert raw.headers["x-token-guard-action"] == "count"  # answered by the guard itself
     direct = sim.client.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": long})
     assert direct.status_code == 200 and raw.parse().input_tokens == direct.json()["input_tokens"] > WINDOW
+
+
+TOOL: Any = {"name": "tool_search", "description": "Find a tool.", "input_schema": {"type": "object", "properties": {}}}
+REFERENCED: Any = [
+    {"role": "user", "content": "Find me a tool for the weather."},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "tool_search", "input": {}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+        {"type": "tool_reference", "tool_name": "get_weather"}, {"type": "text", "text": "One tool found."}]}]},
+]  # fmt: skip
+
+
+def test_a_tool_result_with_tool_references_is_counted_as_the_release_renders_it(
+    claude: tuple[str, anthropic.Anthropic, InMemorySim],
+) -> None:
+    """0.34 gives the result's tool references and its text one tool message; 0.33 and earlier two (the text, then
+    the references): the guard counts each release's."""
+    _, client, _ = claude
+    raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=5, messages=REFERENCED, tools=[TOOL])
+    assert int(raw.headers["x-token-guard-prompt-tokens"]) == raw.parse().usage.input_tokens
