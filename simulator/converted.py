@@ -113,14 +113,14 @@ def plan_invocation(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gene
 
 def planned_prompt(
     ctx: Context, endpoint: str, rid: str, ids: list[int], chars: int, request: OutputRequest, body: dict[str, Any],
-    stream: bool,
+    stream: bool, min_tokens: int = 0,
 ) -> Generation:  # fmt: skip
     raise_if(check_request(ctx.profile, request))
     shape = PromptShape(len(ids), chars, ctx.tokenizer.max_chars_per_token)
     counted = unwrap(check_prompt(ctx.profile, request, shape))
     generate = unwrap(budget(request, counted))
     temperature = body.get("temperature")
-    raise_if(check_sampling(generate, 0, 1, temperature if isinstance(temperature, int | float) else None))
+    raise_if(check_sampling(generate, min_tokens, 1, temperature if isinstance(temperature, int | float) else None))
     token_ids = ids[len(ids) - counted :]
     return Generation(
         endpoint="responses" if endpoint == "responses" else "messages", response_id=rid, created=int(time.time()),
