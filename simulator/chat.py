@@ -26,7 +26,14 @@ from simulator.limits import OutputRequest, PromptShape, budget, check_prompt, c
 from simulator.wire import Fields
 
 
-def check_tool_fields(body: Mapping[str, Any]) -> None:
+def check_tool_fields(body: Mapping[str, Any], empty_tools_as_none: bool) -> Mapping[str, Any]:
+    """vLLM's check_tool_usage on `tools` and `tool_choice`: the body as it reads on (0.34: `tools: []` is none)."""
+    if body.get("tools") == [] and empty_tools_as_none:
+        if isinstance(body.get("tool_choice"), dict):  # kept: the named tool is not found among none
+            return body
+        body = {**body, "tools": None}
+        if body.get("tool_choice") in ("auto", "required"):  # nothing to call
+            body["tool_choice"] = "none"
     if body.get("tools") == []:
         raise validation_error(
             "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
@@ -35,12 +42,13 @@ def check_tool_fields(body: Mapping[str, Any]) -> None:
     choice = body.get("tool_choice")
     if choice is not None and choice != "none" and body.get("tools") is None:
         raise validation_error("When using `tool_choice`, `tools` must be set.", parameter="tool_choice")
+    return body
 
 
 def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
     if isinstance(body, dict):
         check_prompt_flags(body)
-        check_tool_fields(body)
+        body = dict(check_tool_fields(body, ctx.profile.empty_tools_as_none))
         check_tool_choice(body)
         check_stream_options(body)
     fields = Fields(body)

@@ -16,7 +16,7 @@ from simulator.completions import plan_completion
 from simulator.context import Context, engine_error, raise_if, unwrap
 from simulator.conversation import read_tools
 from simulator.endings import check_stops, read_stops, with_endings
-from simulator.errors import ApiError
+from simulator.errors import ApiError, validation_error
 from simulator.generation import Generation, PromptPlan
 from simulator.harmony import SimHarmony
 from simulator.invocations import dispatched
@@ -63,7 +63,10 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
         options = _responses_options(req, messages, newer, ctx.settings.reasoning_effort_map)
         rendered = render_chat(ctx.tokenizer, options, ctx.profile.strips_billing_header)
         ids, chars = rendered.token_ids, len(rendered.text)
+    budget = thinking_budget(req.body) if ctx.profile.budgets_responses_thinking else None
     planned = planned_prompt(ctx, "responses", rid, ids, chars, request, req.body, req.stream)
+    if budget is not None and ctx.settings.reasoning_parser is None:
+        raise validation_error(NO_REASONING)  # the engine's check, after the length rules
     rules = read_stops(Fields(req.body), 0)  # ResponsesRequest's stop and stop_token_ids (to_sampling_params)
     check_stops(rules)
     planned = with_endings(planned, ctx.tokenizer, rules)
@@ -74,6 +77,17 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
     else:
         ctx.store.rendered(rid, messages)
     return replace(planned, keep=ctx.store.keep)
+
+
+def thinking_budget(body: dict[str, Any]) -> int | None:
+    """0.34's ThinkingTokenBudget: an integer of at least 0, or -1 (unlimited: None); anything else a 400."""
+    value = body.get("thinking_token_budget")
+    if value is None or (value == -1 and isinstance(value, int) and not isinstance(value, bool)):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise validation_error("`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
+                               parameter="thinking_token_budget", value=value)  # fmt: skip
+    return value
 
 
 def _responses_options(
@@ -119,14 +133,14 @@ def plan_invocation(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gene
 
 def planned_prompt(
     ctx: Context, endpoint: str, rid: str, ids: list[int], chars: int, request: OutputRequest, body: dict[str, Any],
-    stream: bool,
+    stream: bool, min_tokens: int = 0,
 ) -> Generation:  # fmt: skip
     raise_if(check_request(ctx.profile, request))
     shape = PromptShape(len(ids), chars, ctx.tokenizer.max_chars_per_token)
     counted = unwrap(check_prompt(ctx.profile, request, shape))
     generate = unwrap(budget(request, counted))
     temperature = body.get("temperature")
-    raise_if(check_sampling(generate, 0, 1, temperature if isinstance(temperature, int | float) else None))
+    raise_if(check_sampling(generate, min_tokens, 1, temperature if isinstance(temperature, int | float) else None))
     token_ids = ids[len(ids) - counted :]
     return Generation(
         endpoint="responses" if endpoint == "responses" else "messages", response_id=rid, created=int(time.time()),

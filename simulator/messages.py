@@ -31,8 +31,9 @@ def plan_messages(ctx: Context, body: Any, headers: Mapping[str, str]) -> Genera
     request = OutputRequest(ctx.settings.max_model_len, req.max_tokens, "max_completion_tokens")
     rendered = render_chat(ctx.tokenizer, options, ctx.profile.strips_billing_header)
     rid = response_id("chatcmpl", headers, None)
+    least = _min_tokens(req.body) if ctx.profile.takes_min_tokens else 0
     planned = planned_prompt(ctx, "messages", rid, rendered.token_ids, len(rendered.text), request, req.body,
-                             req.stream)  # fmt: skip
+                             req.stream, least)  # fmt: skip
     thinking = req.thinking or {}
     if thinking.get("type") == "enabled" and ctx.settings.reasoning_parser is None:
         raise validation_error(NO_REASONING)  # the engine's check on thinking_token_budget, after the length rules
@@ -49,6 +50,14 @@ def count_tokens(ctx: Context, body: Any) -> dict[str, Any]:
     shape = PromptShape(len(rendered.token_ids), len(rendered.text), ctx.tokenizer.max_chars_per_token)
     tokens = unwrap(check_prompt(ctx.profile, request, shape))
     return {"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}}
+
+
+def _min_tokens(body: dict[str, Any]) -> int:
+    """0.34's `min_tokens: int = 0`, with pydantic's error for one that is not an integer."""
+    fields = Fields(body)
+    least = fields.integer("min_tokens", 0)
+    fields.check()
+    return least
 
 
 def _newer(ctx: Context) -> bool:

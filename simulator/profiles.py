@@ -30,6 +30,15 @@ class Profile:
     thinks_between_tools: bool = False
     # 0.33 ends a Responses stream whose response is incomplete (cut at max_output_tokens) with response.incomplete
     ends_incomplete_streams: bool = False
+    # 0.34's Anthropic Messages take min_tokens (to SamplingParams, which refuses one above max_tokens); earlier ones
+    # ignore the field
+    takes_min_tokens: bool = False
+    # 0.34 reads a chat request's `tools: []` as no tools ("auto"/"required" tool_choice as "none"); earlier ones
+    # refuse it
+    empty_tools_as_none: bool = False
+    # 0.34's Responses take thinking_token_budget (a count, or -1: unlimited; refused without a reasoning parser);
+    # earlier ones ignore the field
+    budgets_responses_thinking: bool = False
     # 0.34's Anthropic count_tokens counts a prompt longer than the window instead of answering 400
     counts_past_window: bool = False
     # 0.33 names the Messages API's errors in Anthropic's own types (invalid_request_error, overloaded_error, ...),
@@ -61,7 +70,8 @@ V032 = Profile(name="0.32", version="0.32.0", reserves_output=False, lists_alias
 V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True, anthropic_error_types=True,
                refuses_while_paused=True, serves_decisions=True, follows_namespace_aliases=True)  # fmt: skip
 V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True,
-               joins_tool_references=True)  # fmt: skip
+               joins_tool_references=True, takes_min_tokens=True, empty_tools_as_none=True,
+               budgets_responses_thinking=True)  # fmt: skip
 PROFILES: dict[str, Profile] = {profile.name: profile for profile in (V031, V032, V033, V034)}
 
 

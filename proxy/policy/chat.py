@@ -1,14 +1,18 @@
 """The chat completions recipe: target, size floor, timed count, the chat decision (decide.py), and the truncate or
-chunk cut (overflow.py) for a prompt over the window that was counted here."""
+chunk cut (overflow.py) for a prompt over the window that was counted here. `tools: []` is read as the upstream reads
+it (as_upstream_tools)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from proxy.api.chat import chat_request
+from proxy.api.chat import ChatRequest, chat_request
 from proxy.api.routes import Reads
 from proxy.counting.bound import verbatim_texts
+from proxy.counting.registry import ModelRegistry
+from proxy.errors import InvalidRequest
 from proxy.policy.decide import decide_chat
 from proxy.policy.outcome import Findings, Outcome, outcome_of
 from proxy.policy.overflow import overflow_chat
@@ -19,7 +23,7 @@ from proxy.policy.steps import Steps, fits_by_cutting, refuse_untrusted
 async def chat(
     steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
 ) -> Outcome:
-    req = chat_request(body, steps.max_messages)
+    req = as_upstream_tools(chat_request(body, steps.max_messages), steps.registry)
     findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
     model, policy, choice, limits = steps.target(req.model, headers, findings, req.body, Reads.CHAT)
     refuse_untrusted(policy, req)
@@ -32,3 +36,21 @@ async def chat(
     if fits_by_cutting(plan, choice, findings):  # truncate and chunk re-count their cuts
         return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
     return outcome_of(plan, req.body, raw, plan.cost(limits, req.n), findings.count_source)
+
+
+NO_EMPTY_TOOLS = (
+    "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely. (parameter=tools)"
+)
+
+
+def as_upstream_tools(req: ChatRequest, registry: ModelRegistry) -> ChatRequest:
+    """`tools: []` as the upstream reads it: vLLM 0.31 to 0.33 refuse it; 0.34 reads it as no tools (rendered and
+    counted so), unless `tool_choice` names a tool (which it then does not find: its 400); an unknown version: as
+    sent."""
+    if req.tools != []:
+        return req
+    if registry.upstream_at_least((0, 34)):
+        return req if isinstance(req.body.get("tool_choice"), dict) else replace(req, tools=None)
+    if registry.upstream_version is not None:
+        raise InvalidRequest(NO_EMPTY_TOOLS, param="tools")
+    return req

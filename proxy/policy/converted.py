@@ -95,7 +95,7 @@ def _cut_upstream(conv: Converted, prompt_tokens: int, limits: Limits) -> Forwar
     limit = limits.cap(output_reserve(conv.requested, limits))
     if limit == conv.requested:
         return Forward(conv.raw, Decision(Action.PASS, prompt_tokens, limit), limits.max_model_len)
-    body = with_changes(conv.body, {conv.limit_field: limit})
+    body = conv.forwarded({conv.limit_field: limit}, limit)
     return Forward(body, Decision(Action.CLAMP, prompt_tokens, limit), limits.max_model_len)
 
 

@@ -1,6 +1,7 @@
 """The Anthropic Messages recipe: target, the timed count of what vLLM renders, and the decision of a converted
 request (converted.py), cut by whole turns; a thinking budget kept within a lowered limit, or thinking turned off and
-the request counted and decided again (thinking.py)."""
+the request counted and decided again (thinking.py); vLLM 0.34's min_tokens checked and kept within the limit
+(min_tokens.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from proxy.api.body import with_changes
 from proxy.api.routes import Reads
 from proxy.counting.anthropic import messages_chat
 from proxy.counting.local_count import count_chat
-from proxy.policy import thinking
+from proxy.policy import min_tokens, thinking
 from proxy.policy.converted import Converted, decide, message_kept, message_turn
 from proxy.policy.outcome import Findings, Outcome
 from proxy.policy.steps import Steps, Target, local_recount
@@ -35,6 +36,7 @@ async def messages(
 
 async def _decided(steps: Steps, target: Target, req: MessagesRequest, raw: bytes, findings: Findings) -> Outcome:
     model, newer = target.model, steps.registry.upstream_newer()
+    least = min_tokens.checked(req) if steps.registry.upstream_at_least((0, 34)) else None  # earlier ones ignore it
     prompt_tokens = findings.expected = await steps.count(model, messages_chat(model.tokenizer, req, newer), findings)
 
     async def recount(items: list[Any]) -> int:
@@ -43,6 +45,6 @@ async def _decided(steps: Steps, target: Target, req: MessagesRequest, raw: byte
 
     conv = Converted(
         "/v1/messages", req.body, raw, "max_tokens", req.max_tokens, "messages", "messages", req.messages,
-        message_turn, message_kept, follow=thinking.follower(req),
+        message_turn, message_kept, follow=min_tokens.both(thinking.follower(req), min_tokens.follower(least)),
     )  # fmt: skip
     return await decide(conv, prompt_tokens, target.limits, target.choice, local_recount(findings, recount))

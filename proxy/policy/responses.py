@@ -1,5 +1,6 @@
 """The Responses recipe: target, a background response named, the stored conversation it continues (ledger.py), the
-timed count of what vLLM renders, and the decision of a converted request (converted.py), cut by whole turns."""
+timed count of what vLLM renders, and the decision of a converted request (converted.py), cut by whole turns; vLLM
+0.34's thinking_token_budget kept within a lowered limit (token_budget.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from proxy.api.body import with_changes
 from proxy.api.responses import LIMIT_FIELD, responses_request
 from proxy.api.routes import Reads
 from proxy.counting.local_count import count_chat
-from proxy.policy import background
+from proxy.policy import background, token_budget
 from proxy.policy.continued import continued, continued_chat
 from proxy.policy.converted import Converted, decide, response_kept, response_turn
 from proxy.policy.ledger import Turn
@@ -44,9 +45,11 @@ async def responses(
         return await count_chat(model.tokenizer, continued_chat(model.tokenizer, cut, newer, entry)[0],
                                 model.counter)  # fmt: skip
 
+    budgeted = steps.registry.upstream_at_least((0, 34))  # earlier releases ignore thinking_token_budget
     conv = Converted(
         "/v1/responses", req.body, raw, LIMIT_FIELD, req.max_output_tokens, "input", "input", req.input,
         response_turn, response_kept, partial=partial, upstream_truncates=req.truncation_auto,
+        follow=token_budget.follower(req.body, req.max_output_tokens) if budgeted else None,
     )  # fmt: skip
     outcome = await decide(conv, prompt_tokens, limits, choice, local_recount(findings, recount))
     return replace(outcome, follows=follows) if follows is not None and isinstance(outcome, Forward) else outcome

@@ -79,3 +79,33 @@ def test_a_tool_result_with_tool_references_is_counted_as_the_release_renders_it
     _, client, _ = claude
     raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=5, messages=REFERENCED, tools=[TOOL])
     assert int(raw.headers["x-token-guard-prompt-tokens"]) == raw.parse().usage.input_tokens
+
+
+def test_min_tokens_follows_the_clamped_max_tokens_on_034(claude: tuple[str, anthropic.Anthropic, InMemorySim]) -> None:
+    profile, client, sim = claude
+    raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=1000, messages=MESSAGES,
+                                                   extra_body={"min_tokens": 900})  # fmt: skip
+    limit = int(raw.headers["x-token-guard-max-tokens"])
+    assert raw.headers["x-token-guard-action"] == "clamp" and limit < WINDOW
+    sent = sim.stats.requests[-1]
+    assert sent["max_tokens"] == limit
+    assert sent["min_tokens"] == (limit if profile == "0.34" else 900)  # earlier releases ignore the field
+    assert raw.parse().usage.input_tokens == int(raw.headers["x-token-guard-prompt-tokens"])
+
+
+def test_min_tokens_above_max_tokens_is_refused_as_034_refuses_it(
+    claude: tuple[str, anthropic.Anthropic, InMemorySim],
+) -> None:
+    profile, client, sim = claude
+    if profile == "0.32":  # the field is ignored
+        answer = client.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES, extra_body={"min_tokens": 6})
+        assert answer.usage.output_tokens <= 5
+        return
+    received = sim.stats.received
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES, extra_body={"min_tokens": 6})
+    assert sim.stats.received == received  # refused by the guard
+    body = {"model": MODEL, "max_tokens": 5, "messages": MESSAGES, "min_tokens": 6}
+    direct = sim.client.post("/v1/messages", json=body)
+    assert direct.status_code == refused.value.status_code == 400
+    assert refused.value.body == direct.json()
