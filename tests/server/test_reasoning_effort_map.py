@@ -4,8 +4,6 @@ counts what vLLM charges; without it, it counts the effort the client sent, and 
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ from proxy.server.running import ServerThread
 from proxy.settings import SettingsError, load_settings
 from simulator import SimulatorSettings
 from simulator import create_app as create_simulator
-from tests.support import zoo, zoo_models
+from tests.support import zoo
 from tests.support.prometheus import metric
 from tests.support.servers import MODEL, guard, simulator
 
@@ -94,10 +92,7 @@ def test_a_map_with_an_effort_vllm_does_not_know_is_refused_at_start(deepseek_di
 
 @pytest.fixture(scope="module")
 def gpt_oss_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("gpt-oss")
-    shutil.copytree(zoo.family_dir("gpt-oss"), directory, dirs_exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(zoo_models.gpt_oss_config()))
-    return directory
+    return zoo.gpt_oss_dir(tmp_path_factory.mktemp("gpt-oss"))
 
 
 def test_a_gpt_oss_response_asking_an_effort_harmony_lacks_is_served_as_vllm_maps_it(gpt_oss_dir: Path) -> None:

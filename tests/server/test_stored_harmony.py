@@ -6,8 +6,6 @@ enough for the CPU: the simulator stands in for vLLM here."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support import zoo, zoo_models
+from tests.support import zoo
 from tests.support.servers import MODEL, guard, simulator
 
 WINDOW = 2048
@@ -25,10 +23,7 @@ TOOL: Any = {"type": "function", "name": "get_weather", "description": "The weat
 
 @pytest.fixture(scope="module")
 def gpt_oss_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("gpt-oss")
-    shutil.copytree(zoo.family_dir("gpt-oss"), directory, dirs_exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(zoo_models.gpt_oss_config()))
-    return directory
+    return zoo.gpt_oss_dir(tmp_path_factory.mktemp("gpt-oss"))
 
 
 @pytest.fixture(scope="module")

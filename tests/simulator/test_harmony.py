@@ -4,23 +4,18 @@ input and answer) as it is, then the new input, whatever new instructions it bri
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import zoo, zoo_models
+from tests.support import zoo
 from tests.support.servers import MODEL, simulator_in_memory
 
 
 @pytest.fixture(scope="module")
 def gpt_oss_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("gpt-oss")
-    shutil.copytree(zoo.family_dir("gpt-oss"), directory, dirs_exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(zoo_models.gpt_oss_config()))
-    return directory
+    return zoo.gpt_oss_dir(tmp_path_factory.mktemp("gpt-oss"))
 
 
 def create(sim: Any, **body: Any) -> Any:

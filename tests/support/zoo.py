@@ -90,6 +90,14 @@ def family_dir(family: str) -> Path:
     return _cached(f"tokenizer-{family}", lambda dest: _BUILDERS[family](dest))
 
 
+def gpt_oss_dir(into: Path) -> Path:
+    """gpt-oss's tokenizer with its config.json (`model_type: gpt_oss`), without weights, in `into`: what makes vLLM
+    (and the guard, and the simulator) render with openai_harmony."""
+    shutil.copytree(family_dir("gpt-oss"), into, dirs_exist_ok=True)
+    (into / "config.json").write_text(json.dumps(zoo_models.gpt_oss_config()))
+    return into
+
+
 def model_dir(family: str) -> Path:
     """The family's tokenizer with config.json and random weights: a tiny model vLLM serves on the CPU."""
 
