@@ -59,6 +59,13 @@ def test_null_prompt_tokens_details_and_annotations(sims: dict[str, RunningSim],
             assert usage["prompt_tokens_details"] is None
 
 
+@pytest.mark.parametrize(("profile", "omitted"), [("0.33", False), ("0.34", True)])
+def test_generate_usage_null_details(sims: dict[str, RunningSim], profile: str, omitted: bool) -> None:
+    body = {"token_ids": [1, 2, 3, 4], "sampling_params": {"max_tokens": 3}}
+    usage = json.loads(_raw(sims[profile], "/inference/v1/generate", body))["usage"]
+    assert ("prompt_tokens_details" not in usage) is omitted and usage["completion_tokens"] == 3
+
+
 @pytest.mark.parametrize("profile", ["0.32", "0.33", "0.34"])
 def test_stream_usage_chunk_never_carries_null_details(sims: dict[str, RunningSim], profile: str) -> None:
     body = {"messages": HELLO, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
