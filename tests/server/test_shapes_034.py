@@ -109,3 +109,24 @@ def test_pooling_keeps_orjsons_floats(stack: tuple[str, Tap]) -> None:
     assert answer.status_code == 200
     assert answer.content == _vllm_wrote(stack[1], since)
     assert b"0.0000" in answer.content and b"e-05" not in answer.content  # a value under 1e-4, as orjson writes it
+
+
+def test_chunked_chat_merged_answer_keeps_vllms_keys(stack: tuple[str, Tap]) -> None:
+    """The guard writes a chunked request's answer itself; it keeps the keys 0.34 left out left out."""
+    since = len(stack[1].bodies)
+    with openai.OpenAI(base_url=f"{stack[0]}/v1", api_key="unused", max_retries=0, timeout=120,
+                       default_headers={"x-token-guard-overflow": "chunk"}) as client:  # fmt: skip
+        messages: Any = [{"role": "user", "content": "Summarise. " + "the cat sat on the mat. " * 900}]
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=16)
+    assert raw.headers["x-token-guard-action"] == "chunk"
+    merged = json.loads(raw.content)
+    for _ in range(200):  # the last chunk's answer is recorded once the simulator's send returns
+        chunks = [json.loads(body) for body in stack[1].bodies[since:] if body.startswith(b'{"id"')]
+        if len(chunks) == int(raw.headers["x-token-guard-chunks"]):
+            break
+        time.sleep(0.025)
+    last = chunks[-1]
+    assert list(merged) == list(last) and list(merged["usage"]) == list(last["usage"])
+    assert list(merged["choices"][0]["message"]) == list(last["choices"][0]["message"])
+    assert "prompt_tokens_details" not in merged["usage"] and "annotations" not in merged["choices"][0]["message"]
+    assert merged["usage"]["prompt_tokens"] == sum(chunk["usage"]["prompt_tokens"] for chunk in chunks)
