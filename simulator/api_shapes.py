@@ -60,12 +60,26 @@ def responses_object(g: Generation, text: str | None, output_tokens: int) -> dic
             "auto" if tools else "none"), "tools": tools, "top_p": float(request.get("top_p", 1.0)),
         "background": bool(request.get("background")), "max_output_tokens": g.prompts[0].max_tokens,
         "max_tool_calls": None, "previous_response_id": request.get("previous_response_id"), "prompt": None,
-        "reasoning": request.get("reasoning"), "service_tier": "auto",
-        "status": "incomplete" if done else "in_progress",
+        **(_prompt_cache(request) if g.echoes_prompt_cache else {}),
+        "reasoning": request.get("reasoning"),
+        **({"safety_identifier": request.get("safety_identifier")} if g.echoes_prompt_cache else {}),
+        "service_tier": "auto", "status": "incomplete" if done else "in_progress",
         "text": None, "top_logprobs": None, "truncation": request.get("truncation") or "disabled",
         "usage": usage if done else None, "user": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
         "kv_transfer_params": None, "ec_transfer_params": None, "input_messages": None, "output_messages": None,
     }  # fmt: skip
+
+
+def _prompt_cache(request: dict[str, Any]) -> dict[str, Any]:
+    """0.33's echo of the prompt-cache fields (vLLM acts on none of them): the options without the request-only
+    `prewarm`, and the retention's old spelling "in-memory" as "in_memory"."""
+    options = request.get("prompt_cache_options")
+    if isinstance(options, dict):
+        options = {"mode": options.get("mode", "implicit"), "ttl": options.get("ttl", "30m"),
+                   "comparison_response_id": options.get("comparison_response_id")}  # fmt: skip
+    retention = request.get("prompt_cache_retention")
+    return {"prompt_cache_options": options, "prompt_cache_key": request.get("prompt_cache_key"),
+            "prompt_cache_retention": "in_memory" if retention == "in-memory" else retention}  # fmt: skip
 
 
 async def responses_events(g: Generation, engine: Engine, tracker: RequestTracker) -> AsyncGenerator[str, None]:

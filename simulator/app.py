@@ -25,6 +25,7 @@ from simulator.audio import Task, hear, plan_audio
 from simulator.audio import answer as spoken_answer
 from simulator.audio import events as spoken_events
 from simulator.batch import plan_batch
+from simulator.cache_info import cache_config_info
 from simulator.chat import plan_chat
 from simulator.cohere import cohere_embed
 from simulator.completions import plan_completion
@@ -34,6 +35,7 @@ from simulator.decisions import decide
 from simulator.errors import ApiError
 from simulator.generation import Engine, Generation
 from simulator.messages import count_tokens, plan_messages
+from simulator.orjson_text import orjson_dumps
 from simulator.pooling import pool, pooling_invocation
 from simulator.pooling_request import ROUTES as POOLING_KINDS
 from simulator.pooling_request import Kind
@@ -201,6 +203,9 @@ class Endpoints:
             tracker.finish("rejected")
             return internal_error(exc)
         tracker.finish("completed")
+        orjson_routes = kind in ("embeddings", "pooling") or (kind is None and work is None)
+        if self.ctx.profile.pools_with_orjson and orjson_routes:
+            return Response(orjson_dumps(answer), media_type="application/json")
         return JSONResponse(answer)
 
     async def count_tokens(self, request: Request) -> Response:
@@ -247,7 +252,7 @@ class Endpoints:
                 tracker.finish("rejected")
                 return error_response(refused, anthropic, self.ctx.profile.anthropic_error_types)
             generation = replace(generation, engine_error=refused)
-        wire, engine = Wire(generation, self.ctx.fingerprint), self.engine
+        wire, engine = Wire(generation, self.ctx.fingerprint, self.ctx.profile.omits_null_details), self.engine
         if generation.engine_error is None:
             tracker.occupy(generation.kv_tokens)
         if generation.stream:
@@ -314,6 +319,12 @@ class Endpoints:
 
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": self.ctx.settings.vllm_version})
+
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus text; of vLLM's metrics only vllm:cache_config_info, with a KV capacity to report."""
+        capacity = self.ctx.settings.kv_capacity_tokens
+        text = "" if capacity is None else cache_config_info(self.ctx.profile.cache_info_labels, capacity)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def sim_stats(self, request: Request) -> Response:
         return JSONResponse(self.stats.snapshot())
@@ -409,6 +420,7 @@ def create_app(settings: SimulatorSettings) -> Starlette:
         Route("/detokenize", endpoints.detokenize, methods=["POST"]),
         Route("/health", endpoints.health, methods=["GET"]),
         Route("/version", endpoints.version, methods=["GET"]),
+        Route("/metrics", endpoints.metrics, methods=["GET"]),
         *_pause_routes(endpoints),
         Route("/sim/stats", endpoints.sim_stats, methods=["GET"]),
         Route("/sim/reset", endpoints.sim_reset, methods=["POST"]),

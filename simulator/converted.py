@@ -146,4 +146,5 @@ def planned_prompt(
         endpoint="responses" if endpoint == "responses" else "messages", response_id=rid, created=int(time.time()),
         model=ctx.settings.model, prompts=[PromptPlan(token_ids=token_ids, max_tokens=generate)], stream=stream,
         engine_error=engine_error(ctx, token_ids), request=body, ends_incomplete=ctx.profile.ends_incomplete_streams,
+        echoes_prompt_cache=ctx.profile.echoes_prompt_cache,
     )  # fmt: skip

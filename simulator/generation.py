@@ -59,6 +59,8 @@ class Generation:
     keep: Callable[[dict[str, Any]], None] | None = None
     # A Responses stream ends an incomplete response with response.incomplete (0.33+), else response.completed
     ends_incomplete: bool = False
+    # A Responses answer echoes the request's prompt_cache_* and safety_identifier (0.33+)
+    echoes_prompt_cache: bool = False
 
     @property
     def kv_tokens(self) -> int:

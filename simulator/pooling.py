@@ -29,7 +29,9 @@ from simulator.limits import (
     check_request,
     truncation_length,
 )
+from simulator.orjson_text import Float32s
 from simulator.pooling_request import Kind, PoolingRequest, ScoringRequest, pooling_request
+from simulator.responses import usage
 
 DIMENSIONS = 16
 PREFIX = {"embeddings": "embd", "pooling": "pooling", "classify": "classify", "score": "score", "rerank": "score"}
@@ -47,8 +49,9 @@ def pool(ctx: Context, body: Any, kind: Kind, headers: dict[str, str]) -> dict[s
     if isinstance(req, ScoringRequest):
         return {**answer, **_scored(ctx, req, limits)}
     prompts = [fitted(ctx, limits, ids, chars) for ids, chars in _prompts(ctx, req)]
-    usage = _usage(sum(len(ids) for ids in prompts))
-    data = [_item(kind, i, vector(ids), body.get("encoding_format")) for i, ids in enumerate(prompts)]
+    usage = _usage(ctx, sum(len(ids) for ids in prompts))
+    single = ctx.profile.pools_with_orjson  # 0.33 hands orjson the embeddings as a float32 ndarray
+    data = [_item(kind, i, vector(ids), body.get("encoding_format"), single) for i, ids in enumerate(prompts)]
     return {**answer, "object": "list", "created": int(time.time()), "model": ctx.settings.model, "data": data,
             "usage": usage}  # fmt: skip
 
@@ -99,7 +102,7 @@ def _scored(ctx: Context, req: ScoringRequest, limits: OutputRequest) -> dict[st
     if req.kind == "score":
         data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
         return {"object": "list", "created": int(time.time()), "model": ctx.settings.model, "data": data,
-                "usage": _usage(tokens)}  # fmt: skip
+                "usage": _usage(ctx, tokens)}  # fmt: skip
     ranked = sorted(range(len(scores)), key=lambda i: -scores[i])
     top_n = req.top_n or len(ranked)
     results = [{"index": i, "document": {"text": req.documents[i], "multi_modal": None},
@@ -108,7 +111,7 @@ def _scored(ctx: Context, req: ScoringRequest, limits: OutputRequest) -> dict[st
             "results": results}  # fmt: skip
 
 
-def _item(kind: Kind, index: int, vector: list[float], encoding: Any) -> dict[str, Any]:
+def _item(kind: Kind, index: int, vector: list[float], encoding: Any, single: bool) -> dict[str, Any]:
     if kind == "classify":
         probs = [1 / (1 + math.exp(-vector[0])), 0.0]
         probs[1] = 1 - probs[0]
@@ -118,6 +121,8 @@ def _item(kind: Kind, index: int, vector: list[float], encoding: Any) -> dict[st
         value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
     if kind == "pooling":
         return {"index": index, "object": "pooling", "data": value}
+    if single and isinstance(value, list):
+        value = Float32s(value)
     return {"index": index, "object": "embedding", "embedding": value}
 
 
@@ -133,9 +138,8 @@ def _cosine(a: list[float], b: list[float]) -> float:
     return sum(x * y for x, y in zip(a, b, strict=True))
 
 
-def _usage(tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0, "prompt_tokens_details": None,
-            "completion_tokens_details": None}  # fmt: skip
+def _usage(ctx: Context, tokens: int) -> dict[str, Any]:
+    return usage(tokens, 0, ctx.profile.omits_null_details)
 
 
 def _raise(error: ApiError | None) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from simulator.cache_info import LABELS_031, LABELS_032, LABELS_033, LABELS_034, Labels
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -53,6 +55,17 @@ class Profile:
     follows_namespace_aliases: bool = False
     # 0.34 gives an Anthropic tool result's tool references and text one tool message; earlier ones two
     joins_tool_references: bool = False
+    # 0.33's Responses bodies (and the `response` inside stream events) echo prompt_cache_key, prompt_cache_options,
+    # prompt_cache_retention and safety_identifier (responses/protocol.py ResponsesResponse.from_request)
+    echoes_prompt_cache: bool = False
+    # 0.33 writes /pooling, /v1/embeddings and the render routes with orjson (api_utils.create_json_response):
+    # 1e-05 prints 0.00001, 1e-06 prints 1e-6; /classify, /score and /rerank stay on starlette's JSONResponse
+    pools_with_orjson: bool = False
+    # 0.34 leaves usage.prompt_tokens_details and a chat message's annotations out when null (pydantic exclude_if)
+    omits_null_details: bool = False
+    # /metrics' vllm:cache_config_info labels, in order (cache_info.py): 0.33 adds simple_cpu_offload_num_blocks,
+    # 0.34 enable_extensible_kv_cache and _extensible_kv_cache_resolved, and its gpu_memory_utilization reads "None"
+    cache_info_labels: Labels = LABELS_032
 
 
 V031 = Profile(
@@ -63,15 +76,17 @@ V031 = Profile(
     generate_output_mode=False,
     checks_transferred_ids=False,
     strips_billing_header=False,
+    cache_info_labels=LABELS_031,
 )
 V032 = Profile(name="0.32", version="0.32.0", reserves_output=False, lists_aliases_on_not_found=True,
                generate_output_mode=True)  # fmt: skip
 # each later release: the one before it, and what it changed (docs/vllm-wire-contract.md)
 V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True, anthropic_error_types=True,
-               refuses_while_paused=True, serves_decisions=True, follows_namespace_aliases=True)  # fmt: skip
+               refuses_while_paused=True, serves_decisions=True, follows_namespace_aliases=True,
+               echoes_prompt_cache=True, pools_with_orjson=True, cache_info_labels=LABELS_033)  # fmt: skip
 V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True,
                joins_tool_references=True, takes_min_tokens=True, empty_tools_as_none=True,
-               budgets_responses_thinking=True)  # fmt: skip
+               budgets_responses_thinking=True, omits_null_details=True, cache_info_labels=LABELS_034)  # fmt: skip
 PROFILES: dict[str, Profile] = {profile.name: profile for profile in (V031, V032, V033, V034)}
 
 

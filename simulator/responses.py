@@ -1,7 +1,8 @@
 """Response bodies and stream events, key for key as vLLM 0.31/0.32 serialise them (docs/vllm-wire-contract.md,
 sections 6 and 7).
 
-Non-stream bodies are pydantic `model_dump()` (every key, nulls included). Events are `model_dump_json(
+Non-stream bodies are pydantic `model_dump()` (every key, nulls included, but for the fields 0.34 excludes while
+null). Events are `model_dump_json(
 exclude_unset=True)`, so each one carries exactly the keys vLLM's code sets; usage events also drop nulls.
 """
 
@@ -20,14 +21,14 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def usage(prompt: int, completion: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + completion,
-        "completion_tokens": completion,
-        "prompt_tokens_details": None,
-        "completion_tokens_details": None,
-    }
+def usage(prompt: int, completion: int, omit_null_details: bool = False) -> dict[str, Any]:
+    """UsageInfo's dump; 0.34 leaves prompt_tokens_details out while it is null (exclude_if)."""
+    spent: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion}
+    spent["completion_tokens"] = completion
+    if not omit_null_details:
+        spent["prompt_tokens_details"] = None
+    spent["completion_tokens_details"] = None
+    return spent
 
 
 def short_usage(prompt: int, completion: int) -> dict[str, Any]:
@@ -43,10 +44,12 @@ class Output:
 
 @dataclass(frozen=True)
 class Wire:
-    """Builds one response's bodies and events; `fingerprint` is the server's system_fingerprint."""
+    """Builds one response's bodies and events; `fingerprint` is the server's system_fingerprint; with
+    `omits_null_details` (0.34) a null usage.prompt_tokens_details and message.annotations are left out."""
 
     generation: Generation
     fingerprint: str
+    omits_null_details: bool = False
 
     def _head(self, obj: str) -> dict[str, Any]:
         g = self.generation
@@ -72,7 +75,7 @@ class Wire:
         body = self._head("chat.completion")
         body.update(choices=choices, service_tier=None, system_fingerprint=self.fingerprint)
         prompt_tokens = sum(len(p.token_ids) for p in g.prompts)  # a batch's usage sums its conversations
-        body["usage"] = usage(prompt_tokens, sum(len(o.token_ids) for o in outputs))
+        body["usage"] = usage(prompt_tokens, sum(len(o.token_ids) for o in outputs), self.omits_null_details)
         body.update(prompt_logprobs=None, prompt_token_ids=prompt_ids)
         body.update(prompt_text=None, kv_transfer_params=None, ec_transfer_params=None, metrics=None)
         return body
@@ -81,7 +84,9 @@ class Wire:
         g = self.generation
         content = (g.chat_echo or "") + ("" if g.tool_call else output.text)
         role = g.roles[output.sequence.prompt] if g.roles else g.role
-        message: dict[str, Any] = {"role": role, "content": content, "refusal": None, "annotations": None}
+        message: dict[str, Any] = {"role": role, "content": content, "refusal": None}
+        if not self.omits_null_details:
+            message["annotations"] = None
         message.update(audio=None, function_call=None)
         if g.tool_call:  # an empty tool_calls list is left out (0.24+)
             function = {"name": g.tool_call.name, "arguments": output.text}
@@ -111,7 +116,7 @@ class Wire:
         prompt_tokens = sum(len(p.token_ids) for p in g.prompts)
         body = self._head("text_completion")
         body.update(choices=choices, service_tier=None, system_fingerprint=self.fingerprint)
-        body["usage"] = usage(prompt_tokens, sum(len(o.token_ids) for o in outputs))
+        body["usage"] = usage(prompt_tokens, sum(len(o.token_ids) for o in outputs), self.omits_null_details)
         body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
         return body
 

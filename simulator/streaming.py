@@ -85,7 +85,7 @@ async def generate_body(generation: Generation, wire: Wire, engine: Engine, trac
     if generation.endpoint in ("responses", "messages"):
         return whole_body(generation, done[0].text, len(done[0].token_ids))
     if generation.endpoint == "generate":
-        return token_body(generation, done)
+        return token_body(generation, done, wire.omits_null_details)
     return wire.chat_body(done) if generation.endpoint == "chat" else wire.completion_body(done)
 
 
@@ -105,7 +105,7 @@ async def events(
             yield event
         return
     if generation.endpoint == "generate":
-        async for event in generate_events(generation, engine, tracker):
+        async for event in generate_events(generation, engine, tracker, wire.omits_null_details):
             yield event
         return
     seqs = sequences(generation)

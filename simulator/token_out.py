@@ -37,11 +37,11 @@ def _choice(g: Generation, seq: Sequence, token_ids: list[int], text: str, final
     return choice
 
 
-def generate_body(g: Generation, outputs: list[Output]) -> dict[str, Any]:
+def generate_body(g: Generation, outputs: list[Output], omit_null_details: bool = False) -> dict[str, Any]:
     prompt = len(g.prompts[0].token_ids)
     choices = [_choice(g, o.sequence, o.token_ids, o.text, True) for o in outputs]
     head: dict[str, Any] = {"request_id": g.response_id, "model": g.model, "created": g.created}
-    spent = usage(prompt, sum(len(o.token_ids) for o in outputs))
+    spent = usage(prompt, sum(len(o.token_ids) for o in outputs), omit_null_details)
     tail = dict.fromkeys(TAIL)
     if _mode(g) is None:
         return {**head, "choices": choices, "usage": spent, **tail}
@@ -54,7 +54,9 @@ def _event(g: Generation, choices: list[dict[str, Any]], spent: dict[str, Any] |
     return sse({"request_id": g.response_id, "usage": spent, "output_mode": _mode(g), "choices": choices})
 
 
-async def generate_events(g: Generation, engine: Engine, tracker: RequestTracker) -> AsyncGenerator[str, None]:
+async def generate_events(
+    g: Generation, engine: Engine, tracker: RequestTracker, omit_null_details: bool = False
+) -> AsyncGenerator[str, None]:
     seqs = sequences(g)
     generated = [0] * len(seqs)
     prompt = len(g.prompts[0].token_ids)
@@ -63,7 +65,8 @@ async def generate_events(g: Generation, engine: Engine, tracker: RequestTracker
         for token in step:
             generated[token.sequence.index] += 1
             choice = _choice(g, token.sequence, [token.token_id], token.text, token.last)
-            spent = usage(prompt, generated[token.sequence.index]) if g.continuous_usage else None
+            count = generated[token.sequence.index]
+            spent = usage(prompt, count, omit_null_details) if g.continuous_usage else None
             yield _event(g, [choice], spent)
     if g.include_usage:
         yield _event(g, [], short_usage(prompt, sum(generated)))

@@ -31,6 +31,8 @@ COMMANDS = {"demo", "cli"}  # the only modules of proxy/ that may reach the simu
 SIMULATOR_LAYERS = [  # lowest first, as LAYERS
     {
         "errors",
+        "cache_info",
+        "orjson_text",
         "profiles",
         "settings",
         "kv",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
 from proxy.errors import TooBusy
 from proxy.upstream.admission import Admission, Budget, kv_capacity
+from simulator.cache_info import LABELS_031, LABELS_032, LABELS_033, LABELS_034, Labels, cache_config_info
 
 
 def gate(tokens: int = 100, requests: int = 0, replicas: int = 1, timeout: float = 5.0, queue: int = 100) -> Admission:
@@ -131,3 +133,17 @@ def test_kv_capacity_from_vllm_metrics() -> None:
     )
     assert kv_capacity(text) == 32768
     assert kv_capacity("vllm:num_requests_running 0.0\n") is None
+
+
+@pytest.mark.parametrize(
+    "labels", [LABELS_031, LABELS_032, LABELS_033, LABELS_034], ids=["0.31", "0.32", "0.33", "0.34"]
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kv_capacity_from_each_releases_label_set_in_any_order(labels: Labels, seed: int) -> None:
+    """0.34's gauge carries 40 labels (gpu_memory_utilization="None", enable_extensible_kv_cache, engine, ...), the
+    block counts among them; the parser finds num_gpu_blocks and block_size wherever they stand."""
+    shuffled = list(labels)
+    random.Random(seed).shuffle(shuffled)
+    text = cache_config_info(tuple(shuffled), 12_288)
+    assert text.index('num_gpu_blocks="768"') > 0 and text.index('block_size="16"') > 0
+    assert kv_capacity("vllm:num_requests_running 0.0\n" + text) == 12_288
