@@ -40,6 +40,10 @@ class Profile:
     refuses_while_paused: bool = False
     # 0.33 serves POST /v1/decisions: one engine request per question, a prompt and one token each
     serves_decisions: bool = False
+    # 0.33 builds chat's and Responses' TokenizeParams with max_output_tokens None when the request sets no output
+    # limit, so truncate_prompt_tokens -1 cuts the prompt to max_model_len - 1 and the answer gets 1 token;
+    # 0.32 passes 0 there, cuts to max_model_len and refuses the 0 tokens left (max_tokens must be at least 1)
+    cuts_short_unlimited: bool = False
 
 
 V031 = Profile(
@@ -55,7 +59,7 @@ V032 = Profile(name="0.32", version="0.32.0", reserves_output=False, lists_alias
                generate_output_mode=True)  # fmt: skip
 # each later release: the one before it, and what it changed (docs/vllm-wire-contract.md)
 V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True, anthropic_error_types=True,
-               refuses_while_paused=True, serves_decisions=True)  # fmt: skip
+               refuses_while_paused=True, serves_decisions=True, cuts_short_unlimited=True)  # fmt: skip
 V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True)
 PROFILES: dict[str, Profile] = {profile.name: profile for profile in (V031, V032, V033, V034)}
 
