@@ -9,11 +9,14 @@ from typing import Any
 from proxy.api.chat import chat_request
 from proxy.api.routes import Reads
 from proxy.counting.bound import verbatim_texts
+from proxy.policy.client_cut import client_cut, holds_one
 from proxy.policy.decide import decide_chat
 from proxy.policy.outcome import Findings, Outcome, outcome_of
 from proxy.policy.overflow import overflow_chat
 from proxy.policy.size import refuse_by_size
 from proxy.policy.steps import Steps, fits_by_cutting, refuse_untrusted
+
+UNLIMITED_HOLDS_ONE = (0, 33)  # -1 with no output limit keeps max_model_len - 1 tokens (policy/client_cut.py)
 
 
 async def chat(
@@ -23,11 +26,20 @@ async def chat(
     findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
     model, policy, choice, limits = steps.target(req.model, headers, findings, req.body, Reads.CHAT)
     refuse_untrusted(policy, req)
-    texts = [list(verbatim_texts(req.messages))]
-    proven = await refuse_by_size(model, texts, limits, choice, policy, "messages", findings)
-    if proven is not None:
-        return proven
-    prompt_tokens = findings.expected = await steps.count(model, req, findings)
+    cut, window = client_cut(req.body), limits.max_model_len
+    if cut is None:  # a floor on the whole prompt says nothing of what vLLM keeps of it
+        texts = [list(verbatim_texts(req.messages))]
+        proven = await refuse_by_size(model, texts, limits, choice, policy, "messages", findings)
+        if proven is not None:
+            return proven
+    else:
+        cut.check(window)
+    prompt_tokens = await steps.count(model, req, findings)
+    if cut is not None:
+        output = req.requested_output
+        unlimited = steps.registry.upstream_at_least(UNLIMITED_HOLDS_ONE)
+        prompt_tokens = cut.kept(prompt_tokens, window, holds_one(output[1] if output else None, unlimited))
+    findings.expected = prompt_tokens
     plan = decide_chat(req, prompt_tokens, limits)
     if fits_by_cutting(plan, choice, findings):  # truncate and chunk re-count their cuts
         return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)

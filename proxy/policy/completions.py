@@ -9,6 +9,7 @@ from typing import Any
 from proxy.api.completions import completion_request
 from proxy.counting.source import completion_tokens
 from proxy.errors import PermissionDenied
+from proxy.policy.client_cut import client_cut, holds_one
 from proxy.policy.decide import decide_completion
 from proxy.policy.outcome import Findings, Outcome, outcome_of
 from proxy.policy.overflow import overflow_completion
@@ -24,11 +25,17 @@ async def completion(
     model, policy, choice, limits = steps.target(req.model, headers, findings, req.body)
     if req.embeds and findings.api_key is not None and not findings.api_key.prompt_embeds:
         raise PermissionDenied("This API key may not send prompt_embeds ([[keys]] prompt_embeds = false).")
-    texts = [[p] for p in req.prompts if isinstance(p, str)]
-    proven = await refuse_by_size(model, texts, limits, choice, policy, "prompt", findings)
-    if proven is not None:
-        return proven
+    cut, window = client_cut(req.body), limits.max_model_len
+    if cut is None:  # a floor on the whole prompt says nothing of what vLLM keeps of it
+        texts = [[p] for p in req.prompts if isinstance(p, str)]
+        proven = await refuse_by_size(model, texts, limits, choice, policy, "prompt", findings)
+        if proven is not None:
+            return proven
+    else:
+        cut.check(window)
     counts = await timed(findings, completion_tokens(model, req, steps.remote))
+    if cut is not None:  # each prompt is cut on its own; vLLM's default of 16 is an output limit
+        counts = [cut.kept(n, window, holds_one(req.requested_output[1], False)) for n in counts]
     findings.expected = None if req.embeds else sum(counts)  # vLLM's usage: every prompt's tokens, each once
     plan = decide_completion(req, counts, limits)
     if fits_by_cutting(plan, choice, findings):
