@@ -39,6 +39,8 @@ def client_cut(body: dict[str, Any]) -> ClientCut | None:
     value = body.get("truncate_prompt_tokens")
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():  # pydantic's lax int, as count_field reads counts
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < -1:
         raise InvalidRequest(f"'truncate_prompt_tokens' must be an integer of at least -1, got {value!r}.",
                              param="truncate_prompt_tokens")  # fmt: skip

@@ -53,3 +53,4 @@ def test_values_vllm_refuses_are_refused(body: dict[str, Any]) -> None:
 def test_no_cut_asked() -> None:
     assert client_cut({"max_tokens": 5}) is None
     assert client_cut({"truncate_prompt_tokens": 7, "truncation_side": "right"}) == ClientCut(7, "right")
+    assert client_cut({"truncate_prompt_tokens": 7.0}) == ClientCut(7, None)  # pydantic's lax int

@@ -110,7 +110,7 @@ def test_minus_one_with_an_output_limit_keeps_all_but_one_token(v032: str) -> No
     [
         ({"truncate_prompt_tokens": WINDOW + 1}, "truncate_prompt_tokens"),
         ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
-        ({"truncate_prompt_tokens": "100"}, "truncate_prompt_tokens"),
+        ({"truncate_prompt_tokens": 100.5}, "truncate_prompt_tokens"),
         ({"truncate_prompt_tokens": 100, "truncation_side": "middle"}, "truncation_side"),
     ],
 )
