@@ -119,3 +119,29 @@ def test_a_cut_vllm_refuses_is_refused_in_the_openai_envelope(v032: str, extra: 
         chat(v032, **extra)
     body = refused.value.body
     assert isinstance(body, dict) and body.get("param") == param and body.get("code") == 400
+
+
+@pytest.mark.parametrize("limit", [None, 50])
+def test_responses_truncation_auto_is_counted_as_vllm_keeps_it(v032: str, v033: str, limit: int | None) -> None:
+    for url in (v032, v033):
+        raw = sdk(url).responses.with_raw_response.create(
+            model=MODEL, input=LONG, truncation="auto", max_output_tokens=limit
+        )
+        usage = raw.parse().usage
+        assert usage is not None
+        assert usage.input_tokens == WINDOW - 1 == int(raw.headers["x-token-guard-prompt-tokens"])
+        assert usage.output_tokens == 1  # vLLM leaves the cut prompt one token of room
+        assert mismatches(url) == 0
+
+
+def checks(url: str) -> float:
+    return metric(httpx.get(f"{url}/metrics").text, "token_guard_count_checks_total", model=MODEL, source="local")
+
+
+def test_responses_truncation_auto_under_the_window_is_checked_whole(v032: str) -> None:
+    before = checks(v032)
+    raw = sdk(v032).responses.with_raw_response.create(model=MODEL, input="Hi there", truncation="auto")
+    usage = raw.parse().usage
+    assert usage is not None and usage.input_tokens == int(raw.headers["x-token-guard-prompt-tokens"])
+    assert checks(v032) == before + 1  # its usage was compared with the guard's count
+    assert mismatches(v032) == 0
