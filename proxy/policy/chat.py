@@ -9,14 +9,12 @@ from typing import Any
 from proxy.api.chat import chat_request
 from proxy.api.routes import Reads
 from proxy.counting.bound import verbatim_texts
-from proxy.policy.client_cut import client_cut, holds_one
+from proxy.policy.client_cut import client_cut, held_back, rules_of
 from proxy.policy.decide import decide_chat
 from proxy.policy.outcome import Findings, Outcome, outcome_of
 from proxy.policy.overflow import overflow_chat
 from proxy.policy.size import refuse_by_size
 from proxy.policy.steps import Steps, fits_by_cutting, refuse_untrusted
-
-UNLIMITED_HOLDS_ONE = (0, 33)  # -1 with no output limit keeps max_model_len - 1 tokens (policy/client_cut.py)
 
 
 async def chat(
@@ -37,8 +35,9 @@ async def chat(
     prompt_tokens = await steps.count(model, req, findings)
     if cut is not None:
         output = req.requested_output
-        unlimited = steps.registry.upstream_at_least(UNLIMITED_HOLDS_ONE)
-        prompt_tokens = cut.kept(prompt_tokens, window, holds_one(output[1] if output else None, unlimited))
+        prompt_tokens = cut.kept(
+            prompt_tokens, window, held_back(output[1] if output else None, rules_of(steps.registry))
+        )
     findings.expected = prompt_tokens
     plan = decide_chat(req, prompt_tokens, limits)
     if fits_by_cutting(plan, choice, findings):  # truncate and chunk re-count their cuts

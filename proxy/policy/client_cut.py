@@ -5,11 +5,30 @@ request goes to vLLM unchanged: vLLM cuts it (docs/vllm-wire-contract.md, sectio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from proxy.counting.registry import ModelRegistry
 from proxy.errors import InvalidRequest
 
 SIDES = ("left", "right")
+
+
+class Rules(StrEnum):
+    """How vLLM's -1 holds tokens back for the output (TokenizeParams.max_truncation_tokens), by release."""
+
+    RESERVES = "0.31"  # the whole output limit (max_model_len - max_tokens)
+    ONE_IF_LIMITED = "0.32"  # one token, for an output limit other than 0 (`max_output_tokens or 0`)
+    ONE_UNLESS_ZERO = "0.33"  # one token, unless the limit is 0 (chat and Responses pass None for no limit)
+
+
+def rules_of(registry: ModelRegistry) -> Rules:
+    """The upstream's rules; 0.32's while its version is not known."""
+    if registry.upstream_at_least((0, 33)):
+        return Rules.ONE_UNLESS_ZERO
+    if registry.upstream_version is not None and not registry.upstream_newer():
+        return Rules.RESERVES
+    return Rules.ONE_IF_LIMITED
 
 
 @dataclass(frozen=True)
@@ -17,10 +36,10 @@ class ClientCut:
     keep: int  # the tokens vLLM keeps; -1: up to the window
     side: str | None  # which end vLLM drops (None: the tokenizer's, left for generative models); the count is the same
 
-    def kept(self, tokens: int, window: int, holds_one: bool) -> int:
-        """The prompt tokens vLLM runs of `tokens`: -1 keeps the window, less the one token vLLM holds back for the
-        output when `holds_one` (TokenizeParams.max_truncation_tokens)."""
-        keep = self.keep if self.keep >= 0 else max(0, window - 1) if holds_one else window
+    def kept(self, tokens: int, window: int, held: int) -> int:
+        """The prompt tokens vLLM runs of `tokens`: -1 keeps the window less the `held` tokens vLLM holds back for
+        the output (held_back)."""
+        keep = self.keep if self.keep >= 0 else max(0, window - held)
         return min(tokens, keep)
 
     def check(self, window: int) -> None:
@@ -47,8 +66,12 @@ def client_cut(body: dict[str, Any]) -> ClientCut | None:
     return ClientCut(value, side)
 
 
-def holds_one(requested: int | None, unlimited_holds_one: bool) -> bool:
-    """Whether vLLM's -1 holds a token back for the output: it does for an output limit other than 0; for a request
-    that sets none, 0.33 does (chat and Responses pass max_output_tokens None) where 0.32 does not (it passes 0, cuts
-    to the whole window and refuses the 0 tokens left)."""
-    return requested != 0 if requested is not None else unlimited_holds_one
+def held_back(requested: int | None, rules: Rules) -> int:
+    """The tokens vLLM's -1 holds back for the output of a request whose output limit is `requested` (None: unset).
+    0.31 holds the whole limit; 0.32 one token for a limit other than 0, none for no limit (it cuts to the whole
+    window and refuses the 0 tokens left); 0.33 one token for no limit too."""
+    if rules is Rules.RESERVES:
+        return requested or 0
+    if rules is Rules.ONE_IF_LIMITED:
+        return 1 if requested else 0
+    return 0 if requested == 0 else 1

@@ -9,7 +9,7 @@ from typing import Any
 from proxy.api.completions import completion_request
 from proxy.counting.source import completion_tokens
 from proxy.errors import PermissionDenied
-from proxy.policy.client_cut import client_cut, holds_one
+from proxy.policy.client_cut import client_cut, held_back, rules_of
 from proxy.policy.decide import decide_completion
 from proxy.policy.outcome import Findings, Outcome, outcome_of
 from proxy.policy.overflow import overflow_completion
@@ -35,7 +35,8 @@ async def completion(
         cut.check(window)
     counts = await timed(findings, completion_tokens(model, req, steps.remote))
     if cut is not None:  # each prompt is cut on its own; vLLM's default of 16 is an output limit
-        counts = [cut.kept(n, window, holds_one(req.requested_output[1], False)) for n in counts]
+        held = held_back(req.requested_output[1], rules_of(steps.registry))
+        counts = [cut.kept(n, window, held) for n in counts]
     findings.expected = None if req.embeds else sum(counts)  # vLLM's usage: every prompt's tokens, each once
     plan = decide_completion(req, counts, limits)
     if fits_by_cutting(plan, choice, findings):

@@ -7,31 +7,40 @@ from typing import Any
 import pytest
 
 from proxy.errors import InvalidRequest
-from proxy.policy.client_cut import ClientCut, client_cut, holds_one
+from proxy.policy.client_cut import ClientCut, Rules, client_cut, held_back
 
 
 @pytest.mark.parametrize(
-    ("keep", "tokens", "holds", "kept"),
+    ("keep", "tokens", "held", "kept"),
     [
-        (100, 500, True, 100),  # cut to what was asked
-        (100, 40, True, 40),  # a shorter prompt stays whole
-        (0, 40, True, 0),
-        (-1, 500, True, 255),  # up to the window, one token held back for the output
-        (-1, 500, False, 256),  # 0.32 with no output limit: the whole window
-        (-1, 200, True, 200),
+        (100, 500, 1, 100),  # cut to what was asked
+        (100, 40, 1, 40),  # a shorter prompt stays whole
+        (0, 40, 1, 0),
+        (-1, 500, 1, 255),  # up to the window, one token held back for the output
+        (-1, 500, 0, 256),  # 0.32 with no output limit: the whole window
+        (-1, 500, 50, 206),  # 0.31: the window less the output limit
+        (-1, 200, 1, 200),
     ],
 )
-def test_kept_is_what_vllm_runs(keep: int, tokens: int, holds: bool, kept: int) -> None:
-    assert ClientCut(keep, None).kept(tokens, 256, holds) == kept
+def test_kept_is_what_vllm_runs(keep: int, tokens: int, held: int, kept: int) -> None:
+    assert ClientCut(keep, None).kept(tokens, 256, held) == kept
 
 
 @pytest.mark.parametrize(
-    ("requested", "unlimited", "holds"), [(50, False, True), (0, True, False), (None, False, False), (None, True, True)]
+    ("requested", "rules", "held"),
+    [
+        (50, Rules.RESERVES, 50),
+        (None, Rules.RESERVES, 0),
+        (50, Rules.ONE_IF_LIMITED, 1),
+        (None, Rules.ONE_IF_LIMITED, 0),
+        (0, Rules.ONE_IF_LIMITED, 0),
+        (50, Rules.ONE_UNLESS_ZERO, 1),
+        (None, Rules.ONE_UNLESS_ZERO, 1),
+        (0, Rules.ONE_UNLESS_ZERO, 0),
+    ],
 )
-def test_minus_one_holds_a_token_back_for_an_output_limit_and_on_0_33_without_one(
-    requested: int | None, unlimited: bool, holds: bool
-) -> None:
-    assert holds_one(requested, unlimited) is holds
+def test_minus_one_holds_back_what_each_release_holds_back(requested: int | None, rules: Rules, held: int) -> None:
+    assert held_back(requested, rules) == held
 
 
 def test_a_cut_longer_than_the_window_is_refused_as_vllm_refuses_it() -> None:

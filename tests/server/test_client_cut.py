@@ -42,6 +42,15 @@ def v033(deepseek_dir: Path) -> Iterator[str]:
         yield g.url
 
 
+@pytest.fixture(scope="module")
+def v031(deepseek_dir: Path) -> Iterator[str]:
+    with (
+        simulator(deepseek_dir, profile="0.31", max_model_len=WINDOW) as (sim, _, _),
+        guard(sim.url, deepseek_dir) as g,
+    ):
+        yield g.url
+
+
 def chat(url: str, **extra: Any) -> Any:
     messages: Any = [{"role": "user", "content": LONG}]
     return sdk(url).chat.completions.with_raw_response.create(model=MODEL, messages=messages, extra_body=extra)
@@ -145,3 +154,17 @@ def test_responses_truncation_auto_under_the_window_is_checked_whole(v032: str) 
     assert usage is not None and usage.input_tokens == int(raw.headers["x-token-guard-prompt-tokens"])
     assert checks(v032) == before + 1  # its usage was compared with the guard's count
     assert mismatches(v032) == 0
+
+
+def test_0_31_keeps_the_window_less_the_output_limit(v031: str) -> None:
+    raw = chat(v031, truncate_prompt_tokens=-1, max_tokens=50)
+    answer = raw.parse()
+    assert answer.usage.prompt_tokens == WINDOW - 50 == int(raw.headers["x-token-guard-prompt-tokens"])
+    assert raw.headers["x-token-guard-action"] == "pass"
+    assert mismatches(v031) == 0
+
+
+def test_0_31_serves_a_cut_whose_limit_the_guard_lowered_to_fit(v031: str) -> None:
+    raw = chat(v031, truncate_prompt_tokens=200, max_tokens=100)  # 0.31 alone refuses 200 > 256 - 100
+    assert raw.parse().usage.prompt_tokens == 200 == int(raw.headers["x-token-guard-prompt-tokens"])
+    assert int(raw.headers["x-token-guard-max-tokens"]) == WINDOW - 200
