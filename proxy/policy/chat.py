@@ -6,14 +6,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.api.chat import chat_request
+from proxy.api.chat import ChatRequest, chat_request
 from proxy.api.routes import Reads
 from proxy.counting.bound import verbatim_texts
-from proxy.policy.client_cut import client_cut, held_back, rules_of
+from proxy.counting.registry import GuardedModel
+from proxy.counting.source import CountSource
+from proxy.policy.client_cut import ClientCut, client_cut, held_back, rules_of
 from proxy.policy.decide import decide_chat
 from proxy.policy.outcome import Findings, Outcome, outcome_of
 from proxy.policy.overflow import overflow_chat
-from proxy.policy.size import refuse_by_size
+from proxy.policy.size import proven_over, refuse_by_size
 from proxy.policy.steps import Steps, fits_by_cutting, refuse_untrusted
 
 
@@ -32,14 +34,25 @@ async def chat(
             return proven
     else:
         cut.check(window)
-    prompt_tokens = await steps.count(model, req, findings)
-    if cut is not None:
-        output = req.requested_output
-        prompt_tokens = cut.kept(
-            prompt_tokens, window, held_back(output[1] if output else None, rules_of(steps.registry))
-        )
-    findings.expected = prompt_tokens
+    prompt_tokens = findings.expected = await _kept_count(steps, model, req, cut, window, findings)
     plan = decide_chat(req, prompt_tokens, limits)
     if fits_by_cutting(plan, choice, findings):  # truncate and chunk re-count their cuts
         return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
     return outcome_of(plan, req.body, raw, plan.cost(limits, req.n), findings.count_source)
+
+
+async def _kept_count(
+    steps: Steps, model: GuardedModel, req: ChatRequest, cut: ClientCut | None, window: int, findings: Findings
+) -> int:
+    """The prompt tokens vLLM runs: all, or under the client's cut what vLLM keeps. A prompt whose verbatim texts
+    alone prove it at least as long as the cut is not encoded: its count is the cut's (a prompt of megabytes cut to
+    a few tokens costs its reading, as a refusal by size does)."""
+    if cut is None:
+        return await steps.count(model, req, findings)
+    output = req.requested_output
+    keep = cut.limit(window, held_back(output[1] if output else None, rules_of(steps.registry)))
+    if keep == 0 or (model.tokenizer.native is None and await proven_over(model, [list(verbatim_texts(req.messages))],
+                                                                           keep - 1) is not None):  # fmt: skip
+        findings.count_source = CountSource.LOCAL
+        return keep
+    return min(await steps.count(model, req, findings), keep)

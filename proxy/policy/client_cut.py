@@ -36,11 +36,14 @@ class ClientCut:
     keep: int  # the tokens vLLM keeps; -1: up to the window
     side: str | None  # which end vLLM drops (None: the tokenizer's, left for generative models); the count is the same
 
+    def limit(self, window: int, held: int) -> int:
+        """The most tokens vLLM keeps: -1 is the window less the `held` tokens it holds back for the output
+        (held_back)."""
+        return self.keep if self.keep >= 0 else max(0, window - held)
+
     def kept(self, tokens: int, window: int, held: int) -> int:
-        """The prompt tokens vLLM runs of `tokens`: -1 keeps the window less the `held` tokens vLLM holds back for
-        the output (held_back)."""
-        keep = self.keep if self.keep >= 0 else max(0, window - held)
-        return min(tokens, keep)
+        """The prompt tokens vLLM runs of `tokens`."""
+        return min(tokens, self.limit(window, held))
 
     def check(self, window: int) -> None:
         """vLLM 0.32's refusal of a cut longer than the window (TokenizeParams.__post_init__), as a 400."""
