@@ -73,7 +73,7 @@ def plan_chat(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation
     given_completion = max_completion_tokens is not None
     param = "max_completion_tokens" if given_completion else "max_tokens"
     requested = max_completion_tokens if given_completion else max_tokens
-    request = OutputRequest(ctx.settings.max_model_len, requested, param, min_tokens, truncate)
+    request = OutputRequest(ctx.settings.max_model_len, requested, param, min_tokens, truncate, generative=True)
     raise_if(check_request(ctx.profile, request))
 
     rendered = render_chat(ctx.tokenizer, options, ctx.profile.strips_billing_header)

@@ -49,10 +49,10 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
         raise ApiError(UNTRUSTED_TEMPLATE)
     messages = input_messages(req.instructions, req.input, newer, history)
     # truncation "auto": vLLM's TokenizeParams gets truncate_prompt_tokens -1, so the input keeps its last tokens,
-    # as many as the window less max_output_tokens (0.31), or all but one (0.32)
+    # as many as the window less max_output_tokens (0.31), or all but one (0.32 with an output limit, 0.33 always)
     truncate = -1 if req.truncation_auto else None
     request = OutputRequest(ctx.settings.max_model_len, req.max_output_tokens, "max_output_tokens",
-                            truncate_prompt_tokens=truncate)  # fmt: skip
+                            truncate_prompt_tokens=truncate, generative=True)  # fmt: skip
     # the body's request_id, else a new one (X-Request-Id is not read: the Responses API takes no header's id)
     rid = req.request_id or f"resp_{uuid.uuid4().hex}"
     if ctx.harmony is not None:

@@ -25,6 +25,7 @@ class OutputRequest:
     param: str = "max_tokens"
     min_tokens: int = 0
     truncate_prompt_tokens: int | None = None
+    generative: bool = False  # chat and Responses: 0.33 builds their TokenizeParams with max_output_tokens None
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ def truncation_length(profile: Profile, request: OutputRequest) -> int | None:
     if k is None or k >= 0:
         return k
     limit = input_limit(profile, request)
+    if profile.cuts_short_unlimited and request.generative and request.requested is None:
+        return max(0, limit - 1)  # 0.33: no output limit is no longer "0 output tokens" (TokenizeParams)
     if profile.reserves_output or reserved_output(request) == 0:
         return limit
     return max(0, limit - 1)  # 0.32 holds one token back for output

@@ -66,6 +66,10 @@ class Profile:
     # /metrics' vllm:cache_config_info labels, in order (cache_info.py): 0.33 adds simple_cpu_offload_num_blocks,
     # 0.34 enable_extensible_kv_cache and _extensible_kv_cache_resolved, and its gpu_memory_utilization reads "None"
     cache_info_labels: Labels = LABELS_032
+    # 0.33 builds chat's and Responses' TokenizeParams with max_output_tokens None when the request sets no output
+    # limit, so truncate_prompt_tokens -1 cuts the prompt to max_model_len - 1 and the answer gets 1 token;
+    # 0.32 passes 0 there, cuts to max_model_len and refuses the 0 tokens left (max_tokens must be at least 1)
+    cuts_short_unlimited: bool = False
 
 
 V031 = Profile(
@@ -83,7 +87,8 @@ V032 = Profile(name="0.32", version="0.32.0", reserves_output=False, lists_alias
 # each later release: the one before it, and what it changed (docs/vllm-wire-contract.md)
 V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True, anthropic_error_types=True,
                refuses_while_paused=True, serves_decisions=True, follows_namespace_aliases=True,
-               echoes_prompt_cache=True, pools_with_orjson=True, cache_info_labels=LABELS_033)  # fmt: skip
+               echoes_prompt_cache=True, pools_with_orjson=True, cache_info_labels=LABELS_033,
+               cuts_short_unlimited=True)  # fmt: skip
 V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True,
                joins_tool_references=True, takes_min_tokens=True, empty_tools_as_none=True,
                budgets_responses_thinking=True, omits_null_details=True, cache_info_labels=LABELS_034)  # fmt: skip

@@ -11,12 +11,14 @@ from typing import Any
 from proxy.api.chat import ChatRequest, chat_request
 from proxy.api.routes import Reads
 from proxy.counting.bound import verbatim_texts
-from proxy.counting.registry import ModelRegistry
+from proxy.counting.registry import GuardedModel, ModelRegistry
+from proxy.counting.source import CountSource
 from proxy.errors import InvalidRequest
+from proxy.policy.client_cut import ClientCut, client_cut, held_back, rules_of
 from proxy.policy.decide import decide_chat
 from proxy.policy.outcome import Findings, Outcome, outcome_of
 from proxy.policy.overflow import overflow_chat
-from proxy.policy.size import refuse_by_size
+from proxy.policy.size import proven_over, refuse_by_size
 from proxy.policy.steps import Steps, fits_by_cutting, refuse_untrusted
 
 
@@ -27,11 +29,15 @@ async def chat(
     findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
     model, policy, choice, limits = steps.target(req.model, headers, findings, req.body, Reads.CHAT)
     refuse_untrusted(policy, req)
-    texts = [list(verbatim_texts(req.messages))]
-    proven = await refuse_by_size(model, texts, limits, choice, policy, "messages", findings)
-    if proven is not None:
-        return proven
-    prompt_tokens = findings.expected = await steps.count(model, req, findings)
+    cut, window = client_cut(req.body), limits.max_model_len
+    if cut is None:  # a floor on the whole prompt says nothing of what vLLM keeps of it
+        texts = [list(verbatim_texts(req.messages))]
+        proven = await refuse_by_size(model, texts, limits, choice, policy, "messages", findings)
+        if proven is not None:
+            return proven
+    else:
+        cut.check(window)
+    prompt_tokens = findings.expected = await _kept_count(steps, model, req, cut, window, findings)
     plan = decide_chat(req, prompt_tokens, limits)
     if fits_by_cutting(plan, choice, findings):  # truncate and chunk re-count their cuts
         return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
@@ -54,3 +60,20 @@ def as_upstream_tools(req: ChatRequest, registry: ModelRegistry) -> ChatRequest:
     if registry.upstream_version is not None:
         raise InvalidRequest(NO_EMPTY_TOOLS, param="tools")
     return req
+
+
+async def _kept_count(
+    steps: Steps, model: GuardedModel, req: ChatRequest, cut: ClientCut | None, window: int, findings: Findings
+) -> int:
+    """The prompt tokens vLLM runs: all, or under the client's cut what vLLM keeps. A prompt whose verbatim texts
+    alone prove it at least as long as the cut is not encoded: its count is the cut's (a prompt of megabytes cut to
+    a few tokens costs its reading, as a refusal by size does)."""
+    if cut is None:
+        return await steps.count(model, req, findings)
+    output = req.requested_output
+    keep = cut.limit(window, held_back(output[1] if output else None, rules_of(steps.registry)))
+    if keep == 0 or (model.tokenizer.native is None and await proven_over(model, [list(verbatim_texts(req.messages))],
+                                                                           keep - 1) is not None):  # fmt: skip
+        findings.count_source = CountSource.LOCAL
+        return keep
+    return min(await steps.count(model, req, findings), keep)

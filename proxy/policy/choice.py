@@ -50,6 +50,8 @@ def whole_prompt(body: Mapping[str, Any]) -> str | None:
         return "the request asks for its prompt's logprobs (echo with logprobs), which a cut prompt would change"
     if body.get("prompt_embeds") not in (None, []):
         return "the request sends prompt_embeds, which only vLLM reads: token-guard cannot cut them"
+    if body.get("truncate_prompt_tokens") is not None:
+        return "the request sets truncate_prompt_tokens, and vLLM cuts its prompt as asked"
     transfer = body.get("kv_transfer_params")
     if isinstance(transfer, dict) and transfer.get("prompt_token_ids") is not None:
         return "the request sends its prompt's ids in kv_transfer_params, which vLLM runs in place of the messages"

@@ -13,6 +13,7 @@ from proxy.api.responses import LIMIT_FIELD, responses_request
 from proxy.api.routes import Reads
 from proxy.counting.local_count import count_chat
 from proxy.policy import background, token_budget
+from proxy.policy.client_cut import ClientCut, Rules, held_back, rules_of
 from proxy.policy.continued import continued, continued_chat
 from proxy.policy.converted import Converted, decide, response_kept, response_turn
 from proxy.policy.ledger import Turn
@@ -52,4 +53,15 @@ async def responses(
         follow=token_budget.follower(req.body, req.max_output_tokens) if budgeted else None,
     )  # fmt: skip
     outcome = await decide(conv, prompt_tokens, limits, choice, local_recount(findings, recount))
+    if req.truncation_auto and newer and not (partial or req.background) and isinstance(outcome, Forward):
+        outcome = _cut_by_vllm(outcome, limits.max_model_len, rules_of(steps.registry), findings)
     return replace(outcome, follows=follows) if follows is not None and isinstance(outcome, Forward) else outcome
+
+
+def _cut_by_vllm(outcome: Forward, window: int, rules: Rules, findings: Findings) -> Forward:
+    """`truncation: "auto"` is vLLM's truncate_prompt_tokens -1: from 0.32 it keeps the window less one token when the
+    request forwarded sets an output limit (0.33: when it sets none, too), and says so in its usage."""
+    decision = outcome.decision
+    held = held_back(decision.max_tokens, rules)
+    kept = findings.expected = ClientCut(-1, None).kept(decision.prompt_tokens, window, held)
+    return replace(outcome, decision=replace(decision, prompt_tokens=kept))

@@ -319,6 +319,7 @@ PARITY = [
      "max_output_tokens": 100_000}, {}),
     ("responses truncation auto", "/v1/responses", {"model": MODEL, "input": essay(3000), "truncation": "auto",
      "max_output_tokens": 100_000}, {}),
+    ("chat cut by vllm", CHAT, {**chat("word " * 3000), "truncate_prompt_tokens": 300, "max_tokens": 100_000}, {}),
 ]  # fmt: skip
 AGENT_RULES = {  # what the rules for agents' requests decide on these (main's 260ed0e), through both front ends
     # half the room kept for the next turn (policy.next_turn_share_messages) leaves less than vLLM's minimum budget
@@ -326,6 +327,7 @@ AGENT_RULES = {  # what the rules for agents' requests decide on these (main's 2
     "thinking off": {"x-token-guard-thinking": "disabled"},
     "responses second turn": {"x-token-guard-action": "partial"},
     "responses truncation auto": {"x-token-guard-action": "clamp", "x-token-guard-max-tokens": "1024"},
+    "chat cut by vllm": {"x-token-guard-action": "clamp", "x-token-guard-prompt-tokens": "300"},  # what vLLM keeps
 }
 
 

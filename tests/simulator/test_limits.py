@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from simulator.errors import ApiError
-from simulator.limits import Budget, OutputRequest, PromptShape, check_sampling, resolve_max_tokens
+from simulator.limits import Budget, OutputRequest, PromptShape, check_sampling, resolve_max_tokens, truncation_length
 from simulator.profiles import Profile, get_profile
 
 V031 = get_profile("0.31")
 V032 = get_profile("0.32")
+V033 = get_profile("0.33")
 M = 2048
 CPT = 128  # the demo tokenizer's longest vocabulary string
 
@@ -174,3 +175,12 @@ def test_sampling_checks(max_tokens: int, min_tokens: int, n: int, temperature: 
 def test_sampling_accepts_ordinary_requests() -> None:
     assert check_sampling(16, 0, 4, None) is None
     assert check_sampling(16, 16, 1, 0.0) is None
+
+
+def test_minus_one_with_no_output_limit_is_refused_by_032_and_answers_one_token_on_033() -> None:
+    chat = OutputRequest(M, None, truncate_prompt_tokens=-1, generative=True)
+    error = error_of(resolve_max_tokens(V032, chat, text(5000)))
+    assert error.message.startswith("max_tokens must be at least 1, got 0.")
+    assert resolve_max_tokens(V033, chat, text(5000)) == Budget(2047, 1)
+    pooled = OutputRequest(M, None, truncate_prompt_tokens=-1)  # no output: the whole window on both
+    assert truncation_length(V033, pooled) == truncation_length(V032, pooled) == M
