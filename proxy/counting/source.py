@@ -10,7 +10,7 @@ counting endpoint refuses or fails on is counted locally (source "local"), never
 from __future__ import annotations
 
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
@@ -39,7 +39,7 @@ T = TypeVar("T")
 class RemoteCount(Protocol):
     """Counts a request the way the upstream itself does (raises GuardError when it cannot)."""
 
-    async def chat(self, model: str, body: dict[str, Any]) -> int: ...
+    async def chat(self, model: str, body: dict[str, Any], effort_map: Mapping[str, str] | None = None) -> int: ...
 
     async def completion(self, model: str, body: dict[str, Any]) -> list[int]: ...
 
@@ -56,7 +56,7 @@ async def _chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCoun
     # a gpt-oss Responses create's harmony messages: no counting endpoint of vLLM renders a stored conversation
     if model.count_source == CountSource.UPSTREAM and remote is not None and req.harmony is None:
         try:
-            return await remote.chat(model.name, req.body), CountSource.UPSTREAM
+            return await remote.chat(model.name, req.body, model.tokenizer.effort_map), CountSource.UPSTREAM
         except (InvalidRequest, UpstreamUnavailable) as exc:
             return await _instead(model, exc, count_chat(model.tokenizer, req, model.counter)), CountSource.LOCAL
     try:
@@ -66,7 +66,7 @@ async def _chat_tokens(model: GuardedModel, req: ChatRequest, remote: RemoteCoun
             raise
         log.info("model %s: %s; counted by the upstream", model.name, exc.message)
         try:
-            return await remote.chat(model.name, req.body), CountSource.UPSTREAM
+            return await remote.chat(model.name, req.body, model.tokenizer.effort_map), CountSource.UPSTREAM
         except (InvalidRequest, UpstreamUnavailable) as failed:
             if isinstance(exc, TemplateRefused):  # neither could count it: vLLM's generation answers it
                 raise Uncounted(exc, failed) from None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,15 +38,18 @@ TOKENIZE_FIELDS = ("messages", "tools", "add_generation_prompt", "continue_final
                    "chat_template")  # fmt: skip
 
 
-def chat_tokenize_body(model: str, body: dict[str, Any]) -> dict[str, Any]:
+def chat_tokenize_body(model: str, body: dict[str, Any], effort_map: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The /tokenize request that renders what the chat endpoint would. /tokenize has no `documents` or
     `reasoning_effort` and does not move `reasoning_content` to `reasoning`, so the guard does those itself, as
-    vLLM's chat path does."""
+    vLLM's chat path does; and with them the server's --reasoning-effort-map (0.33+), which the chat path applies
+    and /tokenize, taking no effort, never sees."""
     fields = {key: body[key] for key in TOKENIZE_FIELDS if body.get(key) is not None}
     if isinstance(fields.get("messages"), list):
         fields["messages"] = [_reasoning_renamed(m) for m in fields["messages"]]
     kwargs = dict(body.get("chat_template_kwargs") or {})
     effort = body.get("reasoning_effort")
+    if isinstance(effort, str) and effort_map and effort in effort_map:
+        effort = effort_map[effort]
     for key, value in (("documents", body.get("documents")), ("reasoning_effort", effort)):
         if value is not None:
             kwargs[key] = value
@@ -135,12 +139,14 @@ class RemoteCounter:
             self.renders
         ]
 
-    async def chat(self, model: str, body: dict[str, Any]) -> int:
+    async def chat(self, model: str, body: dict[str, Any], effort_map: Mapping[str, str] | None = None) -> int:
+        """The chat prompt's count: the render endpoint maps the effort itself (it is the chat path's), /tokenize
+        is given the mapped one."""
         if self.renders is not False:
             count = await self._render({"model": model, **{k: body[k] for k in RENDER_FIELDS if k in body}})
             if count is not None:
                 return count
-        return await self._tokenize(chat_tokenize_body(model, body))
+        return await self._tokenize(chat_tokenize_body(model, body, effort_map))
 
     async def completion(self, model: str, body: dict[str, Any]) -> list[int]:
         prompt = body.get("prompt")

@@ -112,3 +112,18 @@ def test_a_gpt_oss_response_asking_an_effort_harmony_lacks_is_served_as_vllm_map
         client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="not supported by Harmony"):
             client.responses.create(model=MODEL, input="Think about seas.", reasoning={"effort": "minimal"})
+
+
+def test_counted_by_the_upstream_the_effort_is_the_mapped_one(deepseek_dir: Path, tmp_path: Path) -> None:
+    """Counted upstream: vLLM's /tokenize takes no effort (the guard passes it as a template variable) and never
+    applies the map, so the guard hands it the effort the chat path maps to."""
+    template = template_with_effort(deepseek_dir, tmp_path)
+    served = SimulatorSettings(tokenizer=deepseek_dir, model=MODEL, profile="0.33", chat_template=template,
+                               reasoning_effort_map=EFFORT_MAP)  # fmt: skip
+    flags: dict[str, Any] = {"model.chat_template": str(template), "counting.source": "upstream",
+                             "model.reasoning_effort_map": EFFORT_MAP}  # fmt: skip
+    with ServerThread(create_simulator(served)) as sim, guard(sim.url, deepseek_dir, **flags) as proxy:
+        counted, charged = chat(openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0))
+        source = httpx.get(f"{proxy.url}/metrics").text
+    assert 'source="upstream"' in source  # counted through /tokenize, not by the guard itself
+    assert counted == charged

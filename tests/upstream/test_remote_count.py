@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,13 @@ def test_tokenize_body_renders_what_chat_would() -> None:
     }
 
 
+def test_tokenize_body_takes_the_effort_the_chat_path_maps_to() -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "minimal"}
+    kwargs = chat_tokenize_body("m", body, {"minimal": "low"})["chat_template_kwargs"]
+    assert kwargs == {"reasoning_effort": "low", "enable_thinking": True}
+    assert chat_tokenize_body("m", body, {"high": "low"})["chat_template_kwargs"]["reasoning_effort"] == "minimal"
+
+
 def test_completion_tokenize_body_keeps_add_special_tokens_only_when_sent() -> None:
     body = {"prompt": ["a", "b"], "max_tokens": 3, "add_special_tokens": False}
     assert completion_tokenize_body("m", "a", body) == {"model": "m", "prompt": "a", "add_special_tokens": False}
@@ -128,7 +135,7 @@ class Remote:
     def __init__(self) -> None:
         self.asked: list[dict[str, Any]] = []
 
-    async def chat(self, model: str, body: dict[str, Any]) -> int:
+    async def chat(self, model: str, body: dict[str, Any], effort_map: Mapping[str, str] | None = None) -> int:
         self.asked.append(body)
         return 999
 
@@ -168,7 +175,7 @@ class Refusing(Remote):
     """An upstream whose counting endpoint refuses what its generation serves (vLLM 0.31/0.32's /tokenize in mistral
     mode on an assistant turn with tool calls: "tool_calls must be a list, got ValidatorIterator")."""
 
-    async def chat(self, model: str, body: dict[str, Any]) -> int:
+    async def chat(self, model: str, body: dict[str, Any], effort_map: Mapping[str, str] | None = None) -> int:
         self.asked.append(body)
         raise InvalidRequest("1 validation error: tool_calls must be a list, got ValidatorIterator")
 
