@@ -14,6 +14,7 @@ Everything lands under TOKEN_GUARD_E2E_CACHE (default ~/.cache/token-guard)/zoo,
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -112,9 +113,24 @@ def _cached(name: str, build: Any) -> Path:
     key = hashlib.sha256(Path(__file__).read_bytes() + Path(zoo_models.__file__).read_bytes()).hexdigest()[:12]
     target = cache_root() / f"{name}-{key}"
     if not (target / ".ok").exists():
-        shutil.rmtree(target, ignore_errors=True)
-        build(target)
-        (target / ".ok").write_text("")
+        # built aside and moved in whole: test processes running side by side (pytest-xdist's workers) never see,
+        # or remove, another's half-built directory
+        building = target.with_name(f"{target.name}.{os.getpid()}.building")
+        shutil.rmtree(building, ignore_errors=True)
+        build(building)
+        (building / ".ok").write_text("")
+        for _ in range(2):
+            try:
+                building.rename(target)
+                break
+            except OSError:  # another process moved its own in first (the same files), or a stale one is there
+                if (target / ".ok").exists():
+                    break
+                stale = target.with_name(f"{target.name}.{os.getpid()}.stale")  # half-built in an older checkout
+                with contextlib.suppress(OSError):
+                    target.rename(stale)
+                shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(building, ignore_errors=True)
     return target
 
 
