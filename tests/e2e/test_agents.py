@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ class Served:
     vllm: str
     guard: str
     http: httpx.Client
+    logs: tuple[Path, ...] = ()  # vLLM's and the guard's, for a failure to show what they saw
 
 
 @contextlib.contextmanager
@@ -63,7 +65,7 @@ def served(
         processes.append(guard)
         guard.wait_ready("/health", PROXY_READY_TIMEOUT)
         with httpx.Client(timeout=180) as http:
-            yield Served(version, vllm.url, guard.url, http)
+            yield Served(version, vllm.url, guard.url, http, (vllm.log, guard.log))
     finally:
         for process in reversed(processes):
             process.stop()
@@ -306,15 +308,23 @@ async def waiting(client: httpx.AsyncClient, vllm: str) -> float:
 
 async def flood(vllm: str, url: str, body: dict[str, Any]) -> list[httpx.Response]:
     """`flooding` until the holder held its slot throughout and the first request waited behind it, which a busy
-    machine can defeat (seen: a 4,088-token holder's first event read only after vLLM had generated all of it)."""
+    machine can defeat (seen: a 4,088-token holder's first event read only after vLLM had generated all of it).
+    An attempt in which a connection failed is tried again too, and said so if none succeeds: once in CI, one of
+    the flood's connections to the guard was closed unanswered (httpx.ReadError), which no run here reproduced, with
+    both cores kept busy beside it."""
+    failed: list[str] = []
     for _ in range(ATTEMPTS):
         answers, held = await flooding(vllm, url, body)
-        if held:
-            return answers
-    raise AssertionError(f"the holding request ran out before the flood was answered, {ATTEMPTS} times")
+        lost = [answer for answer in answers if isinstance(answer, str)]
+        if held and not lost:
+            if failed:  # shown in pytest's warnings summary: what an earlier attempt met
+                warnings.warn(f"the full-queue flood was tried again after: {failed}", stacklevel=1)
+            return [answer for answer in answers if isinstance(answer, httpx.Response)]
+        failed.append("; ".join(lost) if lost else "the holding request ran out before the flood was answered")
+    raise AssertionError(f"no attempt of {ATTEMPTS} held vLLM's queue full and got every answer: {failed}")
 
 
-async def flooding(vllm: str, url: str, body: dict[str, Any]) -> tuple[list[httpx.Response], bool]:
+async def flooding(vllm: str, url: str, body: dict[str, Any]) -> tuple[list[httpx.Response | str], bool]:
     """FLOOD requests to `url` while one request holds vLLM's running slot: the first alone, until vLLM's scheduler
     shows it waiting (vLLM admits a request against the requests it already holds, and counts one only once it is
     rendered; requests sent together can all pass that check before any is counted), then the rest, which meet a
@@ -323,15 +333,36 @@ async def flooding(vllm: str, url: str, body: dict[str, Any]) -> tuple[list[http
     queue throughout."""
     async with httpx.AsyncClient(timeout=180) as client, asyncio.TaskGroup() as group:
         async with holding(client, vllm):
-            first = group.create_task(client.post(url + "/v1/chat/completions", json=body))
+            start = time.monotonic()
+            first = group.create_task(sent(client, url, body, "the first request", start))
             async with asyncio.timeout(60):
                 while not first.done() and await waiting(client, vllm) < 1:
                     await asyncio.sleep(0.05)
-            rest = [group.create_task(client.post(url + "/v1/chat/completions", json=body)) for _ in range(FLOOD - 1)]
+            rest = [group.create_task(sent(client, url, body, f"flood request {i}", start)) for i in range(1, FLOOD)]
             async with asyncio.timeout(120):
                 await asyncio.wait(rest)
             held = not first.done() and await waiting(client, vllm) >= 1
     return [first.result(), *(task.result() for task in rest)], held
+
+
+async def sent(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], which: str, start: float
+) -> httpx.Response | str:
+    """A chat request's answer, or which request lost its connection, how, and when."""
+    try:
+        return await client.post(url + "/v1/chat/completions", json=body)
+    except httpx.TransportError as error:
+        return f"{which} to {url}: {error!r} after {time.monotonic() - start:.1f} s"
+
+
+@contextlib.contextmanager
+def showing_logs(served: Served) -> Iterator[None]:
+    """A failure here carries the end of vLLM's and the guard's logs."""
+    try:
+        yield
+    except (AssertionError, ExceptionGroup) as error:
+        logs = "\n".join(f"--- {log}\n{runtime.tail(log, 40)}" for log in served.logs)
+        raise AssertionError(f"{error!r}\n{logs}") from error
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -341,10 +372,12 @@ def test_vllms_full_queue_reaches_the_client_as_a_429_with_retry_after(queued: S
     The guard, with no replica to retry, answers 429 with Retry-After, as for its own admission."""
     body = {"model": runtime.SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20,
             "temperature": 0, "stream": stream}  # fmt: skip
-    direct = asyncio.run(flood(queued.vllm, queued.vllm, body))
+    with showing_logs(queued):
+        direct = asyncio.run(flood(queued.vllm, queued.vllm, body))
     busy = [a for a in direct if "cannot accept new requests" in a.text]
     assert direct[0].status_code == 200 and len(busy) == FLOOD - 1 and all(a.status_code == 503 for a in busy)
-    answers = asyncio.run(flood(queued.vllm, queued.guard, body))
+    with showing_logs(queued):
+        answers = asyncio.run(flood(queued.vllm, queued.guard, body))
     statuses = [a.status_code for a in answers]
     assert statuses == [200] + [429] * (FLOOD - 1)
     refused = next(a for a in answers if a.status_code == 429)
