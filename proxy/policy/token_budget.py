@@ -1,6 +1,6 @@
-"""Responses `thinking_token_budget` under an output limit the guard lowered (vLLM 0.34 adds the field to
-`ResponsesRequest` and hands it to SamplingParams; 0.33 and earlier ignore it, and so does the guard in front of them
-or of an upstream whose version it does not know).
+"""`thinking_token_budget` under an output limit the guard lowered: chat's and completions' (vLLM 0.31+, decide.py)
+and Responses' (vLLM 0.34 adds the field to `ResponsesRequest` and hands it to SamplingParams; 0.33 and earlier
+ignore it, and so does the guard in front of them or of an upstream whose version it does not know).
 
 vLLM does not compare the budget with the limit: a budget left as sent under a clamped `max_output_tokens` lets the
 reasoning take the whole of the lowered output, and the answer ends incomplete before a word of it. So the budget
