@@ -141,8 +141,8 @@ def _message_item(where: str, item: dict[str, Any], fills: bool) -> dict[str, An
     # an assistant message with output parts is a ResponseOutputMessage; 0.34 also reads one without a type as one
     typed = item.get("type") == "message" or (fills and "type" not in item)
     if role == "assistant" and isinstance(content, list) and typed:
-        if all(_is_output_part(p) for p in content):
-            status = _filled_status(item) if fills else item.get("status", "completed")
+        status = _filled_status(item) if fills else item.get("status", "completed")
+        if status in STATUSES[1:] and all(_is_output_part(p) for p in content):
             return {"kind": "output_message", **item, "status": status}
     if isinstance(content, list):
         for part in content:
