@@ -29,7 +29,7 @@ UNTRUSTED_TEMPLATE = (
 )
 INPUT_PARTS = frozenset({"input_text", "input_image", "input_file", "input_audio"})
 CONTINUING = ("in_progress", "incomplete")  # an item with this status is continued, not answered
-STATUSES = (None, "in_progress", "completed", "incomplete")
+STATUSES = ("in_progress", "completed", "incomplete")
 LOOSE = (list, dict, str)  # what pydantic takes for a TypedDict's Iterable field, from JSON
 
 
@@ -102,7 +102,7 @@ def _reasoning(where: str, item: dict[str, Any], fills: bool) -> dict[str, Any]:
         summary = [] if item.get("summary") is None else item["summary"]
         item = {**item, "summary": summary, "status": _filled_status(item)}
     summary, content = item.get("summary"), item.get("content")
-    if not isinstance(item.get("encrypted_content"), str | None) or item.get("status") not in STATUSES:
+    if not isinstance(item.get("encrypted_content"), str | None) or item.get("status") not in (None, *STATUSES):
         raise InvalidRequest(f"{where}: not a reasoning item vLLM reads.", param="input")
     if _parts(summary, "summary_text") and (content is None or _parts(content, "reasoning_text")):
         if item.get("encrypted_content"):
@@ -142,7 +142,7 @@ def _message_item(where: str, item: dict[str, Any], fills: bool) -> dict[str, An
     typed = item.get("type") == "message" or (fills and "type" not in item)
     if role == "assistant" and isinstance(content, list) and typed:
         status = _filled_status(item) if fills else item.get("status", "completed")
-        if status in STATUSES[1:] and all(_is_output_part(p) for p in content):
+        if status in STATUSES and all(_is_output_part(p) for p in content):
             return {"kind": "output_message", **item, "status": status}
     if isinstance(content, list):
         for part in content:
