@@ -34,8 +34,8 @@ NO_REASONING = (
 
 
 def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Generation:
-    newer = not ctx.profile.reserves_output
-    req = read_responses(body, newer)
+    newer, fills = not ctx.profile.reserves_output, ctx.profile.fills_response_items
+    req = read_responses(body, newer, fills)
     ctx.check_model(req.model)
     if req.background and ctx.store is None:
         raise ApiError(NO_STORE, type="invalid_request_error", param="background")
@@ -47,7 +47,7 @@ def plan_responses(ctx: Context, body: Any, headers: Mapping[str, str]) -> Gener
     own_template = (req.chat_template_kwargs or {}).get("chat_template")
     if own_template is not None and not ctx.settings.trust_request_chat_template:
         raise ApiError(UNTRUSTED_TEMPLATE)
-    messages = input_messages(req.instructions, req.input, newer, history)
+    messages = input_messages(req.instructions, req.input, newer, history, fills)
     # truncation "auto": vLLM's TokenizeParams gets truncate_prompt_tokens -1, so the input keeps its last tokens,
     # as many as the window less max_output_tokens (0.31), or all but one (0.32 with an output limit, 0.33 always)
     truncate = -1 if req.truncation_auto else None

@@ -1,7 +1,12 @@
-"""A Responses request's `input` as vLLM 0.31 / 0.32 read it and turn it into chat messages: each item as the request
+"""A Responses request's `input` as vLLM 0.31 to 0.34 read it and turn it into chat messages: each item as the request
 model validates it (`input_item_parsing`, then the union of the SDK's input and output items), then
 `construct_input_messages`, `construct_chat_messages_with_tool_call` and `_construct_message_from_response_item`
-(responses/utils.py), and `should_continue_final_message`. The simulator's own reading, apart from the guard's."""
+(responses/utils.py), and `should_continue_final_message`. The simulator's own reading, apart from the guard's.
+
+`fills`: vLLM 0.34, which first fills in what an OpenResponses assistant or reasoning item leaves out
+(`_normalize_openresponses_input_item`: the type, an id, status "completed", an empty summary), and converts an
+output message without content and the reasoning and assistant items that stay dicts (0.33: a 500, a 400, the
+message as it is)."""
 
 from __future__ import annotations
 
@@ -22,11 +27,13 @@ OTHER_ITEMS = frozenset({
     "apply_patch_call", "apply_patch_call_output", "compaction",
 })  # fmt: skip
 CONTINUING = ("in_progress", "incomplete")
+STATUSES = ("in_progress", "completed", "incomplete")
+ITERABLE = (list, dict, str)  # JSON values a TypedDict's Iterable[...] field takes (validated only when iterated)
 
 
-def read_items(items: list[Any], newer: bool) -> list[Item]:
+def read_items(items: list[Any], newer: bool, fills: bool = False) -> list[Item]:
     """Each item validated as the request model validates it; a 400 as pydantic's when one fits no SDK type."""
-    read = [_item(i, item) for i, item in enumerate(items)]
+    read = [_item(i, item, fills) for i, item in enumerate(items)]
     bad = [i for i, item in enumerate(read) if item is None]
     if bad:
         errors = [str({"type": "union_tag_invalid", "loc": f"body.input.{i}", "msg": "Input fits no input item",
@@ -35,14 +42,15 @@ def read_items(items: list[Any], newer: bool) -> list[Item]:
     return [item for item in read if item is not None]
 
 
-def _item(index: int, item: Any) -> Item | None:
+def _item(index: int, item: Any, fills: bool) -> Item | None:
     if not isinstance(item, dict):
         return None
+    original, item = item, _filled(item) if fills else item
     kind = item.get("type")
     if kind == "function_call":
         return {**item, "kind": kind} if _strings(item, "arguments", "call_id", "name") else None
     if kind == "reasoning":
-        return {**item, "kind": kind} if _reasoning(item) else None
+        return _reasoning(item if fills or "id" in item else {**item, "id": "rs_sim"})
     if kind in ("function_call_output", "custom_tool_call_output"):
         ok = isinstance(item.get("call_id"), str) and isinstance(item.get("output"), str | list)
         return {**item, "kind": kind} if ok else None
@@ -52,20 +60,50 @@ def _item(index: int, item: Any) -> Item | None:
         return {**item, "kind": "other"}
     if kind not in (None, "message") or item.get("role") not in ROLES:
         return None
-    if kind == "message" and item.get("role") == "assistant" and _output_message(item.get("content")):
-        return {**item, "kind": "output_message", "status": item.get("status", "completed")}
-    return _input_message(item)
+    if kind == "message" and item.get("role") == "assistant" and isinstance(item.get("content"), list):
+        typed = item if fills else {**item, "status": item.get("status", "completed")}  # 0.33 fills status alone
+        if typed.get("status") in STATUSES and _output_message(item["content"]):
+            return {**typed, "kind": "output_message"}
+    return _input_message(original)  # a failed assistant item goes on as sent, unfilled
+
+
+def _filled(item: dict[str, Any]) -> dict[str, Any]:
+    """0.34's _normalize_openresponses_input_item."""
+    kind = item.get("type", "message")
+    if kind != "reasoning" and not (kind == "message" and item.get("role") == "assistant"):
+        return item
+    filled = {**item, "type": kind}
+    if filled.get("id") in (None, ""):
+        filled["id"] = "rs_sim" if kind == "reasoning" else "msg_sim"
+    if filled.get("status") in (None, ""):
+        filled["status"] = "completed"
+    if kind == "reasoning" and filled.get("summary") is None:
+        filled["summary"] = []
+    return filled
 
 
 def _strings(item: dict[str, Any], *keys: str) -> bool:
     return all(isinstance(item.get(key), str) for key in keys)
 
 
-def _reasoning(item: dict[str, Any]) -> bool:
-    """ResponseReasoningItem: a summary list, optional content, each part with a string text."""
-    parts = [item.get("summary"), item.get("content") or []]
-    return all(isinstance(p, list) and all(isinstance(x, dict) and isinstance(x.get("text"), str) for x in p)
-               for p in parts)  # fmt: skip
+def _reasoning(item: dict[str, Any]) -> Item | None:
+    """ResponseReasoningItem (a summary list, content none or a list, each part typed); failing that, the SDK's
+    ResponseReasoningItemParam TypedDict, whose summary and content are any iterable, checked only when iterated:
+    the item stays a dict ("reasoning_dict")."""
+    summary, content = item.get("summary"), item.get("content")
+    if not isinstance(item.get("id"), str) or not isinstance(item.get("encrypted_content"), str | None):
+        return None
+    typed = _typed_parts(summary, "summary_text") and (content is None or _typed_parts(content, "reasoning_text"))
+    if typed and item.get("status") in (None, *STATUSES):
+        return {**item, "kind": "reasoning"}
+    loose = isinstance(summary, ITERABLE) and ("content" not in item or isinstance(content, ITERABLE))
+    return {**item, "kind": "reasoning_dict"} if loose and item.get("status", "completed") in STATUSES else None
+
+
+def _typed_parts(parts: Any, kind: str) -> bool:
+    return isinstance(parts, list) and all(
+        isinstance(p, dict) and p.get("type") == kind and isinstance(p.get("text"), str) for p in parts
+    )
 
 
 def _output_message(content: Any) -> bool:
@@ -99,7 +137,7 @@ def continues(items: str | list[Item]) -> bool:
     if isinstance(items, str) or not items:
         return False
     last = items[-1]
-    if last["kind"] in ("output_message", "reasoning"):
+    if last["kind"] in ("output_message", "reasoning", "reasoning_dict"):
         return last.get("status") in CONTINUING
     if last["kind"] == "message":
         return last["message"].get("type", "message") == "message" and last["message"].get("status") in CONTINUING
@@ -107,8 +145,9 @@ def continues(items: str | list[Item]) -> bool:
 
 
 def input_messages(
-    instructions: str | None, items: str | list[Item], newer: bool, history: list[dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
+    instructions: str | None, items: str | list[Item], newer: bool, history: list[dict[str, Any]] | None = None,
+    fills: bool = False,
+) -> list[dict[str, Any]]:  # fmt: skip
     """construct_input_messages: the instructions, the stored conversation continued (already without its system
     messages, then the previous output's text: stored.py), then the new input."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
@@ -117,13 +156,13 @@ def input_messages(
         return [*messages, {"role": "user", "content": items}]
     converted: list[dict[str, Any]] = []
     for item in copy.deepcopy(items):
-        message = _from_item(item, converted[-1] if converted else None, newer)
+        message = _from_item(item, converted[-1] if converted else None, newer, fills)
         if message is not None:
             converted.append(message)
     return messages + converted
 
 
-def _from_item(item: Item, prev: dict[str, Any] | None, newer: bool) -> dict[str, Any] | None:
+def _from_item(item: Item, prev: dict[str, Any] | None, newer: bool, fills: bool) -> dict[str, Any] | None:
     """_construct_message_from_response_item: a new message, or None when `prev` (an assistant message) took it."""
     assistant = prev if prev and prev.get("role") == "assistant" else None
     kind = item["kind"]
@@ -135,8 +174,12 @@ def _from_item(item: Item, prev: dict[str, Any] | None, newer: bool) -> dict[str
         content, summary = item.get("content") or [], item["summary"]
         text = content[0]["text"] if content else summary[0]["text"] if summary else ""
         return _joined(assistant, "reasoning", text)
+    if kind == "reasoning_dict" and fills:
+        return _joined(assistant, "reasoning", _dict_reasoning(item))
     if kind == "output_message":
         first = item["content"][0] if item["content"] else None
+        if first is None and fills:
+            return _joined(assistant, "content", "")
         if first is None or first.get("type") != "output_text":  # item.content[0].text: vLLM's 500
             missing = "list index out of range" if first is None else "'ResponseOutputRefusal' object has no " \
                                                                       "attribute 'text'"  # fmt: skip
@@ -145,14 +188,30 @@ def _from_item(item: Item, prev: dict[str, Any] | None, newer: bool) -> dict[str
     if kind == "function_call_output" or (kind == "custom_tool_call_output" and newer):
         return {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
     message = item.get("message")
-    if message is None:
+    if message is None:  # a reasoning dict before 0.34, too
         raise validation_error(f"Unsupported input item type: {item.get('type')}", parameter="input")
     content = message.get("content")
+    if message.get("role") == "assistant" and fills:
+        text = content if isinstance(content, str) else content[0].get("text", "") if content else ""
+        return _joined(assistant, "content", text)
     if message.get("role") == "assistant":
         text = content if isinstance(content, str) else content[0].get("text") if content else None
         if text is not None:
             return _joined(assistant, "content", text)
     return dict(message)
+
+
+def _dict_reasoning(item: Item) -> str:
+    """0.34's reasoning dict: `content` when set (its first part's text, "" for none), else `summary`'s; listing a
+    ValidatorIterator validates each element (a list's parts, an object's keys, a string's characters), and one
+    that is not a part is pydantic's ValidationError, which vLLM answers 400 with its text."""
+    key, kind = ("content", "reasoning_text") if "content" in item else ("summary", "summary_text")
+    listed = list(item[key])
+    for i, part in enumerate(listed):
+        if not (isinstance(part, dict) and part.get("type") == kind and isinstance(part.get("text"), str)):
+            raise ApiError(f"1 validation error for ValidatorIterator\n{i}\n  Input should be a valid {kind} part "
+                           f"[input_value={part!r}]")  # fmt: skip
+    return str(listed[0]["text"]) if listed else ""
 
 
 def _call(item: Item) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The Responses request (`POST /v1/responses`) as vLLM 0.31 / 0.32's `ResponsesRequest` reads it
+"""The Responses request (`POST /v1/responses`) as vLLM 0.31 to 0.34's `ResponsesRequest` reads it
 (entrypoints/openai/responses/protocol.py): its model validators (background, prompt, 0.32's custom tools' format,
 the tool usage), the fields the simulator acts on with pydantic's lax types, and its input items
 (responses_input.py). The simulator's own reading, apart from the guard's."""
@@ -35,8 +35,9 @@ class ResponsesRequest:
     effort: str | None  # reasoning.effort
 
 
-def read_responses(body: Any, newer: bool) -> ResponsesRequest:
-    """`newer`: vLLM 0.32 (custom tools, namespaced tool choices). Raises ApiError as vLLM answers."""
+def read_responses(body: Any, newer: bool, fills: bool = False) -> ResponsesRequest:
+    """`newer`: vLLM 0.32 (custom tools, namespaced tool choices); `fills`: 0.34's input items (responses_input.py).
+    Raises ApiError as vLLM answers."""
     fields = Fields(body)
     fields.check()
     body = dict(fields.body)
@@ -61,7 +62,7 @@ def read_responses(body: Any, newer: bool) -> ResponsesRequest:
         effort=effort if isinstance(effort := reasoning.get("effort"), str) else None,
     )  # fmt: skip
     fields.check()
-    items = raw_input if isinstance(raw_input, str) else read_items(raw_input, newer)
+    items = raw_input if isinstance(raw_input, str) else read_items(raw_input, newer, fills)
     return ResponsesRequest(**{**req.__dict__, "input": items})
 
 

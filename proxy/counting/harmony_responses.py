@@ -57,12 +57,12 @@ class HarmonyHistory:
 
 def harmony_chat(
     native: HarmonyChat, req: ResponsesRequest, newer: bool, stored: HarmonyHistory | None,
-    effort_map: Mapping[str, str] | None = None,
+    effort_map: Mapping[str, str] | None = None, fills: bool = False,
 ) -> ChatRequest:  # fmt: skip
     """The chat request for `req` (its checks and the body an upstream count reads), holding the harmony messages
     vLLM renders for it; `stored`: the response its previous_response_id continues (None: a new conversation);
-    `effort_map`: the server's --reasoning-effort-map."""
-    chat = responses_chat(req, newer)  # vLLM's checks of the request and its items, before rendering
+    `effort_map`: the server's --reasoning-effort-map; `fills`: vLLM 0.34+'s reading of the input items."""
+    chat = responses_chat(req, newer, fills=fills)  # vLLM's checks of the request and its items, before rendering
     return replace(chat, harmony=harmony_messages(native, req, stored, effort_map))
 
 

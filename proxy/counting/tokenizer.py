@@ -58,6 +58,9 @@ class ModelTokenizer:
     namespace_aliases: bool = False
     # vLLM 0.34+ gives an Anthropic tool result's tool references and text one tool message (0.31-0.33: two)
     tool_references_joined: bool = False
+    # vLLM 0.34+ fills in what an OpenResponses assistant or reasoning item leaves out and converts the Responses
+    # input items 0.31-0.33 fail on or pass through (counting/responses.py)
+    fills_response_items: bool = False
     # where a chat template the request brought renders: a child process, which the core that serves the model owns
     # (exchange/core.py, through the registry); None: nowhere, such a request is refused
     sandbox: IsolatedRenderer | None = None

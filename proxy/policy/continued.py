@@ -57,13 +57,13 @@ def continued_chat(
     its response is recorded with; those are None when a stored part is not known (the count is `partial`): the
     entry's conversation was not recorded, or not in the form the model renders (chat messages for a template,
     harmony messages for gpt-oss)."""
-    continues = req.previous_response_id is not None
+    continues, fills = req.previous_response_id is not None, tok.fills_response_items
     if isinstance(tok.native, HarmonyChat):
         stored = entry.harmony if entry is not None else None
         if continues and stored is None:
-            return responses_chat(req, newer), None
-        chat = harmony_chat(tok.native, req, newer, stored, tok.effort_map)
+            return responses_chat(req, newer, fills=fills), None
+        chat = harmony_chat(tok.native, req, newer, stored, tok.effort_map, fills)
         return chat, chat.harmony
     history = entry.history if entry is not None else None
-    chat = responses_chat(req, newer, history)
+    chat = responses_chat(req, newer, history, fills)
     return chat, None if continues and history is None else chat.messages
