@@ -37,11 +37,12 @@ def processor_template(directory: Path | None) -> Stored:
     if name is None or not _takes_template(name):
         return None
     try:
-        return _stored(directory)
+        stored = _stored(directory)
     except (OSError, ValueError, KeyError) as exc:  # transformers fails to load such a processor: vLLM moves on
         log.warning("model directory %s: its processor's chat template cannot be read (%s); the tokenizer's is used",
                     directory, exc)  # fmt: skip
         return None
+    return stored if isinstance(stored, str | dict) else None  # anything else is no template the guard can render
 
 
 def _read(path: Path) -> dict[str, Any]:
