@@ -12,6 +12,7 @@ from typing import Any
 
 from simulator.conversation import for_template, read_messages, read_tools
 from simulator.errors import ApiError
+from simulator.processor import UNHASHABLE
 from simulator.tokenizer import SimTokenizer
 from simulator.wire import Fields
 
@@ -102,6 +103,8 @@ def render_chat(tokenizer: SimTokenizer, options: ChatOptions, strips_billing: b
     tools = options.tools
     template = options.chat_template or tokenizer.template_for(tools)
     conversation = read_messages(options.messages, tokenizer.content_format(template), strips_billing)
+    if isinstance(template, dict):  # a processor's dict (0.31-0.33): the renderer's first lookup hashes it
+        raise ApiError(UNHASHABLE)
     conversation = for_template(conversation, template)  # the developer role, for templates that never name it
     kwargs = {
         **options.template_kwargs,

@@ -31,7 +31,8 @@ class Context:
     @classmethod
     def load(cls, settings: SimulatorSettings) -> Context:
         profile = get_profile(settings.profile)
-        tokenizer = SimTokenizer.load(settings.tokenizer, settings.chat_template, profile.follows_namespace_aliases)
+        tokenizer = SimTokenizer.load(settings.tokenizer, settings.chat_template, profile.follows_namespace_aliases,
+                                      profile.reads_processor_default)  # fmt: skip
         seed = f"{settings.model}|{settings.max_model_len}|{settings.model_root}|{settings.profile}"
         digest = hashlib.sha256(seed.encode()).hexdigest()[:8]
         fingerprint = f"vllm-{settings.vllm_version}-{digest}"

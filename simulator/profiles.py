@@ -73,6 +73,9 @@ class Profile:
     # limit, so truncate_prompt_tokens -1 cuts the prompt to max_model_len - 1 and the answer gets 1 token;
     # 0.32 passes 0 there, cuts to max_model_len and refuses the 0 tokens left (max_tokens must be at least 1)
     cuts_short_unlimited: bool = False
+    # 0.34 reads an AutoProcessor chat template stored as a dict by its "default" entry (none: the tokenizer's
+    # template serves); 0.31-0.33 hand the dict on whole and answer every request without tools 400
+    reads_processor_default: bool = False
 
 
 V031 = Profile(
@@ -95,7 +98,7 @@ V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True
 V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True,
                joins_tool_references=True, takes_min_tokens=True, empty_tools_as_none=True,
                budgets_responses_thinking=True, omits_null_details=True, cache_info_labels=LABELS_034,
-               fills_response_items=True)  # fmt: skip
+               fills_response_items=True, reads_processor_default=True)  # fmt: skip
 PROFILES: dict[str, Profile] = {profile.name: profile for profile in (V031, V032, V033, V034)}
 
 

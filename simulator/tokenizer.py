@@ -15,6 +15,7 @@ from cachetools import LRUCache
 from simulator.content_format import detect_content_format
 from simulator.conversation import ContentFormat
 from simulator.errors import ApiError
+from simulator.processor import UNHASHABLE, processor_template
 
 NO_TEMPLATE = (
     "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template "
@@ -25,9 +26,18 @@ _GIBBERISH = " the of and to in is that for it as with was on be by at this from
 
 
 class SimTokenizer:
-    def __init__(self, hf: Any, chat_template: str | dict[str, str] | None, namespaces: bool = False) -> None:
+    def __init__(
+        self,
+        hf: Any,
+        chat_template: str | dict[str, str] | None,
+        namespaces: bool = False,
+        processor: tuple[Path, bool] | None = None,
+    ) -> None:
         self._hf = hf
         self._templates = chat_template
+        # the model's path and whether the release reads a dict's "default" entry; None when the server's
+        # --chat-template is set: vLLM never asks the processor then
+        self._processor = processor
         self._namespaces = namespaces  # the release's content-format detection follows namespace aliases (0.33+)
         vocab: dict[str, int] = hf.get_vocab()
         # vLLM's max_chars_per_token: the longest string in the vocabulary, as stored (byte-level pieces).
@@ -40,29 +50,46 @@ class SimTokenizer:
         self.eos_token_id = eos if isinstance(eos, int) else self.max_token_id
 
     @classmethod
-    def load(cls, path: Path, chat_template: Path | None = None, namespaces: bool = False) -> SimTokenizer:
+    def load(
+        cls, path: Path, chat_template: Path | None = None, namespaces: bool = False, processor_default: bool = False
+    ) -> SimTokenizer:
+        """`processor_default`: the release reads a processor template stored as a dict by its "default" entry."""
         from transformers import AutoTokenizer
 
         hf = AutoTokenizer.from_pretrained(str(path))
-        template = chat_template.read_text() if chat_template is not None else hf.chat_template
-        return cls(hf, template, namespaces)
+        if chat_template is not None:
+            return cls(hf, chat_template.read_text(), namespaces)
+        return cls(hf, hf.chat_template, namespaces, (path, processor_default))
 
-    def template_for(self, tools: list[Any] | None) -> str:
-        """vLLM's resolution: the server template, else the tokenizer's (its tool-use variant when tools are sent)."""
+    def template_for(self, tools: list[Any] | None) -> str | dict[str, Any]:
+        """vLLM's resolution (`resolve_chat_template`): the server template; else, when no tools are sent, the
+        processor's; else the tokenizer's (its tool-use variant when tools are sent). A dict is a processor template
+        0.31-0.33 hand on whole (`render_chat` refuses it)."""
+        found = processor_template(*self._processor) if tools is None and self._processor is not None else None
+        if found is not None:
+            return found
         templates = self._templates
         if isinstance(templates, dict):
-            name = "tool_use" if tools and "tool_use" in templates else "default"
+            name = "tool_use" if tools is not None and "tool_use" in templates else "default"
             templates = templates.get(name)
         if not templates:
             raise ApiError(NO_TEMPLATE)
         return templates
 
-    def content_format(self, template: str) -> ContentFormat:
+    def content_format(self, template: str | dict[str, Any]) -> ContentFormat:
+        if isinstance(template, dict):  # vLLM finds no Jinja text to walk: its default
+            return "string"
         return detect_content_format(template, self._namespaces)
 
     def render_chat(
-        self, conversation: list[dict[str, Any]], template: str, tools: list[Any] | None, kwargs: dict[str, Any]
+        self,
+        conversation: list[dict[str, Any]],
+        template: str | dict[str, Any],
+        tools: list[Any] | None,
+        kwargs: dict[str, Any],
     ) -> str:
+        if isinstance(template, dict):
+            raise ApiError(UNHASHABLE)
         try:
             text = self._hf.apply_chat_template(
                 conversation, tools=tools, chat_template=template, tokenize=False, **kwargs

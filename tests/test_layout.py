@@ -43,6 +43,7 @@ SIMULATOR_LAYERS = [  # lowest first, as LAYERS
         "schema_example",
         "conversation",
         "content_format",
+        "processor",
         "invocations",
         "cohere_request",
         "responses_input",

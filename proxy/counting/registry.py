@@ -92,18 +92,20 @@ class ModelRegistry:
     def set_upstream_version(self, version: str) -> None:
         """What the upstream's vLLM version changes in counting: 0.32 strips a billing-header line, 0.33 follows
         namespace aliases of `messages` when it decides a template's content format (see conversation.py), 0.34
-        gives a tool result's references and text one tool message (anthropic.py) and reads more Responses input
-        items (responses.py)."""
+        gives a tool result's references and text one tool message (anthropic.py), reads more Responses input items
+        (responses.py), and reads a processor template stored as a dict by its "default" entry, which 0.31-0.33
+        refuse to render (processor.py)."""
         self.upstream_version = version
         release = _release(version)
-        strip, namespaces, joined = release >= (0, 32), release >= (0, 33), release >= (0, 34)
-        fills = joined
+        rules = (release >= (0, 32), release >= (0, 33), release >= (0, 34), release >= (0, 34), release < (0, 34))
         for name, model in self._models.items():
             tok = model.tokenizer
-            if (tok.strip_billing_header, tok.namespace_aliases, tok.tool_references_joined,
-                    tok.fills_response_items) != (strip, namespaces, joined, fills):  # fmt: skip
+            if (tok.strip_billing_header, tok.namespace_aliases, tok.tool_references_joined, tok.fills_response_items,
+                    tok.processor_dict_refused) != rules:  # fmt: skip
+                strip, namespaces, joined, fills, refused = rules
                 tok = replace(tok, strip_billing_header=strip, namespace_aliases=namespaces,
-                              tool_references_joined=joined, fills_response_items=fills)  # fmt: skip
+                              tool_references_joined=joined, fills_response_items=fills,
+                              processor_dict_refused=refused)  # fmt: skip
                 self._models[name] = replace(model, tokenizer=tok)
 
     def upstream_newer(self) -> bool:

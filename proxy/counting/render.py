@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 from proxy.api.chat import ChatRequest
 from proxy.counting.conversation import ConversationError, MediaPart, template_inputs, to_conversation, to_tools
+from proxy.counting.processor import UNHASHABLE
 from proxy.counting.roles import developer_as_system, has_developer, mentions_developer
 from proxy.counting.templates import RenderArgs, TemplateError, render
 from proxy.counting.tokenizer import ModelTokenizer
@@ -45,6 +46,8 @@ def render_inputs(tok: ModelTokenizer, req: ChatRequest) -> RenderArgs:
     if req.continue_final_message and req.add_generation_prompt:
         raise InvalidRequest(BOTH_FLAGS, param="continue_final_message")
     template = tok.template_for(req.tools, req.chat_template)
+    if template is None and tok.processor_refuses(req.tools):
+        raise InvalidRequest(UNHASHABLE)  # vLLM's TypeError, answered as its 400 (no param)
     if template is None:
         raise InvalidRequest(NO_TEMPLATE, param="messages")
     conversation = to_conversation(req.messages, tok.content_format(template), tok.strip_billing_header)

@@ -17,6 +17,7 @@ from proxy.counting.conversation import ContentFormat, detect_content_format
 from proxy.counting.harmony import HarmonyChat, HarmonyLoadError
 from proxy.counting.mistral import MistralChat, MistralLoadError
 from proxy.counting.modes import Rendering, resolve_mode
+from proxy.counting.processor import Stored, processor_template
 
 if TYPE_CHECKING:
     from proxy.counting.isolated import IsolatedRenderer
@@ -61,19 +62,39 @@ class ModelTokenizer:
     # vLLM 0.34+ fills in what an OpenResponses assistant or reasoning item leaves out and converts the Responses
     # input items 0.31-0.33 fail on or pass through (counting/responses.py)
     fills_response_items: bool = False
+    # the model's AutoProcessor template (processor.py), which vLLM renders a request without tools with; None when
+    # the server's --chat-template is configured (vLLM never asks the processor then)
+    processor_template: Stored = None
+    # a processor template stored as a dict: vLLM 0.34+ renders its "default" entry (none: the tokenizer's template),
+    # 0.31-0.33 refuse every request without tools; until the upstream's version is known, 0.34's reading
+    processor_dict_refused: bool = False
     # where a chat template the request brought renders: a child process, which the core that serves the model owns
     # (exchange/core.py, through the registry); None: nowhere, such a request is refused
     sandbox: IsolatedRenderer | None = None
 
     def template_for(self, tools: list[Any] | None, override: str | None = None) -> str | None:
-        """The template vLLM would use: the request's, else the configured or tokenizer's (tool variant if any)."""
+        """The template vLLM would use (`resolve_chat_template`): the request's, else the configured one, else without
+        tools the processor's, else the tokenizer's (its tool-use variant when tools are sent, even none). None: no
+        template (or, for a processor's dict on 0.31-0.33, none vLLM can render: `processor_refuses`)."""
         if override is not None:
             return override
+        if tools is None and self.processor_template is not None:
+            stored = self.processor_template
+            if not isinstance(stored, dict):
+                return stored
+            if self.processor_dict_refused:
+                return None
+            if isinstance(stored.get("default"), str):
+                return str(stored["default"])
         if isinstance(self.chat_template, dict):
-            if tools and "tool_use" in self.chat_template:
+            if tools is not None and "tool_use" in self.chat_template:
                 return self.chat_template["tool_use"]
             return self.chat_template.get("default")
         return self.chat_template
+
+    def processor_refuses(self, tools: list[Any] | None) -> bool:
+        """True when vLLM 0.31-0.33 refuse this request: no tools, and the processor's template is a dict."""
+        return tools is None and isinstance(self.processor_template, dict) and self.processor_dict_refused
 
     def content_format(self, template: str) -> ContentFormat:
         return detect_content_format(template, self.namespace_aliases)
@@ -101,14 +122,15 @@ def load_tokenizer(
             template = chat_template.read_text()
         except OSError as exc:
             raise TokenizerLoadError(f"chat template {chat_template}: cannot be read ({exc.strerror})") from exc
-    if template is None:
+    directory = _directory(spec)
+    processor = processor_template(directory) if chat_template is None else None
+    if template is None and processor is None:
         log.warning("tokenizer %s has no chat template: chat requests will be refused with a 400", spec)
     specials = dict(getattr(renderer, "special_tokens_map", {}) or {})
-    directory = _directory(spec)
     rendering = resolve_mode(directory, tokenizer_mode)
     native = _native(rendering, directory, spec)
     return ModelTokenizer(spec, renderer, backend, template, specials, rendering, native, dict(default_kwargs or {}),
-                          dict(effort_map or {}))  # fmt: skip
+                          dict(effort_map or {}), processor_template=processor)  # fmt: skip
 
 
 def _directory(spec: str) -> Path | None:
