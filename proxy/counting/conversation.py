@@ -61,10 +61,10 @@ def _convert_message(index: int, message: Any, content_format: ContentFormat, st
     if not isinstance(role, str):
         raise ConversationError(f"messages[{index}].role must be a string")
     parts = _content_parts(index, message.get("content"), strip and role == "system")
-    referenced = any(extra is _REFERENCE for _, extra in parts)
     content: Any
-    if content_format == "openai" and (role != "tool" or referenced):  # vLLM joins text-only tool results
-        content = [_wrapped(text, extra) for text, extra in parts]
+    if content_format == "openai" and (role != "tool" or _referenced(parts)):  # vLLM joins text-only tool results
+        content = [{**extra, "type": "text", "text": text} if extra is not _REFERENCE
+                   else {"type": "tool_reference", "name": text} for text, extra in parts]  # fmt: skip
     elif content_format == "openai":  # a tool message's parts, kept as dicts, empty texts included, then joined
         content = "\n".join(text for text, _ in parts)
     else:  # vLLM keeps only the parts that parse to something truthy: an empty text is dropped, not joined
@@ -94,11 +94,10 @@ _NO_EXTRA: dict[str, Any] = {}
 _REFERENCE: dict[str, Any] = {}  # a tool_reference part (Anthropic's tool search): its text is the tool's name
 
 
-def _wrapped(text: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """An "openai"-format part as vLLM hands it to the template."""
-    if extra is _REFERENCE:
-        return {"type": "tool_reference", "name": text}
-    return {**extra, "type": "text", "text": text}
+def _referenced(parts: list[tuple[str, dict[str, Any]]]) -> bool:
+    """A tool message with a tool_reference part keeps its parts as dicts (asked only of tool messages: the scan is
+    per part, on every request)."""
+    return any(extra is _REFERENCE for _, extra in parts)
 
 
 def _content_parts(index: int, content: Any, strip: bool = False) -> list[tuple[str, dict[str, Any]]]:

@@ -26,7 +26,8 @@ CountMessages = Callable[[list[Any]], Awaitable[int]]
 
 
 async def count_chat(tok: ModelTokenizer, req: ChatRequest, counter: TokenCounter | None = None) -> int:
-    req = _effort_mapped(req, tok.effort_map)
+    if tok.effort_map:  # most servers map no effort: the request is read only where one does
+        req = _effort_mapped(req, tok.effort_map)
     if tok.native is not None:  # mistral_common or openai_harmony: token ids straight from the messages
         return await asyncio.to_thread(tok.native.count_chat, req)
     # A template the request brought is the client's code: it runs in a child process, bounded (isolated.py). A

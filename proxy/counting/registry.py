@@ -43,6 +43,7 @@ class ModelRegistry:
         self.discovering = discovering
         self._counting = counting or CountingSettings()
         self.upstream_version: str | None = None  # vLLM's, once the start-up check has read it
+        self._upstream_release: tuple[int, int] | None = None  # its (major, minor), read once: asked on every request
         self._learned: dict[str, GuardedModel] = {}  # each model as it was before the check changed it
         self.checked = False  # the start-up check has run (drift/startup.py): count sources are decided
         self.default: str | None = None  # the model the upstream serves a request that names none (its first card)
@@ -76,6 +77,10 @@ class ModelRegistry:
     def names(self) -> list[str]:
         return list(self._order)
 
+    def serves(self, name: str) -> bool:
+        """A model by this name is guarded here (configured or discovered): `names` without the copy."""
+        return name in self._models
+
     def set_default_kwargs(self, name: str, kwargs: dict[str, Any]) -> None:
         """The server's default_chat_template_kwargs for this model, learned from the upstream."""
         model = self._models[name]
@@ -96,7 +101,7 @@ class ModelRegistry:
         (responses.py), and reads a processor template stored as a dict by its "default" entry, which 0.31-0.33
         refuse to render (processor.py)."""
         self.upstream_version = version
-        release = _release(version)
+        release = self._upstream_release = _release(version)
         rules = (release >= (0, 32), release >= (0, 33), release >= (0, 34), release >= (0, 34), release < (0, 34))
         for name, model in self._models.items():
             tok = model.tokenizer
@@ -114,7 +119,7 @@ class ModelRegistry:
 
     def upstream_at_least(self, release: tuple[int, int]) -> bool:
         """True for an upstream of vLLM `release` or later; False while its version is not known."""
-        return self.upstream_version is not None and _release(self.upstream_version) >= release
+        return self._upstream_release is not None and self._upstream_release >= release
 
     def anthropic_error_types(self) -> bool:
         """True for an upstream of vLLM 0.33 or later, whose Messages API names its errors in Anthropic's own types

@@ -66,10 +66,11 @@ class Evidence:
         """A disagreement: warned (rate-limited), and in auto a locally counted model moves to upstream counting once
         the disagreements are more than one answer's say (MOVE_AFTER, and half of its last WINDOW)."""
         self._warn(seen)
-        if seen.source != CountSource.LOCAL or seen.model not in self.registry.names:
-            return  # the upstream counted it: nothing better to move to
         recent = self._record(seen.model, seen.source, True)
-        if sum(recent) < MOVE_AFTER or 2 * sum(recent) < len(recent):
+        if recent is None:
+            return  # the upstream counted it: nothing better to move to
+        disagreed = sum(recent)
+        if disagreed < MOVE_AFTER or 2 * disagreed < len(recent):
             return
         model = self.registry.resolve(seen.model)
         if model.count_source != "auto" or not self._upstream_counts(model):
@@ -84,12 +85,14 @@ class Evidence:
         OpenAI-compatible server other than vLLM) never takes the counting: every request would fail over to local."""
         return (self.counter.renders or self.counter.tokenizes) is True and upstream_counts(model, self.counter)
 
-    def _record(self, model: str, source: str, disagreed: bool) -> deque[bool]:
+    def _record(self, model: str, source: str, disagreed: bool) -> deque[bool] | None:
         """The model's last WINDOW locally counted answers, this one included (one window per served model, never
-        per name a client made up)."""
-        if source != CountSource.LOCAL or model not in self.registry.names:
-            return deque()
-        recent = self._recent.setdefault(model, deque(maxlen=WINDOW))
+        per name a client made up); None for an answer the upstream counted or a name the guard serves nothing by."""
+        if source != CountSource.LOCAL or not self.registry.serves(model):
+            return None
+        recent = self._recent.get(model)
+        if recent is None:
+            recent = self._recent[model] = deque(maxlen=WINDOW)
         recent.append(disagreed)
         return recent
 

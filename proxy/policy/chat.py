@@ -25,19 +25,21 @@ from proxy.policy.steps import Steps, fits_by_cutting, refuse_untrusted
 async def chat(
     steps: Steps, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], findings: Findings
 ) -> Outcome:
-    req = as_upstream_tools(chat_request(body, steps.max_messages), steps.registry)
+    req = chat_request(body, steps.max_messages)
+    if req.tools == []:  # the one value whose reading depends on the upstream's release
+        req = as_upstream_tools(req, steps.registry)
     findings.max_tokens_before = req.requested_output[1] if req.requested_output else None
     model, policy, choice, limits = steps.target(req.model, headers, findings, req.body, Reads.CHAT)
     refuse_untrusted(policy, req)
-    cut, window = client_cut(req.body), limits.max_model_len
+    cut = client_cut(req.body)
     if cut is None:  # a floor on the whole prompt says nothing of what vLLM keeps of it
         texts = [list(verbatim_texts(req.messages))]
         proven = await refuse_by_size(model, texts, limits, choice, policy, "messages", findings)
         if proven is not None:
             return proven
+        prompt_tokens = findings.expected = await steps.count(model, req, findings)
     else:
-        cut.check(window)
-    prompt_tokens = findings.expected = await _kept_count(steps, model, req, cut, window, findings)
+        prompt_tokens = findings.expected = await _kept_count(steps, model, req, cut, limits.max_model_len, findings)
     plan = decide_chat(req, prompt_tokens, limits)
     if fits_by_cutting(plan, choice, findings):  # truncate and chunk re-count their cuts
         return await overflow_chat(model.tokenizer, model.counter, req, plan, limits, policy, choice)
@@ -63,13 +65,12 @@ def as_upstream_tools(req: ChatRequest, registry: ModelRegistry) -> ChatRequest:
 
 
 async def _kept_count(
-    steps: Steps, model: GuardedModel, req: ChatRequest, cut: ClientCut | None, window: int, findings: Findings
+    steps: Steps, model: GuardedModel, req: ChatRequest, cut: ClientCut, window: int, findings: Findings
 ) -> int:
-    """The prompt tokens vLLM runs: all, or under the client's cut what vLLM keeps. A prompt whose verbatim texts
-    alone prove it at least as long as the cut is not encoded: its count is the cut's (a prompt of megabytes cut to
-    a few tokens costs its reading, as a refusal by size does)."""
-    if cut is None:
-        return await steps.count(model, req, findings)
+    """The prompt tokens vLLM runs under the client's cut: what vLLM keeps (a cut longer than the window is vLLM's
+    400). A prompt whose verbatim texts alone prove it at least as long as the cut is not encoded: its count is the
+    cut's (a prompt of megabytes cut to a few tokens costs its reading, as a refusal by size does)."""
+    cut.check(window)
     output = req.requested_output
     keep = cut.limit(window, held_back(output[1] if output else None, rules_of(steps.registry)))
     if keep == 0 or (model.tokenizer.native is None and await proven_over(model, [list(verbatim_texts(req.messages))],

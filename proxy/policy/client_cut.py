@@ -55,6 +55,8 @@ class ClientCut:
 
 def client_cut(body: dict[str, Any]) -> ClientCut | None:
     """The cut a request asks for, or None; a value vLLM's request model refuses is a 400 here too."""
+    if "truncate_prompt_tokens" not in body and "truncation_side" not in body:
+        return None  # the common case, told apart without a lookup
     side = body.get("truncation_side")
     if side is not None and side not in SIDES:
         raise InvalidRequest(f"'truncation_side' must be 'left' or 'right', got {side!r}.", param="truncation_side")

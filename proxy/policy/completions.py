@@ -27,15 +27,15 @@ async def completion(
     model, policy, choice, limits = steps.target(req.model, headers, findings, req.body)
     if req.embeds and findings.api_key is not None and not findings.api_key.prompt_embeds:
         raise PermissionDenied("This API key may not send prompt_embeds ([[keys]] prompt_embeds = false).")
-    cut, window = client_cut(req.body), limits.max_model_len
+    cut = client_cut(req.body)
     if cut is None:  # a floor on the whole prompt says nothing of what vLLM keeps of it
         texts = [[p] for p in req.prompts if isinstance(p, str)]
         proven = await refuse_by_size(model, texts, limits, choice, policy, "prompt", findings)
         if proven is not None:
             return proven
+        counts = await timed(findings, completion_tokens(model, req, steps.remote))
     else:
-        cut.check(window)
-    counts = await _kept_counts(steps, model, req, cut, window, findings)
+        counts = await _kept_counts(steps, model, req, cut, limits.max_model_len, findings)
     findings.expected = None if req.embeds else sum(counts)  # vLLM's usage: every prompt's tokens, each once
     plan = decide_completion(req, counts, limits)
     if fits_by_cutting(plan, choice, findings):
@@ -44,12 +44,12 @@ async def completion(
 
 
 async def _kept_counts(
-    steps: Steps, model: GuardedModel, req: CompletionRequest, cut: ClientCut | None, window: int, findings: Findings
+    steps: Steps, model: GuardedModel, req: CompletionRequest, cut: ClientCut, window: int, findings: Findings
 ) -> list[int]:
-    """Each prompt's tokens as vLLM runs them: all, or under the client's cut what vLLM keeps of each (vLLM's default
-    of 16 is an output limit). A text prompt whose size alone proves it at least as long as the cut is not encoded."""
-    if cut is None:
-        return await timed(findings, completion_tokens(model, req, steps.remote))
+    """Each prompt's tokens as vLLM runs them under the client's cut: what vLLM keeps of each (vLLM's default of 16 is
+    an output limit; a cut longer than the window is vLLM's 400). A text prompt whose size alone proves it at least as
+    long as the cut is not encoded."""
+    cut.check(window)
     keep = cut.limit(window, held_back(req.requested_output[1], rules_of(steps.registry)))
     if req.embeds or model.tokenizer.native is not None:
         return [min(n, keep) for n in await timed(findings, completion_tokens(model, req, steps.remote))]

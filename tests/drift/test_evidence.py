@@ -97,6 +97,15 @@ def test_what_the_upstream_counted_moves_nothing(deepseek_dir: Path) -> None:
     assert registry.resolve(MODEL).count_source == "auto" and not watch.moved
 
 
+def test_a_name_the_guard_serves_nothing_by_moves_nothing(deepseek_dir: Path) -> None:
+    """Disagreements under a name no model is served by are warned, and weigh nothing: no window is kept for it, and
+    the served model keeps its counting."""
+    watch, registry, _ = evidence(deepseek_dir, "auto")
+    for _ in range(WINDOW):
+        watch.weigh(Sighting("made-up", "local", "/v1/chat/completions", "req-1", 7, 26))
+    assert registry.resolve(MODEL).count_source == "auto" and not watch.moved
+
+
 def test_warnings_are_rate_limited_per_model(deepseek_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     watch, _, clock = evidence(deepseek_dir, "local")
     with caplog.at_level(logging.WARNING, "token_guard.drift"):
