@@ -3,7 +3,10 @@ request becomes a chat prompt (vLLM 0.31/0.32 `AnthropicServingMessages`):
 
 - `_should_merge_inline_system`: render [system, user, system, user] in a bare sandbox; a template that fails (Qwen's
   "system message must be first", or any call the bare environment lacks) gets every inline system message merged
-  into the leading system prompt;
+  into the leading system prompt. A model rendered by mistral_common has no template there: up to 0.33 vLLM probes
+  its --chat-template (none: merged); 0.34 renders [SYSA, USRA, SYSB, USRB] through mistral_common and keeps inline
+  system messages only if they come out in order as system turns of their own, a trailing one still followed by the
+  generation prompt (`_renderer_keeps_inline_system`; mistral_common 1.13 merges for every tokenizer version);
 - `_probe_disabled_thinking_effort` (`--anthropic-disabled-thinking-effort auto`): `thinking: {"type": "disabled"}`
   becomes reasoning_effort "none", unless "none" fails to render or renders like a real effort: then "low".
 
@@ -13,6 +16,7 @@ Both depend only on the template (and the server's default kwargs), so each is c
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -21,17 +25,52 @@ import jinja2.ext
 import jinja2.sandbox
 
 from proxy.counting.conversation import ContentFormat, template_inputs, to_conversation
+from proxy.counting.mistral import MistralChat
 from proxy.counting.templates import TemplateError, render
 from proxy.counting.tokenizer import ModelTokenizer
 
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 _PROBE = [{"role": "system", "content": "t"}, {"role": "user", "content": "t"}] * 2
+MARKERS = ("SYSA", "USRA", "SYSB", "USRB")
 
 
 def merges_inline_system(tok: ModelTokenizer) -> bool:
     """True when inline system messages go into the leading system prompt (checked on the template with and without
-    tools, as vLLM checks both variants)."""
+    tools, as vLLM checks both variants; for mistral_common, as the upstream's release checks it)."""
+    if isinstance(tok.native, MistralChat):
+        if tok.mistral_034:
+            return not _mistral_keeps_inline_system(tok.native)
+        return fails_inline_system(tok.configured_template)
     return any(fails_inline_system(t) for t in {tok.template_for(None), tok.template_for([])})
+
+
+@lru_cache(maxsize=64)  # bounded: one entry per loaded mistral_common tokenizer
+def _mistral_keeps_inline_system(native: MistralChat) -> bool:
+    return keeps_inline_system(native.prompt_text)
+
+
+def keeps_inline_system(render_prompt: Callable[[list[dict[str, Any]]], str]) -> bool:
+    """vLLM 0.34's probe of a renderer that is not a template: are inline system messages rendered in order, as
+    system turns of their own (not as user text), a trailing one still followed by the generation prompt?"""
+    messages = [{"role": role, "content": marker} for role, marker in zip(("system", "user") * 2, MARKERS, strict=True)]
+    try:
+        full = render_prompt(messages)
+        trailing = render_prompt(messages[:3])
+        as_user = render_prompt([*messages[:2], {**messages[2], "role": "user"}])
+    except Exception:  # vLLM: a renderer that refuses the probe keeps nothing
+        return False
+    positions = [full.find(marker) for marker in MARKERS]
+    if -1 in positions or positions != sorted(positions):
+        return False
+    separator = _between(full)
+    if not separator.strip() or separator == _between(as_user):
+        return False
+    generation_prompt = full[positions[-1] + len(MARKERS[-1]) :]
+    return trailing.endswith(MARKERS[2] + generation_prompt)
+
+
+def _between(text: str) -> str:
+    return text[text.find(MARKERS[1]) + len(MARKERS[1]) : text.find(MARKERS[2])]
 
 
 @lru_cache(maxsize=64)  # bounded: one entry per template

@@ -92,16 +92,17 @@ class ModelRegistry:
     def set_upstream_version(self, version: str) -> None:
         """What the upstream's vLLM version changes in counting: 0.32 strips a billing-header line, 0.33 follows
         namespace aliases of `messages` when it decides a template's content format (see conversation.py), 0.34
-        gives a tool result's references and text one tool message (anthropic.py)."""
+        gives a tool result's references and text one tool message (anthropic.py) and hands mistral_common the
+        request's response_format and effort (mistral.py, anthropic_probes.py)."""
         self.upstream_version = version
         release = _release(version)
-        rules = (release >= (0, 32), release >= (0, 33), release >= (0, 34))
+        rules = (release >= (0, 32), release >= (0, 33), release >= (0, 34), release >= (0, 34))
         for name, model in self._models.items():
             tok = model.tokenizer
-            if (tok.strip_billing_header, tok.namespace_aliases, tok.tool_references_joined) != rules:
-                strip, namespaces, joined = rules
+            if (tok.strip_billing_header, tok.namespace_aliases, tok.tool_references_joined, tok.mistral_034) != rules:
+                strip, namespaces, joined, mistral = rules
                 tok = replace(tok, strip_billing_header=strip, namespace_aliases=namespaces,
-                              tool_references_joined=joined)  # fmt: skip
+                              tool_references_joined=joined, mistral_034=mistral)  # fmt: skip
                 self._models[name] = replace(model, tokenizer=tok)
 
     def upstream_newer(self) -> bool:
