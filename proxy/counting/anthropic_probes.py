@@ -8,7 +8,8 @@ request becomes a chat prompt (vLLM 0.31/0.32 `AnthropicServingMessages`):
   system messages only if they come out in order as system turns of their own, a trailing one still followed by the
   generation prompt (`_renderer_keeps_inline_system`; mistral_common 1.13 merges for every tokenizer version);
 - `_probe_disabled_thinking_effort` (`--anthropic-disabled-thinking-effort auto`): `thinking: {"type": "disabled"}`
-  becomes reasoning_effort "none", unless "none" fails to render or renders like a real effort: then "low".
+  becomes reasoning_effort "none", unless "none" fails to render or renders like a real effort: then "low". The
+  probe renders through the model's renderer, mistral_common included (harmony refuses "none").
 
 Both depend only on the template (and the server's default kwargs), so each is computed once per template.
 """
@@ -90,11 +91,33 @@ def fails_inline_system(template: str | None) -> bool:
 
 def disabled_thinking_effort(tok: ModelTokenizer) -> str:
     template = tok.template_for(None)
+    if isinstance(tok.native, MistralChat):
+        return _mistral_disabled_effort(tok.native)
     if tok.native is not None or template is None:
-        # mistral_common and harmony do not render "none" differently from an effort (not checked against vLLM)
-        return "low"
+        return "low"  # harmony: "none" is refused
     state = json.dumps([tok.special_tokens, dict(tok.default_kwargs)], sort_keys=True, default=str)
     return _probe_effort(template, tok.content_format(template), state)
+
+
+@lru_cache(maxsize=64)  # bounded: one entry per loaded mistral_common tokenizer
+def _mistral_disabled_effort(native: MistralChat) -> str:
+    """vLLM renders the probe through mistral_common: a tokenizer before v15 ignores the effort (0.31-0.33) or
+    refuses it (0.34), and a v15 one refuses an effort its file does not list, or renders one it does as a model
+    setting."""
+    hi = [{"role": "user", "content": "Hi"}]
+
+    def rendered(effort: str) -> list[int] | None:
+        if native.version < 15:
+            return []  # the same prompt for every effort (0.31-0.33); refused (0.34): "low" either way
+        try:
+            return native.prompt_ids(hi, effort)
+        except Exception:  # mistral_common's refusals
+            return None
+
+    none = rendered("none")
+    if none is None or any(rendered(effort) == none for effort in EFFORTS):
+        return "low"
+    return "none"
 
 
 @lru_cache(maxsize=64)

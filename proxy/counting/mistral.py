@@ -78,13 +78,16 @@ class MistralChat:
     def count_text(self, text: str, add_special_tokens: bool) -> int:
         return len(self._raw.encode(text, bos=add_special_tokens, eos=False))
 
+    def prompt_ids(self, messages: list[dict[str, Any]], reasoning_effort: str | None = None) -> list[int]:
+        """The prompt of plain messages with a generation prompt, for vLLM's Messages API probes; mistral_common's
+        errors pass through."""
+        return self._encode(messages, None, False, {"reasoning_effort": reasoning_effort})
+
     def prompt_text(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt of plain messages with a generation prompt, control tokens written out (as vLLM decodes the
-        ids of its Messages API probe); mistral_common's errors pass through."""
+        """`prompt_ids` with the control tokens written out, as vLLM decodes the ids of its inline-system probe."""
         from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 
-        ids = self._encode(messages, None, False, {})
-        text: str = self._raw.decode(ids, special_token_policy=SpecialTokenPolicy.KEEP)
+        text: str = self._raw.decode(self.prompt_ids(messages), special_token_policy=SpecialTokenPolicy.KEEP)
         return text
 
     def _encode(

@@ -23,7 +23,7 @@ import pytest
 from proxy.api.anthropic import messages_request
 from proxy.api.chat import parse_chat
 from proxy.counting.anthropic import messages_chat
-from proxy.counting.anthropic_probes import keeps_inline_system, merges_inline_system
+from proxy.counting.anthropic_probes import disabled_thinking_effort, keeps_inline_system, merges_inline_system
 from proxy.counting.local_count import count_chat
 from proxy.counting.registry import GuardedModel, ModelRegistry
 from proxy.counting.text_count import TokenCounter
@@ -61,13 +61,13 @@ def guard(tok: ModelTokenizer, **body: Any) -> int:
     return asyncio.run(count_chat(tok, parse_chat(json.dumps({"messages": MESSAGES, **body}).encode())))
 
 
-def vllm_034(directory: str, **kwargs: Any) -> int:
+def vllm_034(directory: str, conversation: list[Any] = MESSAGES, **kwargs: Any) -> int:
     """vLLM 0.34's count: its MistralTokenizer hands transformers' backend every remaining kwarg."""
     from mistral_common.protocol.instruct.validator import ValidationMode
     from transformers.tokenization_mistral_common import MistralCommonBackend
 
     backend = MistralCommonBackend.from_pretrained(directory, mode=ValidationMode.test)
-    ids = backend.apply_chat_template(MESSAGES, tokenize=True, return_dict=False, **kwargs)
+    ids = backend.apply_chat_template(conversation, tokenize=True, return_dict=False, **kwargs)
     return len(ids)
 
 
@@ -179,3 +179,27 @@ def test_the_034_probe_keeps_what_renders_as_system_turns_in_order() -> None:
     assert not keeps_inline_system(refuses)
     assert not keeps_inline_system(joined)
     assert not keeps_inline_system(lambda messages: turns(messages[::-1]))  # out of order
+
+
+@pytest.mark.parametrize(
+    ("efforts", "expected"),
+    [(["none", "high"], "none"), (["low", "high"], "low"), (None, "low")],
+    ids=["none-listed", "none-not-listed", "no-reasoning-setting"],
+)
+def test_disabled_thinking_maps_to_the_effort_vllm_probes_through_mistral_common(
+    tmp_path: Path, efforts: list[str] | None, expected: str
+) -> None:
+    """vLLM renders "none" and each effort through mistral_common: "none" unless it is refused or renders like an
+    effort. The guard used "low" for every mistral model, which a v15 file listing only none and high refuses."""
+    tok = load_tokenizer(str(zoo.mistral_v15_dir(tmp_path, efforts=efforts)), None, "mistral")
+    assert disabled_thinking_effort(tok) == expected
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}],
+            "thinking": {"type": "disabled"}}  # fmt: skip
+    for version in ("0.33", "0.34"):
+        chat = messages_chat(release(tok, version), messages_request(body, True, 100), True)
+        counted = asyncio.run(count_chat(release(tok, version), chat))
+        assert counted == vllm_034(tok.source, conversation=chat.messages, reasoning_effort=expected)
+
+
+def test_an_older_tokenizer_gets_low_for_disabled_thinking(nemo: ModelTokenizer) -> None:
+    assert disabled_thinking_effort(nemo) == "low"
