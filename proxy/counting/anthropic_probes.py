@@ -11,7 +11,8 @@ request becomes a chat prompt (vLLM 0.31/0.32 `AnthropicServingMessages`):
   becomes reasoning_effort "none", unless "none" fails to render or renders like a real effort: then "low". The
   probe renders through the model's renderer, mistral_common included (harmony refuses "none").
 
-Both depend only on the template (and the server's default kwargs), so each is computed once per template.
+Both depend only on the template (and the server's default kwargs) or the mistral_common tokenizer, so each is
+computed once per template or tokenizer.
 """
 
 from __future__ import annotations
