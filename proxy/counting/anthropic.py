@@ -44,6 +44,9 @@ def to_chat(
     effort = _effort(req, newer, disabled_effort)
     if effort is not None:
         body["reasoning_effort"] = effort  # chat derives enable_thinking from it, unless the client set it
+    response_format = _response_format(req)
+    if response_format is not None:  # only mistral_common renders it (0.34+)
+        body["response_format"] = response_format
     if tools is not None:
         body["tools"] = tools
     kwargs = req.body.get("chat_template_kwargs")
@@ -222,6 +225,17 @@ def _tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
                 function[key] = tool[key]
         out.append({"type": "function", "function": function})
     return out
+
+
+def _response_format(req: MessagesRequest) -> dict[str, Any] | None:
+    """output_config.format with a non-empty schema, as the chat response_format vLLM makes of it (named after its
+    type, `_handle_output_config`)."""
+    config = req.body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if not isinstance(fmt, dict) or not fmt.get("schema"):
+        return None
+    kind = fmt.get("type", "json_schema")
+    return {"type": kind, "json_schema": {"name": kind, "schema": fmt["schema"]}}
 
 
 def _effort(req: MessagesRequest, newer: bool, disabled_effort: Callable[[], str]) -> str | None:

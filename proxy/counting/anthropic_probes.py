@@ -3,16 +3,22 @@ request becomes a chat prompt (vLLM 0.31/0.32 `AnthropicServingMessages`):
 
 - `_should_merge_inline_system`: render [system, user, system, user] in a bare sandbox; a template that fails (Qwen's
   "system message must be first", or any call the bare environment lacks) gets every inline system message merged
-  into the leading system prompt;
+  into the leading system prompt. A model rendered by mistral_common has no template there: up to 0.33 vLLM probes
+  its --chat-template (none: merged); 0.34 renders [SYSA, USRA, SYSB, USRB] through mistral_common and keeps inline
+  system messages only if they come out in order as system turns of their own, a trailing one still followed by the
+  generation prompt (`_renderer_keeps_inline_system`; mistral_common 1.13 merges for every tokenizer version);
 - `_probe_disabled_thinking_effort` (`--anthropic-disabled-thinking-effort auto`): `thinking: {"type": "disabled"}`
-  becomes reasoning_effort "none", unless "none" fails to render or renders like a real effort: then "low".
+  becomes reasoning_effort "none", unless "none" fails to render or renders like a real effort: then "low". The
+  probe renders through the model's renderer, mistral_common included (harmony refuses "none").
 
-Both depend only on the template (and the server's default kwargs), so each is computed once per template.
+Both depend only on the template (and the server's default kwargs) or the mistral_common tokenizer, so each is
+computed once per template or tokenizer.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -21,17 +27,52 @@ import jinja2.ext
 import jinja2.sandbox
 
 from proxy.counting.conversation import ContentFormat, template_inputs, to_conversation
+from proxy.counting.mistral import MistralChat
 from proxy.counting.templates import TemplateError, render
 from proxy.counting.tokenizer import ModelTokenizer
 
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 _PROBE = [{"role": "system", "content": "t"}, {"role": "user", "content": "t"}] * 2
+MARKERS = ("SYSA", "USRA", "SYSB", "USRB")
 
 
 def merges_inline_system(tok: ModelTokenizer) -> bool:
     """True when inline system messages go into the leading system prompt (checked on the template with and without
-    tools, as vLLM checks both variants)."""
+    tools, as vLLM checks both variants; for mistral_common, as the upstream's release checks it)."""
+    if isinstance(tok.native, MistralChat):
+        if tok.mistral_034:
+            return not _mistral_keeps_inline_system(tok.native)
+        return fails_inline_system(tok.configured_template)
     return any(fails_inline_system(t) for t in {tok.template_for(None), tok.template_for([])})
+
+
+@lru_cache(maxsize=64)  # bounded: one entry per loaded mistral_common tokenizer
+def _mistral_keeps_inline_system(native: MistralChat) -> bool:
+    return keeps_inline_system(native.prompt_text)
+
+
+def keeps_inline_system(render_prompt: Callable[[list[dict[str, Any]]], str]) -> bool:
+    """vLLM 0.34's probe of a renderer that is not a template: are inline system messages rendered in order, as
+    system turns of their own (not as user text), a trailing one still followed by the generation prompt?"""
+    messages = [{"role": role, "content": marker} for role, marker in zip(("system", "user") * 2, MARKERS, strict=True)]
+    try:
+        full = render_prompt(messages)
+        trailing = render_prompt(messages[:3])
+        as_user = render_prompt([*messages[:2], {**messages[2], "role": "user"}])
+    except Exception:  # vLLM: a renderer that refuses the probe keeps nothing
+        return False
+    positions = [full.find(marker) for marker in MARKERS]
+    if -1 in positions or positions != sorted(positions):
+        return False
+    separator = _between(full)
+    if not separator.strip() or separator == _between(as_user):
+        return False
+    generation_prompt = full[positions[-1] + len(MARKERS[-1]) :]
+    return trailing.endswith(MARKERS[2] + generation_prompt)
+
+
+def _between(text: str) -> str:
+    return text[text.find(MARKERS[1]) + len(MARKERS[1]) : text.find(MARKERS[2])]
 
 
 @lru_cache(maxsize=64)  # bounded: one entry per template
@@ -51,11 +92,33 @@ def fails_inline_system(template: str | None) -> bool:
 
 def disabled_thinking_effort(tok: ModelTokenizer) -> str:
     template = tok.template_for(None)
+    if isinstance(tok.native, MistralChat):
+        return _mistral_disabled_effort(tok.native)
     if tok.native is not None or template is None:
-        # mistral_common and harmony do not render "none" differently from an effort (not checked against vLLM)
-        return "low"
+        return "low"  # harmony: "none" is refused
     state = json.dumps([tok.special_tokens, dict(tok.default_kwargs)], sort_keys=True, default=str)
     return _probe_effort(template, tok.content_format(template), state)
+
+
+@lru_cache(maxsize=64)  # bounded: one entry per loaded mistral_common tokenizer
+def _mistral_disabled_effort(native: MistralChat) -> str:
+    """vLLM renders the probe through mistral_common: a tokenizer before v15 ignores the effort (0.31-0.33) or
+    refuses it (0.34), and a v15 one refuses an effort its file does not list, or renders one it does as a model
+    setting."""
+    hi = [{"role": "user", "content": "Hi"}]
+
+    def rendered(effort: str) -> list[int] | None:
+        if native.version < 15:
+            return []  # the same prompt for every effort (0.31-0.33); refused (0.34): "low" either way
+        try:
+            return native.prompt_ids(hi, effort)
+        except Exception:  # mistral_common's refusals
+            return None
+
+    none = rendered("none")
+    if none is None or any(rendered(effort) == none for effort in EFFORTS):
+        return "low"
+    return "none"
 
 
 @lru_cache(maxsize=64)

@@ -51,7 +51,7 @@ class HarmonyChat:
             for t in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>")
         )
 
-    def count_chat(self, req: ChatRequest) -> int:
+    def count_chat(self, req: ChatRequest, request_kwargs: bool = False) -> int:
         try:
             return len(self.render_dicts(req.harmony) if req.harmony is not None else self.render(req))
         except InvalidRequest:

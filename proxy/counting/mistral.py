@@ -8,6 +8,13 @@ mistral_common itself maps developer to system, puts system prompts before the l
 a blank line and re-dumps JSON tool results. Completions: `Tekkenizer.encode(text, bos=add_special_tokens)`, where
 control-token text such as "[INST]" stays plain text.
 
+What of the request reaches mistral_common besides the messages changed in 0.34: up to 0.33 only `reasoning_effort`,
+and only for a v15+ tokenizer; 0.34 hands it every remaining kwarg (`tokenizers/mistral.py`), so `reasoning_effort`
+whatever the version (a pre-v15 tokenizer refuses it), and `response_format` when it is `json_object` or a
+`json_schema` with a schema (`renderers/mistral.py`): a v15+ tokenizer whose file configures a `json_schema` model
+setting writes that schema into the prompt ("[MODEL_SETTINGS]{"json_schema": ...}[/MODEL_SETTINGS]"); older ones
+only validate it.
+
 mistral_common's errors become the guard's 400 here, at this module's boundary.
 """
 
@@ -57,22 +64,58 @@ class MistralChat:
         self.version = int(str(self._raw.version.value).rsplit("v", 1)[-1])
         self.source = str(path)
 
-    def count_chat(self, req: ChatRequest) -> int:
+    def count_chat(self, req: ChatRequest, request_kwargs: bool = False) -> int:
+        """`request_kwargs`: the upstream hands mistral_common the request's kwargs as they are (vLLM 0.34+)."""
         messages = _prepared(req)
-        effort = req.body.get("reasoning_effort") if self.version >= 15 else None
+        kwargs = _request_kwargs(req.body) if request_kwargs else {}
+        if not request_kwargs and self.version >= 15:
+            kwargs["reasoning_effort"] = req.body.get("reasoning_effort")
         try:
-            from mistral_common.protocol.instruct.request import ChatCompletionRequest
-
-            request = ChatCompletionRequest.from_openai(
-                messages=messages, tools=to_tools(req.tools), continue_final_message=req.continue_final_message,
-                reasoning_effort=effort,
-            )  # fmt: skip
-            return len(self._tokenizer.encode_chat_completion(request).tokens)
+            return len(self._encode(messages, to_tools(req.tools), req.continue_final_message, kwargs))
         except Exception as exc:  # validation and structure errors: vLLM answers 400 with their text
             raise InvalidRequest(f"{type(exc).__name__}: {exc}", param="messages") from None
 
     def count_text(self, text: str, add_special_tokens: bool) -> int:
         return len(self._raw.encode(text, bos=add_special_tokens, eos=False))
+
+    def prompt_ids(self, messages: list[dict[str, Any]], reasoning_effort: str | None = None) -> list[int]:
+        """The prompt of plain messages with a generation prompt, for vLLM's Messages API probes; mistral_common's
+        errors pass through."""
+        return self._encode(messages, None, False, {"reasoning_effort": reasoning_effort})
+
+    def prompt_text(self, messages: list[dict[str, Any]]) -> str:
+        """`prompt_ids` with the control tokens written out, as vLLM decodes the ids of its inline-system probe."""
+        from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
+
+        text: str = self._raw.decode(self.prompt_ids(messages), special_token_policy=SpecialTokenPolicy.KEEP)
+        return text
+
+    def _encode(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None, continued: bool, kwargs: dict[str, Any]
+    ) -> list[int]:
+        from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+        request = ChatCompletionRequest.from_openai(
+            messages=messages, tools=tools, continue_final_message=continued, **kwargs
+        )
+        tokens: list[int] = self._tokenizer.encode_chat_completion(request).tokens
+        return tokens
+
+
+def _request_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM 0.34 hands mistral_common besides messages and tools: the effort, and response_format as its
+    request model dumps it (None fields left out), when mistral_common accepts it: `json_object`, or a schema."""
+    kwargs: dict[str, Any] = {"reasoning_effort": body.get("reasoning_effort")}
+    fmt = body.get("response_format")
+    if not isinstance(fmt, dict):
+        return kwargs
+    fmt = {k: v for k, v in fmt.items() if v is not None}
+    if isinstance(fmt.get("json_schema"), dict):
+        fmt["json_schema"] = {k: v for k, v in fmt["json_schema"].items() if v is not None}
+    schema = fmt.get("json_schema")
+    if fmt.get("type") == "json_object" or (isinstance(schema, dict) and "schema" in schema):
+        kwargs["response_format"] = fmt
+    return kwargs
 
 
 def _prepared(req: ChatRequest) -> list[dict[str, Any]]:

@@ -98,19 +98,21 @@ class ModelRegistry:
         """What the upstream's vLLM version changes in counting: 0.32 strips a billing-header line, 0.33 follows
         namespace aliases of `messages` when it decides a template's content format (see conversation.py), 0.34
         gives a tool result's references and text one tool message (anthropic.py), reads more Responses input items
-        (responses.py), and reads a processor template stored as a dict by its "default" entry, which 0.31-0.33
-        refuse to render (processor.py)."""
+        (responses.py), reads a processor template stored as a dict by its "default" entry, which 0.31-0.33 refuse
+        to render (processor.py), and hands mistral_common the request's response_format and effort (mistral.py,
+        anthropic_probes.py)."""
         self.upstream_version = version
         release = self._upstream_release = _release(version)
-        rules = (release >= (0, 32), release >= (0, 33), release >= (0, 34), release >= (0, 34), release < (0, 34))
+        newest = release >= (0, 34)
+        rules = (release >= (0, 32), release >= (0, 33), newest, newest, not newest, newest)
         for name, model in self._models.items():
             tok = model.tokenizer
             if (tok.strip_billing_header, tok.namespace_aliases, tok.tool_references_joined, tok.fills_response_items,
-                    tok.processor_dict_refused) != rules:  # fmt: skip
-                strip, namespaces, joined, fills, refused = rules
+                    tok.processor_dict_refused, tok.mistral_034) != rules:  # fmt: skip
+                strip, namespaces, joined, fills, refused, mistral = rules
                 tok = replace(tok, strip_billing_header=strip, namespace_aliases=namespaces,
                               tool_references_joined=joined, fills_response_items=fills,
-                              processor_dict_refused=refused)  # fmt: skip
+                              processor_dict_refused=refused, mistral_034=mistral)  # fmt: skip
                 self._models[name] = replace(model, tokenizer=tok)
 
     def upstream_newer(self) -> bool:

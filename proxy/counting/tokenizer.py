@@ -31,9 +31,10 @@ class TokenizerLoadError(ValueError):
 
 class NativeChat(Protocol):
     """A renderer that is not a Jinja template (mistral_common, openai_harmony): it counts a chat request itself,
-    and may count completion text its own way (None: the Hugging Face tokenizer's count stands)."""
+    and may count completion text its own way (None: the Hugging Face tokenizer's count stands). `request_kwargs`:
+    the upstream hands the renderer the request's kwargs as they are (vLLM 0.34+ for mistral_common)."""
 
-    def count_chat(self, req: ChatRequest) -> int: ...
+    def count_chat(self, req: ChatRequest, request_kwargs: bool = False) -> int: ...
 
     def count_text(self, text: str, add_special_tokens: bool) -> int | None: ...
 
@@ -68,6 +69,12 @@ class ModelTokenizer:
     # a processor template stored as a dict: vLLM 0.34+ renders its "default" entry (none: the tokenizer's template),
     # 0.31-0.33 refuse every request without tools; until the upstream's version is known, 0.34's reading
     processor_dict_refused: bool = False
+    # vLLM 0.34+ hands mistral_common the request's response_format and reasoning_effort (mistral.py), and decides
+    # whether Messages merges inline system messages by rendering through mistral_common (anthropic_probes.py)
+    mistral_034: bool = False
+    # the --chat-template counterpart (models[].chat_template): what vLLM up to 0.33 probes for inline system messages
+    # of a model it renders with mistral_common, where the tokenizer's own template plays no part
+    configured_template: str | None = None
     # where a chat template the request brought renders: a child process, which the core that serves the model owns
     # (exchange/core.py, through the registry); None: nowhere, such a request is refused
     sandbox: IsolatedRenderer | None = None
@@ -117,9 +124,10 @@ def load_tokenizer(
     backend.no_truncation()
     backend.no_padding()
     template: str | dict[str, str] | None = getattr(renderer, "chat_template", None)
+    configured: str | None = None
     if chat_template is not None:
         try:
-            template = chat_template.read_text()
+            template = configured = chat_template.read_text()
         except OSError as exc:
             raise TokenizerLoadError(f"chat template {chat_template}: cannot be read ({exc.strerror})") from exc
     directory = _directory(spec)
@@ -130,7 +138,8 @@ def load_tokenizer(
     rendering = resolve_mode(directory, tokenizer_mode)
     native = _native(rendering, directory, spec)
     return ModelTokenizer(spec, renderer, backend, template, specials, rendering, native, dict(default_kwargs or {}),
-                          dict(effort_map or {}), processor_template=processor)  # fmt: skip
+                          dict(effort_map or {}), processor_template=processor,
+                          configured_template=configured)  # fmt: skip
 
 
 def _directory(spec: str) -> Path | None:

@@ -31,11 +31,12 @@ JSON_HEADERS = {"content-type": "application/json"}
 NOT_OFFERED = (403, 404, 405, 501)
 NO_ROUTE = b'{"detail":"Not Found"}'  # vLLM's (FastAPI's) 404 for a path it has no route for, not a model it lacks
 # The chat fields that change what vLLM renders; generation fields stay behind (their validation is not ours).
+# response_format: mistral_common renders it (0.34+; 0.33's /tokenize has no such field and ignores it).
 RENDER_FIELDS = ("messages", "tools", "tool_choice", "add_generation_prompt", "continue_final_message",
                  "add_special_tokens", "chat_template", "chat_template_kwargs", "documents", "reasoning_effort",
-                 "mm_processor_kwargs")  # fmt: skip
+                 "mm_processor_kwargs", "response_format")  # fmt: skip
 TOKENIZE_FIELDS = ("messages", "tools", "add_generation_prompt", "continue_final_message", "add_special_tokens",
-                   "chat_template")  # fmt: skip
+                   "chat_template", "response_format")  # fmt: skip
 
 
 def chat_tokenize_body(model: str, body: dict[str, Any], effort_map: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -86,6 +86,30 @@ def tekken_file() -> Path:
     return package_file("mistral_common", "data", "tekken_240718.json")
 
 
+def mistral_v15_dir(into: Path, json_schema: bool = True, efforts: list[str] | None = None) -> Path:
+    """Mistral Nemo's directory with its tekken.json raised to a v15 tokenizer (the version that writes model settings
+    into the prompt) in `into`: the same vocabulary, every special token mistral_common names, and a
+    `model_settings_builder` that takes a `json_schema` setting (when `json_schema`) and a `reasoning_effort` among
+    `efforts` (the first its default). No v15 file ships in a package; this is the shape mistral_common 1.13 reads
+    (`Tekkenizer.from_file`)."""
+    from mistral_common.tokens.tokenizers.base import SpecialTokens
+
+    shutil.copytree(family_dir("mistral-nemo"), into, dirs_exist_ok=True)
+    tekken = json.loads(tekken_file().read_text())
+    tekken["config"]["version"] = "v15"
+    names = [t.value for t in SpecialTokens]
+    count = tekken["config"]["default_num_special_tokens"]
+    tekken["special_tokens"] = [
+        {"rank": i, "token_str": names[i] if i < len(names) else f"<SPECIAL_{i}>", "is_control": True}
+        for i in range(count)
+    ]
+    tekken["model_settings_builder"] = {"json_schema": {}} if json_schema else {}
+    if efforts:
+        tekken["model_settings_builder"]["reasoning_effort"] = {"values": efforts, "default": efforts[0]}
+    (into / "tekken.json").write_text(json.dumps(tekken))
+    return into
+
+
 def family_dir(family: str) -> Path:
     """The family's tokenizer directory, built once (a few seconds to a minute) and cached."""
     return _cached(f"tokenizer-{family}", lambda dest: _BUILDERS[family](dest))
