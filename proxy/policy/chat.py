@@ -73,8 +73,8 @@ async def _kept_count(
     cut.check(window)
     output = req.requested_output
     keep = cut.limit(window, held_back(output[1] if output else None, rules_of(steps.registry)))
-    if keep == 0 or (model.tokenizer.native is None and await proven_over(model, [list(verbatim_texts(req.messages))],
-                                                                           keep - 1) is not None):  # fmt: skip
+    texts = [list(verbatim_texts(req.messages))]
+    if keep == 0 or (model.tokenizer.native is None and await proven_over(model, texts, keep - 1) is not None):
         findings.count_source = CountSource.LOCAL
         return keep
     return min(await steps.count(model, req, findings), keep)

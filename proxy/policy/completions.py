@@ -56,7 +56,10 @@ async def _kept_counts(
     proven = [isinstance(p, str) and (keep == 0 or await proven_over(model, [[p]], keep - 1) is not None)
               for p in req.prompts]  # fmt: skip
     rest = [p for p, over in zip(req.prompts, proven, strict=True) if not over]
-    counted = iter(await timed(findings, completion_tokens(model, replace(req, prompts=rest, body={**req.body,
-                   "prompt": rest}), steps.remote)) if rest else [])  # fmt: skip
+    counts: list[int] = []
+    if rest:  # only the prompts not proven over the cut are encoded
+        unproven = replace(req, prompts=rest, body={**req.body, "prompt": rest})
+        counts = await timed(findings, completion_tokens(model, unproven, steps.remote))
+    counted = iter(counts)
     findings.count_source = findings.count_source or CountSource.LOCAL
     return [keep if over else min(next(counted), keep) for over in proven]

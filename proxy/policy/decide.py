@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
 
 from proxy.api.chat import ChatRequest
 from proxy.api.completions import CompletionRequest
@@ -139,7 +138,7 @@ def decide_chat(req: ChatRequest, prompt_tokens: int, limits: Limits) -> Plan:
     sent = {"max_tokens": req.max_tokens, "max_completion_tokens": req.max_completion_tokens}
     changes = {name: cap for name, value in sent.items() if value is not None and value > cap}
     limit = min(requested[1], cap)
-    changes |= _budget_follows(req.body, requested[1], limit)
+    changes |= token_budget.followed(req.body, requested[1], limit)
     return _kept(_limited(prompt_tokens, limit, changes, req.min_tokens), limits, room)
 
 
@@ -152,7 +151,7 @@ def decide_completion(req: CompletionRequest, prompt_tokens: list[int], limits: 
     _, requested = req.requested_output  # vLLM's default of 16 counts when the field is absent
     cap = limits.cap(room)
     changes = {"max_tokens": cap} if requested > cap else {}
-    changes |= _budget_follows(req.body, requested, min(requested, cap))
+    changes |= token_budget.followed(req.body, requested, min(requested, cap))
     return _limited(longest, min(requested, cap), changes, req.min_tokens)
 
 
@@ -193,16 +192,6 @@ def _kept(plan: Plan, limits: Limits, room: int) -> Plan:
     if plan.action is not Action.CLAMP or plan.max_tokens is None or plan.max_tokens >= limits.cap(room):
         return plan
     return replace(plan, next_turn=limits.max_model_len - plan.prompt_tokens - plan.max_tokens)
-
-
-def _budget_follows(body: dict[str, Any], requested: int, limit: int) -> dict[str, int]:
-    """Chat's and completions' `thinking_token_budget` (vLLM 0.31+) under a limit lowered from `requested`: its share
-    of the output (token_budget.py), as Responses' and Anthropic's budgets keep theirs."""
-    budget = token_budget.budget_of(body)
-    if budget is None or limit >= requested:
-        return {}
-    fitted = token_budget.fitted_budget(budget, requested, limit)
-    return {} if fitted == budget else {token_budget.FIELD: fitted}
 
 
 def _limited(prompt_tokens: int, limit: int, changes: dict[str, int], min_tokens: int | None) -> Plan:

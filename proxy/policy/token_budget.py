@@ -32,14 +32,18 @@ def fitted_budget(budget: int, requested: int, limit: int) -> int:
     return min(budget * limit // requested, limit)
 
 
-def follower(body: dict[str, Any], requested: int | None) -> Callable[[int], dict[str, Any]] | None:
-    """The body field that follows a lowered output limit (converted.py applies it), or None when none follows."""
+def followed(body: dict[str, Any], requested: int, limit: int) -> dict[str, int]:
+    """The budget field to change for a limit lowered from `requested` to `limit` (chat and completions:
+    decide.py); nothing when the budget stays as sent."""
     budget = budget_of(body)
-    if budget is None or requested is None:
+    if budget is None:
+        return {}
+    fitted = fitted_budget(budget, requested, limit)
+    return {} if fitted == budget else {FIELD: fitted}
+
+
+def follower(body: dict[str, Any], requested: int | None) -> Callable[[int], dict[str, Any]] | None:
+    """`followed` for a limit decided later (converted.py applies it), or None when no budget follows."""
+    if budget_of(body) is None or requested is None:
         return None
-
-    def follow(limit: int) -> dict[str, Any]:
-        fitted = fitted_budget(budget, requested, limit)
-        return {} if fitted == budget else {FIELD: fitted}
-
-    return follow
+    return lambda limit: followed(body, requested, limit)
