@@ -252,7 +252,9 @@ class Endpoints:
                 tracker.finish("rejected")
                 return error_response(refused, anthropic, self.ctx.profile.anthropic_error_types)
             generation = replace(generation, engine_error=refused)
-        wire, engine = Wire(generation, self.ctx.fingerprint, self.ctx.profile.omits_null_details), self.engine
+        profile = self.ctx.profile
+        wire = Wire(generation, self.ctx.fingerprint, profile.omits_null_details, profile.streams_transfer_params)
+        engine = self.engine
         if generation.engine_error is None:
             tracker.occupy(generation.kv_tokens)
         if generation.stream:

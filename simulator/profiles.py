@@ -73,6 +73,9 @@ class Profile:
     # limit, so truncate_prompt_tokens -1 cuts the prompt to max_model_len - 1 and the answer gets 1 token;
     # 0.32 passes 0 there, cuts to max_model_len and refuses the 0 tokens left (max_tokens must be at least 1)
     cuts_short_unlimited: bool = False
+    # 0.33's chat and completions stream events end with "kv_transfer_params":null (set on every token event, after
+    # the fingerprint of a finish event), and give a finish event's choice (completions: every choice) weight_versions
+    streams_transfer_params: bool = False
     # 0.34 reads an AutoProcessor chat template stored as a dict by its "default" entry (none: the tokenizer's
     # template serves); 0.31-0.33 hand the dict on whole and answer every request without tools 400
     reads_processor_default: bool = False
@@ -94,7 +97,7 @@ V032 = Profile(name="0.32", version="0.32.0", reserves_output=False, lists_alias
 V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True, anthropic_error_types=True,
                refuses_while_paused=True, serves_decisions=True, follows_namespace_aliases=True,
                echoes_prompt_cache=True, pools_with_orjson=True, cache_info_labels=LABELS_033,
-               cuts_short_unlimited=True)  # fmt: skip
+               cuts_short_unlimited=True, streams_transfer_params=True)  # fmt: skip
 V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True,
                joins_tool_references=True, takes_min_tokens=True, empty_tools_as_none=True,
                budgets_responses_thinking=True, omits_null_details=True, cache_info_labels=LABELS_034,

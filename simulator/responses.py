@@ -45,11 +45,13 @@ class Output:
 @dataclass(frozen=True)
 class Wire:
     """Builds one response's bodies and events; `fingerprint` is the server's system_fingerprint; with
-    `omits_null_details` (0.34) a null usage.prompt_tokens_details and message.annotations are left out."""
+    `omits_null_details` (0.34) a null usage.prompt_tokens_details and message.annotations are left out; with
+    `transfer_params` (0.33) chat and completions token events carry weight_versions and kv_transfer_params."""
 
     generation: Generation
     fingerprint: str
     omits_null_details: bool = False
+    transfer_params: bool = False  # 0.33+: stream token events end with kv_transfer_params (profiles.py)
 
     def _head(self, obj: str) -> dict[str, Any]:
         g = self.generation
@@ -156,6 +158,8 @@ class Wire:
         if token.last:
             choice["stop_reason"] = token.sequence.stop_reason
         choice["token_ids"] = [token.token_id] if g.return_token_ids else None
+        if token.last and self.transfer_params:
+            choice["weight_versions"] = None
         event = self._head("chat.completion.chunk")
         event["choices"] = [choice]
         if g.continuous_usage:
@@ -163,6 +167,8 @@ class Wire:
             event["usage"] = {**short_usage(prompt, generated), "completion_tokens_details": None}
         if token.last and not g.include_usage:
             event["system_fingerprint"] = self.fingerprint
+        if self.transfer_params:
+            event["kv_transfer_params"] = None
         return sse(event)
 
     def _delta(self, token: Token) -> dict[str, Any]:
@@ -192,12 +198,16 @@ class Wire:
             "prompt_token_ids": prompt.token_ids if with_prompt else None,
             "token_ids": [token.token_id] if g.return_token_ids else None,
         }
+        if self.transfer_params:
+            choice["weight_versions"] = None
         event = self._head("text_completion")
         event["choices"] = [choice]
         if g.continuous_usage:
             event["usage"] = short_usage(len(prompt.token_ids), generated)
         if token.last and not g.include_usage:
             event["system_fingerprint"] = self.fingerprint
+        if self.transfer_params:
+            event["kv_transfer_params"] = None
         return sse(event)
 
     # --- shared ---

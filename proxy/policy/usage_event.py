@@ -14,12 +14,17 @@ event included: the client would have had them without the guard too."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 FINISH = b'"finish_reason":"'  # a string, not null: a choice's last event
 FINGERPRINT = re.compile(rb'"system_fingerprint":("(?:[^"\\]|\\.)*")')
 DONE = b"data: [DONE]"
+# the keys vLLM's stream response classes declare after `system_fingerprint` (chat: prompt_token_ids, prompt_text,
+# then from 0.33 metrics and kv_transfer_params; completions: metrics, kv_transfer_params)
+AFTER_FINGERPRINT = frozenset({"prompt_token_ids", "prompt_text", "metrics", "kv_transfer_params"})
+_DECODER = json.JSONDecoder()
 HOLD_BYTES = 2**22  # an event longer than this is not looked into: the rest of the stream is relayed as it comes
 
 
@@ -103,8 +108,36 @@ class HiddenUsage:
 
 
 def _with(event: bytes, fingerprint: bytes) -> bytes:
-    """A held finish event (its `\\n\\n` included) with the fingerprint vLLM writes last on it."""
+    """A held finish event (its `\\n\\n` included) with the fingerprint where vLLM writes it: before the first of the
+    keys its response classes declare after it (0.34 ends a finish event with `kv_transfer_params`), else last."""
     body = event[:-2]
     if not body.endswith(b"}") or b'"system_fingerprint":' in body:
         return event
-    return body[:-1] + b',"system_fingerprint":' + fingerprint + b"}\n\n"
+    at = _first_key_after_fingerprint(body)
+    if at is None:
+        return body[:-1] + b',"system_fingerprint":' + fingerprint + b"}\n\n"
+    return body[:at] + b'"system_fingerprint":' + fingerprint + b"," + body[at:] + b"\n\n"
+
+
+def _first_key_after_fingerprint(body: bytes) -> int | None:
+    """Where the first top-level key of `body` (an event's `data: ` and a compact JSON object) that vLLM serialises
+    after `system_fingerprint` begins; None when it has none, or is not such an object."""
+    decoder = _DECODER
+    try:
+        text = body.decode("utf-8")
+        at = text.index("{") + 1
+        while at < len(text) - 1:
+            key, end = decoder.raw_decode(text, at)
+            if not isinstance(key, str):
+                return None
+            if key in AFTER_FINGERPRINT:
+                return len(text[:at].encode("utf-8"))
+            if text[end] != ":":
+                return None
+            _, at = decoder.raw_decode(text, end + 1)
+            if text[at] != ",":
+                return None
+            at += 1
+    except (ValueError, IndexError):
+        return None
+    return None

@@ -17,8 +17,11 @@ def event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
-def chunk(index: int, delta: dict[str, Any], finish: str | None = None, fingerprint: bool = False) -> bytes:
-    """A chat chunk as vLLM 0.32 serializes it (exclude_unset: the fingerprint last, when set)."""
+def chunk(
+    index: int, delta: dict[str, Any], finish: str | None = None, fingerprint: bool = False, trailing: Any = None
+) -> bytes:
+    """A chat chunk as vLLM serializes it (exclude_unset: the fingerprint after the choices, when set; 0.34 writes
+    `trailing` keys after it on a finish event, such as `kv_transfer_params`)."""
     choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
     if finish is not None:
         choice["stop_reason"] = None
@@ -26,6 +29,8 @@ def chunk(index: int, delta: dict[str, Any], finish: str | None = None, fingerpr
                                "model": "tiny", "choices": [choice]}  # fmt: skip
     if fingerprint:
         payload["system_fingerprint"] = FINGERPRINT
+    if finish is not None:
+        payload.update(trailing or {})
     return event(payload)
 
 
@@ -43,13 +48,14 @@ def usage_chunk(completion: int) -> bytes:
     )
 
 
-def stream(n: int, asked: bool) -> bytes:
+def stream(n: int, asked: bool, trailing: Any = None) -> bytes:
     """What vLLM sends for `n` choices of three tokens, with the usage event (`asked`) or without."""
     out = [chunk(i, {"role": "assistant", "content": ""}) for i in range(n)]
     for step in range(3):
         for i in range(n):
             last = step == 2
-            out.append(chunk(i, {"content": f"t{step}"}, "length" if last else None, last and not asked))
+            finish = "length" if last else None
+            out.append(chunk(i, {"content": f"t{step} 東京"}, finish, last and not asked, trailing))
     if asked:
         out.append(usage_chunk(3 * n))
     return b"".join([*out, b"data: [DONE]\n\n"])
@@ -80,6 +86,22 @@ def test_with_several_choices_each_finish_event_gets_its_fingerprint() -> None:
     expected = stream(2, asked=False)
     assert sorted(out.split(b"\n\n")) == sorted(expected.split(b"\n\n"))
     assert b'"usage"' not in out and out.count(FINGERPRINT.encode()) == 2 and out.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize(
+    "trailing",
+    [
+        {"kv_transfer_params": None},  # vLLM 0.34's finish event
+        {"prompt_token_ids": None, "prompt_text": "}],\"a\"", "kv_transfer_params": {"remote": [1, "}]"]}},
+        {"metrics": {"queued_s": 0.5}, "kv_transfer_params": None},
+    ],
+)
+def test_the_fingerprint_goes_back_before_the_keys_vllm_writes_after_it(trailing: dict[str, Any]) -> None:
+    asked, expected = stream(2, asked=True, trailing=trailing), stream(2, asked=False, trailing=trailing)
+    assert sorted(through(asked, []).split(b"\n\n")) == sorted(expected.split(b"\n\n"))
+    one = stream(1, asked=True, trailing=trailing)
+    for at in range(1, len(one)):
+        assert through(one, [at]) == stream(1, asked=False, trailing=trailing), at
 
 
 def test_without_a_fingerprint_only_the_usage_event_goes() -> None:
