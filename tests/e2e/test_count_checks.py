@@ -1,8 +1,8 @@
-"""Counts that check themselves, against real vLLM 0.32: vLLM restarted on its port with a chat template that adds a
-preamble, while the guard in front looks at it only when a request goes by (its health checks an hour apart). The
-guard learns of it from the answers' usage: the mismatches show in /metrics and in its log, the model moves to
-upstream counting once three of its last answers (and at least half) disagreed, and every request after that is
-counted as vLLM charges it."""
+"""Counts that check themselves, against real vLLM 0.32 and 0.34: vLLM restarted on its port with a chat template
+that adds a preamble, while the guard in front looks at it only when a request goes by (its health checks an hour
+apart). The guard learns of it from the answers' usage: the mismatches show in /metrics and in its log, the model
+moves to upstream counting once three of its last answers (and at least half) disagreed, and every request after
+that is counted as vLLM charges it."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
-VERSION = "0.32.0"
+VERSIONS = [version for version in ("0.32.0", "0.34.0") if version in runtime.VERSIONS]
 PREAMBLE = "This server was restarted with a template of its own, which says so in every prompt.\n"
 QUIET = {"TOKEN_GUARD_UPSTREAM_HEALTH_INTERVAL_S": "3600"}
 CONVERSATIONS = [
@@ -45,13 +45,14 @@ def total(exposition: str, name: str) -> float:
 Restarted = tuple[httpx.Client, str, runtime.Process, list[tuple[int, int, str]]]
 
 
-@pytest.fixture
-def restarted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restarted]:
-    tmp_path = tmp_path_factory.mktemp("template")  # short: vLLM's sockets live under it
+@pytest.fixture(params=VERSIONS)
+def restarted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restarted]:
+    version: str = request.param
+    tmp_path = tmp_path_factory.mktemp(f"template-{version}")  # short: vLLM's sockets live under it
     model = runtime.tiny_model(runtime.vllm_venv(runtime.VERSIONS[0]) / "bin" / "python")
     template = tmp_path / "preamble.jinja"
     template.write_text("{{ " + json.dumps(PREAMBLE) + " }}" + (model / "chat_template.jinja").read_text())
-    port, venv = free_port(), runtime.vllm_venv(VERSION)
+    port, venv = free_port(), runtime.vllm_venv(version)
     processes = [runtime.start_vllm(venv, model, tmp_path / "before", port=port)]
     try:
         processes[0].wait_ready("/v1/models", VLLM_READY_TIMEOUT)
