@@ -61,6 +61,12 @@ HISTORIES = [
         [ASKED, ("assistant", "analysis", "Think."), CALLED, ANSWERED],
     ),
     HarmonyHistory(
+        "a reasoning item whose content is one empty text",
+        [USER, {"type": "reasoning", "summary": [], "content": [text("reasoning_text", "")]}, CALL, RESULT],
+        [ASKED, ("assistant", "analysis", ""), CALLED, ANSWERED],
+        [ASKED, ("assistant", "analysis", ""), CALLED, ANSWERED],
+    ),
+    HarmonyHistory(
         "an item without a type, with a summary",
         [USER, {"summary": [text("summary_text", "s")], "content": [text("reasoning_text", "Think.")]}, CALL, RESULT],
         REFUSED,
