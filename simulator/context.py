@@ -37,7 +37,7 @@ class Context:
         digest = hashlib.sha256(seed.encode()).hexdigest()[:8]
         fingerprint = f"vllm-{settings.vllm_version}-{digest}"
         store = ResponseStore() if settings.responses_store else None
-        harmony = SimHarmony() if is_harmony(settings.tokenizer) else None
+        harmony = SimHarmony(profile.keeps_empty_reasoning) if is_harmony(settings.tokenizer) else None
         return cls(settings, profile, tokenizer, fingerprint, store, harmony)
 
     def check_model(self, model: str | None) -> None:

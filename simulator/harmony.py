@@ -1,4 +1,4 @@
-"""A gpt-oss model's Responses prompt, as vLLM 0.31/0.32 build it (model_type `gpt_oss` in config.json): harmony
+"""A gpt-oss model's Responses prompt, as vLLM 0.31-0.34 build it (model_type `gpt_oss` in config.json): harmony
 messages built with openai_harmony from the request, or from what the store holds for the response it continues,
 then rendered for completion (renderers/online_renderer.py _render_responses_with_harmony, responses/harmony.py
 response_input_to_harmony, parser/harmony_utils.py build_harmony_preamble and render_for_completion).
@@ -32,10 +32,11 @@ def is_harmony(model_dir: Path) -> bool:
 
 
 class SimHarmony:
-    def __init__(self) -> None:
+    def __init__(self, keeps_empty_reasoning: bool = False) -> None:
+        """`keeps_empty_reasoning`: the profile's (0.34's response_input_to_harmony)."""
         import openai_harmony as oh
 
-        self.oh, self._chat = oh, HarmonyChat()
+        self.oh, self._chat, self.keeps_empty_reasoning = oh, HarmonyChat(), keeps_empty_reasoning
 
     def prompt(self, body: dict[str, Any], stored: list[Any] | None, outputs: list[dict[str, Any]]) -> list[Any]:
         """The messages rendered for `body`; `stored`: the messages kept for the response it continues, whose output
@@ -99,7 +100,10 @@ class SimHarmony:
         return messages
 
     def _item(self, item: dict[str, Any], calls: list[dict[str, Any]]) -> Any:
-        oh, kind = self.oh, item.get("type", "message")
+        oh, kind = self.oh, item.get("type")
+        if kind is None:  # 0.34: by its role, or its summary; 0.31-0.33: a message
+            untyped = "message" if "role" in item else "reasoning" if "summary" in item else None
+            kind = untyped if self.keeps_empty_reasoning else "message"
         if kind == "message":
             role, content = item["role"], item.get("content")
             if role in ("system", "developer"):
@@ -120,8 +124,12 @@ class SimHarmony:
             return oh.Message.from_author_and_content(author, item["output"]).with_channel("commentary") \
                 .with_recipient("assistant")  # fmt: skip
         if kind == "reasoning":
-            text = "\n".join(c.get("text", "") for c in item.get("content") or [])
-            return oh.Message.from_role_and_content(oh.Role.ASSISTANT, text).with_channel("analysis") if text else None
+            content = item.get("content")
+            if content:
+                text = "\n".join(c["text"] for c in content)
+                return oh.Message.from_role_and_content(oh.Role.ASSISTANT, text).with_channel("analysis")
+            # no content: 0.34 keeps the item's place in the conversation, 0.31-0.33 skip it
+            return oh.Message.from_role_and_content(oh.Role.ASSISTANT, "") if self.keeps_empty_reasoning else None
         if kind == "function_call":
             return oh.Message.from_role_and_content(oh.Role.ASSISTANT, item["arguments"]).with_channel("commentary") \
                 .with_recipient(f"functions.{item['name']}").with_content_type("json")  # fmt: skip

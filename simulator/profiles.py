@@ -44,6 +44,9 @@ class Profile:
     # 0.34 fills in what an OpenResponses assistant or reasoning input item leaves out and converts the items 0.33
     # fails on or passes as they are: an output message without content (""), reasoning and assistant dicts
     fills_response_items: bool = False
+    # 0.34 renders a gpt-oss Responses reasoning item without content as an empty assistant message (0.31-0.33 skip
+    # it) and reads an item without a type as a message only with a role, as reasoning with a summary
+    keeps_empty_reasoning: bool = False
     # 0.34's Anthropic count_tokens counts a prompt longer than the window instead of answering 400
     counts_past_window: bool = False
     # 0.33 names the Messages API's errors in Anthropic's own types (invalid_request_error, overloaded_error, ...),
@@ -101,7 +104,7 @@ V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True
 V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True,
                joins_tool_references=True, takes_min_tokens=True, empty_tools_as_none=True,
                budgets_responses_thinking=True, omits_null_details=True, cache_info_labels=LABELS_034,
-               fills_response_items=True, reads_processor_default=True)  # fmt: skip
+               fills_response_items=True, reads_processor_default=True, keeps_empty_reasoning=True)  # fmt: skip
 PROFILES: dict[str, Profile] = {profile.name: profile for profile in (V031, V032, V033, V034)}
 
 

@@ -1,6 +1,8 @@
 """A Responses create for a gpt-oss model as vLLM renders it: harmony messages, not chat messages (vLLM 0.31/0.32
 `renderers/online_renderer.py` _render_responses_with_harmony, `responses/harmony.py` response_input_to_harmony and
-harmony_to_response_output, `responses/serving.py` msg_store; the same in both versions).
+harmony_to_response_output, `responses/serving.py` msg_store; the same in both versions). vLLM 0.34 reads the items
+after its OpenResponses normalisation (`fills`, as counting/responses.py does) and renders a reasoning item without
+content as an empty assistant message, where 0.31-0.33 render nothing for it.
 
     a new conversation    the preamble (a system message with the reasoning effort; a developer message with the
                           instructions, or a leading system/developer input message's, and the function tools), then
@@ -63,12 +65,12 @@ def harmony_chat(
     vLLM renders for it; `stored`: the response its previous_response_id continues (None: a new conversation);
     `effort_map`: the server's --reasoning-effort-map; `fills`: vLLM 0.34+'s reading of the input items."""
     chat = responses_chat(req, newer, fills=fills)  # vLLM's checks of the request and its items, before rendering
-    return replace(chat, harmony=harmony_messages(native, req, stored, effort_map))
+    return replace(chat, harmony=harmony_messages(native, req, stored, effort_map, fills))
 
 
 def harmony_messages(
     native: HarmonyChat, req: ResponsesRequest, stored: HarmonyHistory | None,
-    effort_map: Mapping[str, str] | None = None,
+    effort_map: Mapping[str, str] | None = None, fills: bool = False,
 ) -> Messages:  # fmt: skip
     items: str | list[dict[str, Any]] = req.input
     if stored is not None:
@@ -82,7 +84,7 @@ def harmony_messages(
     if isinstance(items, str):
         return [*messages, _text("user", items)]
     for item in items:
-        message = _from_item(native, item, calls)
+        message = _from_item(native, item, calls, fills)
         if message is not None:
             messages.append(message)
         if item.get("type") == "function_call":
@@ -139,8 +141,9 @@ def _leading_instructions(items: list[dict[str, Any]]) -> tuple[str | None, list
     return flatten(items[0].get("content")), items[1:]
 
 
-def _from_item(native: HarmonyChat, item: dict[str, Any], calls: dict[str, str]) -> dict[str, Any] | None:
-    """response_input_to_harmony: one input item as a harmony message (None: nothing rendered for it)."""
+def _from_item(native: HarmonyChat, item: dict[str, Any], calls: dict[str, str], fills: bool) -> dict[str, Any] | None:
+    """response_input_to_harmony: one input item as a harmony message (None: nothing rendered for it). An item
+    without a type reaches it only with a role (responses_chat refuses any other, as pydantic does before it)."""
     kind = item.get("type")
     if kind is None or kind == "message":
         role, content = item.get("role"), item.get("content")
@@ -160,8 +163,8 @@ def _from_item(native: HarmonyChat, item: dict[str, Any], calls: dict[str, str])
                 "channel": "commentary", "recipient": "assistant"}  # fmt: skip
     if kind == "reasoning":
         parts = item.get("content")
-        if not parts:
-            return None  # the summary is not rendered
+        if not parts:  # the summary is never rendered: 0.31-0.33 skip the item, 0.34 keeps its place
+            return _text("assistant", "") if fills else None
         return {**_text("assistant", "\n".join(p["text"] for p in parts)), "channel": "analysis"}  # checked
     if kind == "function_call":
         return _call(item.get("name"), item.get("arguments"), "json")

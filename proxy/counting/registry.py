@@ -98,8 +98,9 @@ class ModelRegistry:
         """What the upstream's vLLM version changes in counting: 0.32 strips a billing-header line, 0.33 follows
         namespace aliases of `messages` when it decides a template's content format (see conversation.py), 0.34
         gives a tool result's references and text one tool message (anthropic.py), reads more Responses input items
-        (responses.py), reads a processor template stored as a dict by its "default" entry, which 0.31-0.33 refuse
-        to render (processor.py), and hands mistral_common the request's response_format and effort (mistral.py,
+        (responses.py) and renders a gpt-oss reasoning item without content (harmony_responses.py), reads a
+        processor template stored as a dict by its "default" entry, which 0.31-0.33 refuse to render
+        (processor.py), and hands mistral_common the request's response_format and effort (mistral.py,
         anthropic_probes.py)."""
         self.upstream_version = version
         release = self._upstream_release = _release(version)

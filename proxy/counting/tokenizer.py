@@ -61,7 +61,8 @@ class ModelTokenizer:
     # vLLM 0.34+ gives an Anthropic tool result's tool references and text one tool message (0.31-0.33: two)
     tool_references_joined: bool = False
     # vLLM 0.34+ fills in what an OpenResponses assistant or reasoning item leaves out and converts the Responses
-    # input items 0.31-0.33 fail on or pass through (counting/responses.py)
+    # input items 0.31-0.33 fail on or pass through (counting/responses.py); for gpt-oss it renders a reasoning item
+    # without content as an empty assistant message, which 0.31-0.33 skip (counting/harmony_responses.py)
     fills_response_items: bool = False
     # the model's AutoProcessor template (processor.py), which vLLM renders a request without tools with; None when
     # the server's --chat-template is configured (vLLM never asks the processor then)
