@@ -92,7 +92,7 @@ def test_with_several_choices_each_finish_event_gets_its_fingerprint() -> None:
     "trailing",
     [
         {"kv_transfer_params": None},  # vLLM 0.34's finish event
-        {"prompt_token_ids": None, "prompt_text": "}],\"a\"", "kv_transfer_params": {"remote": [1, "}]"]}},
+        {"prompt_token_ids": None, "prompt_text": '}],"a"', "kv_transfer_params": {"remote": [1, "}]"]}},
         {"metrics": {"queued_s": 0.5}, "kv_transfer_params": None},
     ],
 )
