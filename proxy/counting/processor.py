@@ -84,12 +84,12 @@ def processor_template(directory: Path | None) -> Stored:
 
 
 def remote_notice(directory: Path | None) -> str | None:
-    """What the guard cannot know about the processor template it read: None when vLLM's choice does not hang on
+    """What the guard cannot know about the processor template it reads: None when vLLM's choice does not hang on
     --trust-remote-code (no repository code, or a class that keeps no template)."""
     if directory is None:
         return None
     declared = _declared(directory)
-    if not declared.runs_code or processor_template(directory) is None:
+    if not declared.runs_code or not _keeps_template(directory, declared):
         return None
     return (f"the processor class is the repository's own code ({declared.remote}), which vLLM runs only under "
             "--trust-remote-code, a flag the guard cannot see: requests without tools are counted with the processor's "

@@ -136,7 +136,8 @@ def load_tokenizer(
     directory = _directory(spec)
     # vLLM loads the processor from the tokenizer's directory, or from a hub id's snapshot in the local cache
     files = None if chat_template is not None else directory or hub_snapshot(spec)
-    processor, notice = processor_template(files), remote_notice(files)
+    processor = processor_template(files)
+    notice = remote_notice(files) if processor is not None else None
     if template is None and processor is None:
         log.warning("tokenizer %s has no chat template: chat requests will be refused with a 400", spec)
     if notice is not None:
