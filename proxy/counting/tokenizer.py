@@ -17,7 +17,7 @@ from proxy.counting.conversation import ContentFormat, detect_content_format
 from proxy.counting.harmony import HarmonyChat, HarmonyLoadError
 from proxy.counting.mistral import MistralChat, MistralLoadError
 from proxy.counting.modes import Rendering, resolve_mode
-from proxy.counting.processor import Stored, processor_template
+from proxy.counting.processor import Stored, hub_snapshot, processor_template, remote_notice
 
 if TYPE_CHECKING:
     from proxy.counting.isolated import IsolatedRenderer
@@ -70,6 +70,9 @@ class ModelTokenizer:
     # a processor template stored as a dict: vLLM 0.34+ renders its "default" entry (none: the tokenizer's template),
     # 0.31-0.33 refuse every request without tools; until the upstream's version is known, 0.34's reading
     processor_dict_refused: bool = False
+    # what the guard cannot know about that template: the processor class is repository code, which vLLM runs only
+    # under --trust-remote-code (processor.py's remote_notice); `token-guard doctor` shows it
+    processor_notice: str | None = None
     # vLLM 0.34+ hands mistral_common the request's response_format and reasoning_effort (mistral.py), and decides
     # whether Messages merges inline system messages by rendering through mistral_common (anthropic_probes.py)
     mistral_034: bool = False
@@ -132,14 +135,19 @@ def load_tokenizer(
         except OSError as exc:
             raise TokenizerLoadError(f"chat template {chat_template}: cannot be read ({exc.strerror})") from exc
     directory = _directory(spec)
-    processor = processor_template(directory) if chat_template is None else None
+    # vLLM loads the processor from the tokenizer's directory, or from a hub id's snapshot in the local cache
+    files = None if chat_template is not None else directory or hub_snapshot(spec)
+    processor = processor_template(files)
+    notice = remote_notice(files) if processor is not None else None
     if template is None and processor is None:
         log.warning("tokenizer %s has no chat template: chat requests will be refused with a 400", spec)
+    if notice is not None:
+        log.warning("tokenizer %s: %s", spec, notice)
     specials = dict(getattr(renderer, "special_tokens_map", {}) or {})
     rendering = resolve_mode(directory, tokenizer_mode)
     native = _native(rendering, directory, spec)
     return ModelTokenizer(spec, renderer, backend, template, specials, rendering, native, dict(default_kwargs or {}),
-                          dict(effort_map or {}), processor_template=processor,
+                          dict(effort_map or {}), processor_template=processor, processor_notice=notice,
                           configured_template=configured)  # fmt: skip
 
 

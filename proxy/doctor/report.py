@@ -21,16 +21,20 @@ class ModelInfo:
     count_source: str
     source_reason: str
     default_chat_template_kwargs: dict[str, Any]
+    processor_notice: str | None = None  # what the guard cannot know about the processor's chat template
 
     @classmethod
     def of(cls, model: GuardedModel) -> ModelInfo:
-        rendering, kwargs = model.tokenizer.rendering, dict(model.tokenizer.default_kwargs)
-        return cls(model.name, rendering.mode, rendering.reason, model.count_source, model.source_reason, kwargs)
+        tok = model.tokenizer
+        return cls(model.name, tok.rendering.mode, tok.rendering.reason, model.count_source, model.source_reason,
+                   dict(tok.default_kwargs), tok.processor_notice)  # fmt: skip
 
     def lines(self) -> list[str]:
         lines = [f"  {self.model}: chat rendered by {self.rendering}: {self.rendering_reason}"]
         if self.default_chat_template_kwargs:
             lines.append(f"  {self.model}: default_chat_template_kwargs {self.default_chat_template_kwargs}")
+        if self.processor_notice:
+            lines.append(f"  {self.model}: {self.processor_notice}")
         return [*lines, f"  {self.model}: counted by {self.count_source}: {self.source_reason}"]
 
 
