@@ -109,7 +109,9 @@ BASH = {"name": "Bash", "description": "Run a shell command.", "input_schema": {
 
 def claude_code(served: Served, system_words: int) -> Any:
     """A Claude Code-shaped request: billing header and system blocks, tools, extended thinking, max_tokens 32000."""
-    claude = anthropic.Anthropic(base_url=served.guard, api_key="x", max_retries=0, timeout=180)
+    # a bound, not a speed: the answer runs to its ~1,100-token limit, which took over 180 s on vLLM 0.34's CPU runner
+    # (tests/e2e/overlay) with both cores loaded
+    claude = anthropic.Anthropic(base_url=served.guard, api_key="x", max_retries=0, timeout=600)
     system: Any = [
         {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch=0"},
         {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude. " + essay(system_words),
