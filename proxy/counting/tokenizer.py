@@ -32,9 +32,10 @@ class TokenizerLoadError(ValueError):
 class NativeChat(Protocol):
     """A renderer that is not a Jinja template (mistral_common, openai_harmony): it counts a chat request itself,
     and may count completion text its own way (None: the Hugging Face tokenizer's count stands). `request_kwargs`:
-    the upstream hands the renderer the request's kwargs as they are (vLLM 0.34+ for mistral_common)."""
+    the upstream hands the renderer the request's kwargs as they are (vLLM 0.34+ for mistral_common); `defaults`: the
+    server's --default-chat-template-kwargs."""
 
-    def count_chat(self, req: ChatRequest, request_kwargs: bool = False) -> int: ...
+    def count_chat(self, req: ChatRequest, request_kwargs: bool = False, defaults: Mapping[str, Any] = ...) -> int: ...
 
     def count_text(self, text: str, add_special_tokens: bool) -> int | None: ...
 
