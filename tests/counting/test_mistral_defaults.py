@@ -29,7 +29,7 @@ from tests.support import zoo
 MESSAGES = [{"role": "system", "content": "Answer in JSON."}, {"role": "user", "content": "Name a colour."}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "colour", "schema": SCHEMA, "strict": True}}
-TOOL = {"type": "function", "function": {"name": "paint", "description": "Paint a wall.",
+TOOL: dict[str, Any] = {"type": "function", "function": {"name": "paint", "description": "Paint a wall.",
                                          "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
 EFFORT = {"reasoning_effort": "minimal"}  # "minimal" is one token longer than the file's default "none"
 
