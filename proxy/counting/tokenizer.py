@@ -73,6 +73,9 @@ class ModelTokenizer:
     # vLLM 0.34+ hands mistral_common the request's response_format and reasoning_effort (mistral.py), and decides
     # whether Messages merges inline system messages by rendering through mistral_common (anthropic_probes.py)
     mistral_034: bool = False
+    # vLLM 0.34+ reads any error of the inline-system probe (anthropic_probes.py) as "merge"; up to 0.33 only a
+    # template error, and any other stops its start-up
+    probe_catches_any: bool = False
     # the --chat-template counterpart (models[].chat_template): what vLLM up to 0.33 probes for inline system messages
     # of a model it renders with mistral_common, where the tokenizer's own template plays no part
     configured_template: str | None = None
