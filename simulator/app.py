@@ -34,7 +34,7 @@ from simulator.converted import plan_invocation, plan_responses
 from simulator.decisions import decide
 from simulator.errors import ApiError
 from simulator.generation import Engine, Generation
-from simulator.messages import count_tokens, plan_messages
+from simulator.messages import count_tokens, merges_inline_system, plan_messages
 from simulator.orjson_text import orjson_dumps
 from simulator.pooling import pool, pooling_invocation
 from simulator.pooling_request import ROUTES as POOLING_KINDS
@@ -397,6 +397,7 @@ def create_app(settings: SimulatorSettings) -> Starlette:
     """Load the tokenizer and build the app; `app.state.stats` counts what reaches it."""
     stats = SimulatorStats(settings.kv_capacity_tokens)
     endpoints = Endpoints(Context.load(settings), stats)
+    merges_inline_system(endpoints.ctx)  # vLLM probes the template as it starts: 0.31-0.33 may fail to start here
     routes = [
         Route("/v1/chat/completions", endpoints.chat, methods=["POST"]),
         Route("/v1/completions", endpoints.completions, methods=["POST"]),

@@ -67,7 +67,7 @@ def _newer(ctx: Context) -> bool:
 def _options(ctx: Context, req: MessagesRequest) -> ChatOptions:
     """The chat request vLLM builds (to_chat_completion_request), as the chat path renders it."""
     ctx.check_model(req.model)
-    merge = any(needs_system_first(ctx.tokenizer.template_for(tools)) for tools in NO_TOOLS)
+    merge = merges_inline_system(ctx)
     disabled = "none"
     if (req.thinking or {}).get("type") in ("disabled", "between_tools"):
         disabled = _disabled_effort(ctx)
@@ -83,6 +83,13 @@ def _options(ctx: Context, req: MessagesRequest) -> ChatOptions:
     )  # fmt: skip
     check_template_trust(options, ctx.settings.trust_request_chat_template)
     return options
+
+
+def merges_inline_system(ctx: Context) -> bool:
+    """The Messages API's start-up probe (AnthropicServingMessages.__init__); an error it lets out (0.31-0.33, a
+    template raising anything but a template error) stops the server from starting."""
+    catches_any = ctx.profile.probe_catches_any
+    return any(needs_system_first(ctx.tokenizer.template_for(tools), catches_any) for tools in NO_TOOLS)
 
 
 def _disabled_effort(ctx: Context) -> str:

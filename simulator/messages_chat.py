@@ -207,16 +207,18 @@ def _tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def needs_system_first(template: str | dict[str, Any] | None) -> bool:
+def needs_system_first(template: str | dict[str, Any] | None, catches_any: bool = False) -> bool:
     """_detect_merge_inline_system, vLLM's start-up probe of each template it applies (with tools and without):
     [system, user, system, user] rendered in a plain sandboxed Jinja environment; any template error (Qwen's
-    `loop.first` guard, an undefined `raise_exception`) means inline system messages get merged. A processor's dict
-    (0.31-0.33) is no template: Jinja refuses it (0.33's own probe stops the server's start-up on it)."""
-    return isinstance(template, dict) or _fails_probe(template)
+    `loop.first` guard, an undefined `raise_exception`) means inline system messages get merged. `catches_any`
+    (0.34's `except Exception`): so does any other error; 0.31-0.33 let it out of the probe, which stops the server's
+    start-up. A processor's dict (0.31-0.33) is no template: Jinja refuses it (0.33's own probe stops the server's
+    start-up on it)."""
+    return isinstance(template, dict) or _fails_probe(template, catches_any)
 
 
 @lru_cache(maxsize=16)  # vLLM probes once at start-up; here the server's own templates, each compiled once
-def _fails_probe(template: str | None) -> bool:
+def _fails_probe(template: str | None, catches_any: bool) -> bool:
     if not template:
         return True
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -226,4 +228,8 @@ def _fails_probe(template: str | None) -> bool:
         env.from_string(template).render(messages=probe, add_generation_prompt=False)
     except jinja2.TemplateError:
         return True
+    except Exception:
+        if catches_any:
+            return True
+        raise
     return False

@@ -82,6 +82,9 @@ class Profile:
     # 0.34 reads an AutoProcessor chat template stored as a dict by its "default" entry (none: the tokenizer's
     # template serves); 0.31-0.33 hand the dict on whole and answer every request without tools 400
     reads_processor_default: bool = False
+    # 0.34's Messages API start-up probe of the chat template (_detect_merge_inline_system) reads any error as "merge
+    # inline system messages"; 0.31-0.33 catch only jinja2.TemplateError, so any other error stops their start-up
+    probe_catches_any: bool = False
 
 
 V031 = Profile(
@@ -104,7 +107,8 @@ V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True
 V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True,
                joins_tool_references=True, takes_min_tokens=True, empty_tools_as_none=True,
                budgets_responses_thinking=True, omits_null_details=True, cache_info_labels=LABELS_034,
-               fills_response_items=True, reads_processor_default=True, keeps_empty_reasoning=True)  # fmt: skip
+               fills_response_items=True, reads_processor_default=True, keeps_empty_reasoning=True,
+               probe_catches_any=True)  # fmt: skip
 PROFILES: dict[str, Profile] = {profile.name: profile for profile in (V031, V032, V033, V034)}
 
 

@@ -6,7 +6,9 @@ request becomes a chat prompt (vLLM 0.31/0.32 `AnthropicServingMessages`):
   into the leading system prompt. A model rendered by mistral_common has no template there: up to 0.33 vLLM probes
   its --chat-template (none: merged); 0.34 renders [SYSA, USRA, SYSB, USRB] through mistral_common and keeps inline
   system messages only if they come out in order as system turns of their own, a trailing one still followed by the
-  generation prompt (`_renderer_keeps_inline_system`; mistral_common 1.13 merges for every tokenizer version);
+  generation prompt (`_renderer_keeps_inline_system`; mistral_common 1.13 merges for every tokenizer version).
+  Up to 0.33 only a template error counts as failing, and any other error (a TypeError, say) stops the server's
+  start-up; 0.34 reads any error as failing;
 - `_probe_disabled_thinking_effort` (`--anthropic-disabled-thinking-effort auto`): `thinking: {"type": "disabled"}`
   becomes reasoning_effort "none", unless "none" fails to render or renders like a real effort: then "low". The
   probe renders through the model's renderer, mistral_common included (harmony refuses "none").
@@ -30,6 +32,7 @@ from proxy.counting.conversation import ContentFormat, template_inputs, to_conve
 from proxy.counting.mistral import MistralChat
 from proxy.counting.templates import TemplateError, render
 from proxy.counting.tokenizer import ModelTokenizer
+from proxy.errors import GuardError
 
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 _PROBE = [{"role": "system", "content": "t"}, {"role": "user", "content": "t"}] * 2
@@ -42,8 +45,8 @@ def merges_inline_system(tok: ModelTokenizer) -> bool:
     if isinstance(tok.native, MistralChat):
         if tok.mistral_034:
             return not _mistral_keeps_inline_system(tok.native)
-        return fails_inline_system(tok.configured_template)
-    return any(fails_inline_system(t) for t in {tok.template_for(None), tok.template_for([])})
+        return fails_inline_system(tok.configured_template, tok.probe_catches_any)
+    return any(fails_inline_system(t, tok.probe_catches_any) for t in {tok.template_for(None), tok.template_for([])})
 
 
 @lru_cache(maxsize=64)  # bounded: one entry per loaded mistral_common tokenizer
@@ -75,9 +78,11 @@ def _between(text: str) -> str:
     return text[text.find(MARKERS[1]) + len(MARKERS[1]) : text.find(MARKERS[2])]
 
 
-@lru_cache(maxsize=64)  # bounded: one entry per template
-def fails_inline_system(template: str | None) -> bool:
-    """vLLM's probe: does the template refuse a system message after the first turn?"""
+@lru_cache(maxsize=64)  # bounded: one entry per template and release rule
+def fails_inline_system(template: str | None, catches_any: bool = False) -> bool:
+    """vLLM's probe: does the template refuse a system message after the first turn? `catches_any` (0.34+): any error
+    of the render says so; up to 0.33 only a template error does, and any other (a filter's TypeError on a variable
+    the bare probe leaves undefined) stops vLLM's start-up, which the guard tells as its own error."""
     if not template:
         return True
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
@@ -87,6 +92,13 @@ def fails_inline_system(template: str | None) -> bool:
         env.from_string(template).render(messages=_PROBE, add_generation_prompt=False)
     except jinja2.TemplateError:
         return True
+    except Exception as exc:  # the template is the model's: anything can come out of it
+        if catches_any:
+            return True
+        raise GuardError(
+            f"the model's chat template fails vLLM's inline-system probe with {type(exc).__name__}: {exc}; vLLM up "
+            "to 0.33 does not start with such a template (0.34 merges inline system messages for it)"
+        ) from None
     return False
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from proxy.api.chat import ChatRequest
@@ -51,7 +52,10 @@ class HarmonyChat:
             for t in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>")
         )
 
-    def count_chat(self, req: ChatRequest, request_kwargs: bool = False) -> int:
+    def count_chat(
+        self, req: ChatRequest, request_kwargs: bool = False, defaults: Mapping[str, Any] | None = None
+    ) -> int:
+        # vLLM renders gpt-oss with openai_harmony, which no chat-template kwarg reaches
         try:
             return len(self.render_dicts(req.harmony) if req.harmony is not None else self.render(req))
         except InvalidRequest:

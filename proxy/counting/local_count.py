@@ -29,7 +29,7 @@ async def count_chat(tok: ModelTokenizer, req: ChatRequest, counter: TokenCounte
     if tok.effort_map:  # most servers map no effort: the request is read only where one does
         req = _effort_mapped(req, tok.effort_map)
     if tok.native is not None:  # mistral_common or openai_harmony: token ids straight from the messages
-        return await asyncio.to_thread(tok.native.count_chat, req, tok.mistral_034)
+        return await asyncio.to_thread(tok.native.count_chat, req, tok.mistral_034, tok.default_kwargs)
     # A template the request brought is the client's code: it runs in a child process, bounded (isolated.py). A
     # long conversation renders in a worker thread: ~80 ms for 31 MB, and the event loop gets its turns meanwhile.
     if req.chat_template is not None:

@@ -15,13 +15,22 @@ whatever the version (a pre-v15 tokenizer refuses it), and `response_format` whe
 setting writes that schema into the prompt ("[MODEL_SETTINGS]{"json_schema": ...}[/MODEL_SETTINGS]"); older ones
 only validate it.
 
+The server's --default-chat-template-kwargs sit under what the request sets (vLLM's `with_defaults`; a None or
+"auto" request value leaves the default): on every release a default `reasoning_effort` reaches mistral_common as the
+request's would (up to 0.33 only for v15+), and a default `tools` list serves a request without tools; from 0.34 every
+other default but the few vLLM's MistralTokenizer reads itself reaches `ChatCompletionRequest.from_openai`, a
+`response_format` among them when the request hands over none of its own. add_generation_prompt and
+continue_final_message never come from the defaults: every request sets both.
+
 mistral_common's errors become the guard's 400 here, at this module's boundary.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from proxy.api.body import json_arguments
@@ -30,6 +39,11 @@ from proxy.counting.conversation import MEDIA_PART_TYPES, to_tools
 from proxy.errors import CountedUpstreamOnly, InvalidRequest
 
 MISTRAL_TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"})
+NONE: Mapping[str, Any] = MappingProxyType({})
+# kwargs vLLM 0.34's MistralTokenizer.apply_chat_template reads itself (or drops) before handing the rest on, and
+# `tools`, a parameter of its own: a server default for these never reaches ChatCompletionRequest.from_openai
+_TAKEN = frozenset({"tools", "add_generation_prompt", "continue_final_message", "tokenize", "padding", "truncation",
+                    "max_length", "return_tensors", "return_dict"})  # fmt: skip
 
 
 class MistralLoadError(ValueError):
@@ -64,14 +78,16 @@ class MistralChat:
         self.version = int(str(self._raw.version.value).rsplit("v", 1)[-1])
         self.source = str(path)
 
-    def count_chat(self, req: ChatRequest, request_kwargs: bool = False) -> int:
-        """`request_kwargs`: the upstream hands mistral_common the request's kwargs as they are (vLLM 0.34+)."""
+    def count_chat(self, req: ChatRequest, request_kwargs: bool = False, defaults: Mapping[str, Any] = NONE) -> int:
+        """`request_kwargs`: the upstream hands mistral_common the request's kwargs as they are (vLLM 0.34+);
+        `defaults`: the server's --default-chat-template-kwargs, under what the request sets."""
         messages = _prepared(req)
-        kwargs = _request_kwargs(req.body) if request_kwargs else {}
+        kwargs = _request_kwargs(req.body, defaults) if request_kwargs else {}
         if not request_kwargs and self.version >= 15:
-            kwargs["reasoning_effort"] = req.body.get("reasoning_effort")
+            kwargs["reasoning_effort"] = _set(req.body.get("reasoning_effort"), defaults.get("reasoning_effort"))
+        tools = to_tools(req.tools) if req.tools is not None else defaults.get("tools")
         try:
-            return len(self._encode(messages, to_tools(req.tools), req.continue_final_message, kwargs))
+            return len(self._encode(messages, tools, req.continue_final_message, kwargs))
         except Exception as exc:  # validation and structure errors: vLLM answers 400 with their text
             raise InvalidRequest(f"{type(exc).__name__}: {exc}", param="messages") from None
 
@@ -102,10 +118,17 @@ class MistralChat:
         return tokens
 
 
-def _request_kwargs(body: dict[str, Any]) -> dict[str, Any]:
-    """What vLLM 0.34 hands mistral_common besides messages and tools: the effort, and response_format as its
-    request model dumps it (None fields left out), when mistral_common accepts it: `json_object`, or a schema."""
-    kwargs: dict[str, Any] = {"reasoning_effort": body.get("reasoning_effort")}
+def _set(value: Any, default: Any) -> Any:
+    """vLLM's `merge_kwargs`: the request's value, unless it is unset (None or "auto"), over the server's default."""
+    return default if value is None or value == "auto" else value
+
+
+def _request_kwargs(body: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """What vLLM 0.34 hands mistral_common besides messages and tools: the server's defaults but those its
+    MistralTokenizer takes for itself, the request's effort over theirs, and response_format as its request model
+    dumps it (None fields left out), when mistral_common accepts it: `json_object`, or a schema."""
+    kwargs = {k: v for k, v in defaults.items() if k not in _TAKEN}
+    kwargs["reasoning_effort"] = _set(body.get("reasoning_effort"), defaults.get("reasoning_effort"))
     fmt = body.get("response_format")
     if not isinstance(fmt, dict):
         return kwargs

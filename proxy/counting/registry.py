@@ -100,20 +100,22 @@ class ModelRegistry:
         gives a tool result's references and text one tool message (anthropic.py), reads more Responses input items
         (responses.py) and renders a gpt-oss reasoning item without content (harmony_responses.py), reads a
         processor template stored as a dict by its "default" entry, which 0.31-0.33 refuse to render
-        (processor.py), and hands mistral_common the request's response_format and effort (mistral.py,
-        anthropic_probes.py)."""
+        (processor.py), hands mistral_common the request's response_format and effort (mistral.py,
+        anthropic_probes.py), and reads any error of the Messages API's inline-system probe as "merge"
+        (anthropic_probes.py)."""
         self.upstream_version = version
         release = self._upstream_release = _release(version)
         newest = release >= (0, 34)
-        rules = (release >= (0, 32), release >= (0, 33), newest, newest, not newest, newest)
+        rules = (release >= (0, 32), release >= (0, 33), newest, newest, not newest, newest, newest)
         for name, model in self._models.items():
             tok = model.tokenizer
             if (tok.strip_billing_header, tok.namespace_aliases, tok.tool_references_joined, tok.fills_response_items,
-                    tok.processor_dict_refused, tok.mistral_034) != rules:  # fmt: skip
-                strip, namespaces, joined, fills, refused, mistral = rules
+                    tok.processor_dict_refused, tok.mistral_034, tok.probe_catches_any) != rules:  # fmt: skip
+                strip, namespaces, joined, fills, refused, mistral, catches = rules
                 tok = replace(tok, strip_billing_header=strip, namespace_aliases=namespaces,
                               tool_references_joined=joined, fills_response_items=fills,
-                              processor_dict_refused=refused, mistral_034=mistral)  # fmt: skip
+                              processor_dict_refused=refused, mistral_034=mistral,
+                              probe_catches_any=catches)  # fmt: skip
                 self._models[name] = replace(model, tokenizer=tok)
 
     def upstream_newer(self) -> bool:

@@ -32,9 +32,10 @@ class TokenizerLoadError(ValueError):
 class NativeChat(Protocol):
     """A renderer that is not a Jinja template (mistral_common, openai_harmony): it counts a chat request itself,
     and may count completion text its own way (None: the Hugging Face tokenizer's count stands). `request_kwargs`:
-    the upstream hands the renderer the request's kwargs as they are (vLLM 0.34+ for mistral_common)."""
+    the upstream hands the renderer the request's kwargs as they are (vLLM 0.34+ for mistral_common); `defaults`: the
+    server's --default-chat-template-kwargs."""
 
-    def count_chat(self, req: ChatRequest, request_kwargs: bool = False) -> int: ...
+    def count_chat(self, req: ChatRequest, request_kwargs: bool = False, defaults: Mapping[str, Any] = ...) -> int: ...
 
     def count_text(self, text: str, add_special_tokens: bool) -> int | None: ...
 
@@ -76,6 +77,9 @@ class ModelTokenizer:
     # vLLM 0.34+ hands mistral_common the request's response_format and reasoning_effort (mistral.py), and decides
     # whether Messages merges inline system messages by rendering through mistral_common (anthropic_probes.py)
     mistral_034: bool = False
+    # vLLM 0.34+ reads any error of the inline-system probe (anthropic_probes.py) as "merge"; up to 0.33 only a
+    # template error, and any other stops its start-up
+    probe_catches_any: bool = False
     # the --chat-template counterpart (models[].chat_template): what vLLM up to 0.33 probes for inline system messages
     # of a model it renders with mistral_common, where the tokenizer's own template plays no part
     configured_template: str | None = None
