@@ -27,6 +27,8 @@ class Model:
 
     enable_prompt_embeds = True
     is_encoder_decoder = False
+    hf_text_config = SimpleNamespace()  # 0.34 asks a tensor's width of it first (a Llama's names none)
+    served_model_name = "tiny"  # 0.34 times each render under it
 
     @property
     def dtype(self) -> Any:

@@ -1,8 +1,9 @@
 """Tiny random-weight models around the zoo's tokenizers, written without torch (numpy and a hand-made safetensors
 header), for real vLLM on the CPU.
 
-Every family but gpt-oss is a 2-layer Llama with the family's vocabulary size: vLLM renders their chat from the
-tokenizer and template alone. gpt-oss needs its own architecture: vLLM switches to harmony on `model_type: gpt_oss`.
+Every family but gpt-oss and Qwen3 is a 2-layer Llama with the family's vocabulary size: vLLM renders their chat from
+the tokenizer and template alone. gpt-oss needs its own architecture: vLLM switches to harmony on `model_type:
+gpt_oss`; Qwen3's is Llama's with per-head query and key norms, so that vLLM's Decisions API (0.33+) serves it.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def llama_shapes(c: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def qwen3_norms(c: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """What Qwen3ForCausalLM adds to Llama's parameters: an RMSNorm of each head's queries and keys."""
+    names = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
+    layers = range(c["num_hidden_layers"])
+    return {f"model.layers.{layer}.{name}": (c["head_dim"],) for layer in layers for name in names}
+
+
 def gpt_oss_shapes(c: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Hugging Face GptOssForCausalLM parameter names (the unquantized bf16 checkpoint layout)."""
     h, i, v, hd = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
@@ -115,6 +123,9 @@ def write_model(family: str, dest: Path) -> None:
         vocab_size, bos, eos = VOCAB_IDS[family]
         config = llama_config(vocab_size, bos, eos)
         shapes = llama_shapes(config)
+        if family == "qwen3":  # its own architecture, which vLLM's Decisions API (0.33+) reads; Llama's it refuses
+            config |= {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
+            shapes |= qwen3_norms(config)
         generation = {"bos_token_id": bos, "eos_token_id": eos}
     config["transformers_version"] = "5.17.0"  # else transformers 5 warns about Mistral's old regex on every load
     (dest / "config.json").write_text(json.dumps(config, indent=2))
