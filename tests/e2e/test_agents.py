@@ -52,7 +52,11 @@ class Served:
 
 @contextlib.contextmanager
 def served(
-    version: str, vllm_args: tuple[str, ...], workdir: Path, vllm_env: dict[str, str] | None = None
+    version: str,
+    vllm_args: tuple[str, ...],
+    workdir: Path,
+    vllm_env: dict[str, str] | None = None,
+    guard_settings: dict[str, str] | None = None,
 ) -> Iterator[Served]:
     model = runtime.tiny_model(runtime.vllm_venv(runtime.VERSIONS[0]) / "bin" / "python")
     vllm = runtime.start_vllm(
@@ -61,7 +65,9 @@ def served(
     processes = [vllm]
     try:
         vllm.wait_ready("/v1/models", VLLM_READY_TIMEOUT)
-        guard = runtime.start_proxy(vllm.url, model, workdir / "guard", settings=ALL_THE_ROOM)
+        guard = runtime.start_proxy(
+            vllm.url, model, workdir / "guard", settings={**ALL_THE_ROOM, **(guard_settings or {})}
+        )
         processes.append(guard)
         guard.wait_ready("/health", PROXY_READY_TIMEOUT)
         with httpx.Client(timeout=180) as http:
@@ -90,7 +96,10 @@ def queued(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     four times the tiny model's 4,096 positions (random weights do not mind), for a holding request that runs long."""
     args = ("--max-num-queued-reqs", "2", "--max-num-seqs", "1", "--max-model-len", str(HOLDING_WINDOW))
     longer = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
-    with served("0.32.0", args, tmp_path_factory.mktemp("queued-0.32.0"), longer) as running:
+    # a flood connection whose request never arrives (seen in CI, cause not found: flood() says so) is closed at the
+    # guard's header deadline: 5 s here, not 30, so that an attempt meeting it is tried again soon
+    quick = {"TOKEN_GUARD_SERVER_READ_TIMEOUT_S": "5"}
+    with served("0.32.0", args, tmp_path_factory.mktemp("queued-0.32.0"), longer, quick) as running:
         # a cold chat path renders its first prompts slowly, and vLLM counts a request queued only once rendered:
         # a flood that meets it cold is admitted whole (measured: 8 of 8 answered 200, none "busy")
         warm_up(running.vllm)
@@ -284,7 +293,7 @@ HOLDING_WINDOW = 16384
 HOLD = HOLDING_WINDOW - 8  # tokens the holding request asks for, EOS ignored: minutes; a busy machine's vLLM API
 # server reads a stream's events late (seen: a 4,088-token holder's first event read after all of it was generated)
 FLOOD = 8
-ATTEMPTS = 3
+ATTEMPTS = 6  # CI with three vLLMs running lost one of a flood's connections in 2 of 3 attempts (flood() says more)
 
 
 @contextlib.asynccontextmanager
@@ -311,9 +320,10 @@ async def waiting(client: httpx.AsyncClient, vllm: str) -> float:
 async def flood(vllm: str, url: str, body: dict[str, Any]) -> list[httpx.Response]:
     """`flooding` until the holder held its slot throughout and the first request waited behind it, which a busy
     machine can defeat (seen: a 4,088-token holder's first event read only after vLLM had generated all of it).
-    An attempt in which a connection failed is tried again too, and said so if none succeeds: once in CI, one of
-    the flood's connections to the guard was closed unanswered (httpx.ReadError), which no run here reproduced, with
-    both cores kept busy beside it."""
+    An attempt in which a connection failed is tried again too, and said so if none succeeds: in CI, one of the
+    flood's connections to the guard was closed unanswered (httpx.ReadError). The guard's log then shows the other
+    six answered within milliseconds and nothing of the seventh: its request never reached the guard, which closed
+    the idle connection at its header deadline (server.read_timeout_s). Not reproduced outside CI; cause open."""
     failed: list[str] = []
     for _ in range(ATTEMPTS):
         answers, held = await flooding(vllm, url, body)
