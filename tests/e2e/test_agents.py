@@ -378,6 +378,7 @@ def showing_logs(served: Served) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.filterwarnings("default:the full-queue flood was tried again:UserWarning")  # said, not an error
 def test_vllms_full_queue_reaches_the_client_as_a_429_with_retry_after(queued: Served, stream: bool) -> None:
     """Measured: 0.32 answers a request that arrives at a full queue (--max-num-queued-reqs) with 503 "The engine is
     currently busy and cannot accept new requests", a stream too (its check runs before the prompt is rendered).
