@@ -52,18 +52,18 @@ class HarmonyChat:
             for t in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>")
         )
 
-    def count_chat(
+    def chat_ids(
         self, req: ChatRequest, request_kwargs: bool = False, defaults: Mapping[str, Any] | None = None
-    ) -> int:
+    ) -> list[int]:
         # vLLM renders gpt-oss with openai_harmony, which no chat-template kwarg reaches
         try:
-            return len(self.render_dicts(req.harmony) if req.harmony is not None else self.render(req))
+            return self.render_dicts(req.harmony) if req.harmony is not None else self.render(req)
         except InvalidRequest:
             raise
         except Exception as exc:  # harmony refuses structures it cannot render
             raise InvalidRequest(f"{type(exc).__name__}: {exc}", param="messages") from None
 
-    def count_text(self, text: str, add_special_tokens: bool) -> None:
+    def text_ids(self, text: str, add_special_tokens: bool) -> None:
         return None  # completions: the Hugging Face tokenizer, as vLLM does
 
     def render(self, req: ChatRequest) -> list[int]:

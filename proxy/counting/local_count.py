@@ -18,6 +18,7 @@ from proxy.api.completions import CompletionRequest
 from proxy.counting.bound import verbatim_texts
 from proxy.counting.render import render_chat, render_chat_isolated
 from proxy.counting.text_count import OFF_LOOP_CHARS, TokenCounter
+from proxy.counting.text_ids import TokenIds
 from proxy.counting.tokenizer import ModelTokenizer
 from proxy.settings import CountingSettings
 
@@ -26,20 +27,36 @@ CountMessages = Callable[[list[Any]], Awaitable[int]]
 
 
 async def count_chat(tok: ModelTokenizer, req: ChatRequest, counter: TokenCounter | None = None) -> int:
+    prompt = await render_prompt(tok, req)
+    if not isinstance(prompt, str):
+        return len(prompt)
+    (count,) = await _counter(tok, counter).count([prompt], req.add_special_tokens)
+    return count
+
+
+async def chat_ids(tok: ModelTokenizer, req: ChatRequest, ids: TokenIds) -> list[int]:
+    """The prompt's token ids, exactly as vLLM renders and encodes it (the render routes' answer)."""
+    prompt = await render_prompt(tok, req)
+    if not isinstance(prompt, str):
+        return prompt
+    (out,) = await ids.ids([prompt], req.add_special_tokens)
+    return out
+
+
+async def render_prompt(tok: ModelTokenizer, req: ChatRequest) -> str | list[int]:
+    """The prompt text the chat template renders, or the token ids a native renderer (mistral_common, harmony)
+    makes straight from the messages."""
     if tok.effort_map:  # most servers map no effort: the request is read only where one does
         req = _effort_mapped(req, tok.effort_map)
-    if tok.native is not None:  # mistral_common or openai_harmony: token ids straight from the messages
-        return await asyncio.to_thread(tok.native.count_chat, req, tok.mistral_034, tok.default_kwargs)
+    if tok.native is not None:
+        return await asyncio.to_thread(tok.native.chat_ids, req, tok.mistral_034, tok.default_kwargs)
     # A template the request brought is the client's code: it runs in a child process, bounded (isolated.py). A
     # long conversation renders in a worker thread: ~80 ms for 31 MB, and the event loop gets its turns meanwhile.
     if req.chat_template is not None:
-        text = await render_chat_isolated(tok, req)
-    elif sum(len(t) for t in verbatim_texts(req.messages)) > OFF_LOOP_CHARS:
-        text = await asyncio.to_thread(render_chat, tok, req)
-    else:
-        text = render_chat(tok, req)
-    (count,) = await _counter(tok, counter).count([text], req.add_special_tokens)
-    return count
+        return await render_chat_isolated(tok, req)
+    if sum(len(t) for t in verbatim_texts(req.messages)) > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(render_chat, tok, req)
+    return render_chat(tok, req)
 
 
 async def count_completion(
@@ -47,12 +64,23 @@ async def count_completion(
 ) -> list[int]:
     texts = [p for p in req.prompts if isinstance(p, str)]
     if tok.native is not None and texts:
-        native = [tok.native.count_text(t, req.add_special_tokens) for t in texts]
+        native = [tok.native.text_ids(t, req.add_special_tokens) for t in texts]
         if all(n is not None for n in native):
             counts = iter(native)
-            return [next(counts) or 0 if isinstance(p, str) else len(p) for p in req.prompts]
+            return [len(next(counts) or ()) if isinstance(p, str) else len(p) for p in req.prompts]
     text_counts = iter(await _counter(tok, counter).count(texts, req.add_special_tokens) if texts else [])
     return [next(text_counts) if isinstance(p, str) else len(p) for p in req.prompts]
+
+
+async def completion_ids(tok: ModelTokenizer, req: CompletionRequest, ids: TokenIds) -> list[list[int]]:
+    """Each prompt's token ids: text encoded as vLLM encodes it, token-id prompts as given."""
+    texts = [p for p in req.prompts if isinstance(p, str)]
+    native = [tok.native.text_ids(t, req.add_special_tokens) for t in texts] if tok.native is not None else []
+    if texts and native and all(n is not None for n in native):
+        encoded = iter([list(n or ()) for n in native])
+    else:
+        encoded = iter(await ids.ids(texts, req.add_special_tokens) if texts else [])
+    return [next(encoded) if isinstance(p, str) else list(p) for p in req.prompts]
 
 
 def _effort_mapped(req: ChatRequest, effort_map: Mapping[str, str]) -> ChatRequest:

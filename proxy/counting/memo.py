@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Iterable
-from typing import cast
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar, cast
 
 ENTRY_OVERHEAD = 120  # bytes a dict slot and the int cost beyond the key string
 LONG_KEY_CHARS = 4096  # texts longer than this are kept under their digest
 DIGEST_SLICE_CHARS = 2**20  # a long text is digested this much at a time
+
+V = TypeVar("V")
 
 
 def key_of(text: str) -> str:
@@ -35,28 +37,35 @@ def entry_size(text: str) -> int:
     return sys.getsizeof(text) + ENTRY_OVERHEAD
 
 
-class Memo:
-    def __init__(self, max_bytes: int) -> None:
+def _no_bytes(value: object) -> int:
+    return 0
+
+
+class Memo(Generic[V]):
+    """`value_bytes`: what a value holds beyond the slot (a count holds nothing; token ids do)."""
+
+    def __init__(self, max_bytes: int, value_bytes: Callable[[V], int] = _no_bytes) -> None:
         self.max_bytes = max_bytes
         self._half = max_bytes // 2
-        self._young: dict[str, int] = {}
-        self._old: dict[str, int] = {}
+        self._value_bytes = value_bytes
+        self._young: dict[str, V] = {}
+        self._old: dict[str, V] = {}
         self._young_bytes = self._old_bytes = 0
 
-    def get(self, text: str) -> int | None:
+    def get(self, text: str) -> V | None:
         text = key_of(text)
         count = self._young.get(text)
         if count is None:
             count = self._old.pop(text, None)
             if count is not None:
-                self._old_bytes -= entry_size(text)
+                self._old_bytes -= entry_size(text) + self._value_bytes(count)
                 self._add(text, count)
         return count
 
-    def get_many(self, texts: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+    def get_many(self, texts: Iterable[str]) -> tuple[dict[str, V], list[str]]:
         """What get() finds of each text, and the texts it does not find (each once). The word-by-word count asks
         here only for the words sum_found() did not find in the young generation."""
-        known: dict[str, int] = {}
+        known: dict[str, V] = {}
         unknown: dict[str, None] = {}
         for text in texts:
             if text in known or text in unknown:
@@ -71,7 +80,7 @@ class Memo:
     def sum_found(self, texts: list[str]) -> tuple[int, list[str]]:
         """The summed counts of the texts found in the young generation at C speed (a fresh prompt's words, most of
         them familiar), and the others, in order and as often as they occur, for get_many()."""
-        counts = list(map(self._young.get, texts))
+        counts = cast(list[int | None], list(map(self._young.get, texts)))
         if None not in counts:
             return sum(cast(list[int], counts)), []
         total = 0
@@ -83,13 +92,17 @@ class Memo:
                 total += count
         return total, rest
 
-    def put(self, text: str, count: int) -> None:
+    def found(self, texts: list[str]) -> list[V | None]:
+        """What the young generation holds of each text, at C speed (None where it holds nothing)."""
+        return list(map(self._young.get, texts))
+
+    def put(self, text: str, count: V) -> None:
         text = key_of(text)
         if text not in self._young:
             self._add(text, count)
 
-    def _add(self, text: str, count: int) -> None:
-        size = entry_size(text)
+    def _add(self, text: str, count: V) -> None:
+        size = entry_size(text) + self._value_bytes(count)
         if size > self._half:
             return  # larger than a generation: not worth keeping
         if self._young_bytes + size > self._half:

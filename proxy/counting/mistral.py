@@ -78,7 +78,7 @@ class MistralChat:
         self.version = int(str(self._raw.version.value).rsplit("v", 1)[-1])
         self.source = str(path)
 
-    def count_chat(self, req: ChatRequest, request_kwargs: bool = False, defaults: Mapping[str, Any] = NONE) -> int:
+    def chat_ids(self, req: ChatRequest, request_kwargs: bool = False, defaults: Mapping[str, Any] = NONE) -> list[int]:
         """`request_kwargs`: the upstream hands mistral_common the request's kwargs as they are (vLLM 0.34+);
         `defaults`: the server's --default-chat-template-kwargs, under what the request sets."""
         messages = _prepared(req)
@@ -87,12 +87,13 @@ class MistralChat:
             kwargs["reasoning_effort"] = _set(req.body.get("reasoning_effort"), defaults.get("reasoning_effort"))
         tools = to_tools(req.tools) if req.tools is not None else defaults.get("tools")
         try:
-            return len(self._encode(messages, tools, req.continue_final_message, kwargs))
+            return self._encode(messages, tools, req.continue_final_message, kwargs)
         except Exception as exc:  # validation and structure errors: vLLM answers 400 with their text
             raise InvalidRequest(f"{type(exc).__name__}: {exc}", param="messages") from None
 
-    def count_text(self, text: str, add_special_tokens: bool) -> int:
-        return len(self._raw.encode(text, bos=add_special_tokens, eos=False))
+    def text_ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids: list[int] = self._raw.encode(text, bos=add_special_tokens, eos=False)
+        return ids
 
     def prompt_ids(self, messages: list[dict[str, Any]], reasoning_effort: str | None = None) -> list[int]:
         """The prompt of plain messages with a generation prompt, for vLLM's Messages API probes; mistral_common's

@@ -118,6 +118,11 @@ class ModelRegistry:
                               probe_catches_any=catches)  # fmt: skip
                 self._models[name] = replace(model, tokenizer=tok)
 
+    @property
+    def upstream_release(self) -> tuple[int, int] | None:
+        """The upstream's (major, minor), once the start-up check has read it."""
+        return self._upstream_release
+
     def upstream_newer(self) -> bool:
         """True for an upstream of vLLM 0.32 or later; False while its version is not known (the older rules)."""
         return self.upstream_at_least((0, 32))

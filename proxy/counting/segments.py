@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from proxy.counting.components import WHITESPACE, steps
 
@@ -32,6 +32,11 @@ class AddedTokenRule:
     rstrip: bool = False
     single_word: bool = False
     normalized: bool = False
+
+
+class Piece(NamedTuple):
+    text: str  # a piece of text between added tokens, or an added token's content
+    added: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,9 +70,28 @@ class Segmenter:
             pieces = remaining
         return Cut(tuple(pieces), added)
 
+    def in_order(self, text: str) -> list[Piece] | None:
+        """The text as its pieces and added tokens in order (what token ids are made of); None if it cannot be cut
+        exactly."""
+        if self.refusal is not None:
+            return None
+        pieces: list[Piece] = [Piece(text)] if text else []
+        for pattern in self._passes:
+            pieces = [p for piece in pieces for p in ((piece,) if piece.added else self._pieces(piece.text, pattern))]
+        return pieces
+
     def _split(self, text: str, pattern: re.Pattern[str]) -> tuple[list[str], int]:
         gaps: list[str] = []
-        added = end = 0  # `end`: where the previous added token, with the whitespace it stripped, ended
+        added = 0
+        for piece in self._pieces(text, pattern):
+            if piece.added:
+                added += 1
+            else:
+                gaps.append(piece.text)
+        return gaps, added
+
+    def _pieces(self, text: str, pattern: re.Pattern[str]) -> Iterator[Piece]:
+        end = 0  # where the previous added token, with the whitespace it stripped, ended
         for match in _finditer(pattern, text, self._longest):
             start, stop = match.span()
             rule = self._rules[match.group()]
@@ -76,12 +100,11 @@ class Segmenter:
             if rule.rstrip:
                 stop = _whitespace_after(text, stop)
             if end < start:
-                gaps.append(text[end:start])
-            added += 1
+                yield Piece(text[end:start])
+            yield Piece(rule.content, added=True)
             end = stop
         if end < len(text):
-            gaps.append(text[end:])
-        return gaps, added
+            yield Piece(text[end:])
 
 
 def _finditer(pattern: re.Pattern[str], text: str, longest: int) -> Iterator[re.Match[str]]:

@@ -40,7 +40,7 @@ def probe_texts(contents: list[str]) -> list[str]:
 
 
 def segments_agree(backend: Any, segmenter: Segmenter) -> bool:
-    texts = probe_texts(_probed_contents(backend))
+    texts = probe_texts(probed_contents(backend))
     cuts = [segmenter.cut(t) for t in texts]
     lengths = iter(_lengths(backend, [s for c in cuts for s in c.texts]))
     fast = [c.added + sum(next(lengths) for _ in c.texts) for c in cuts]
@@ -67,7 +67,7 @@ def words_agree(backend: Any) -> bool:
     return [sum(next(lengths) for _ in ps) for ps in pieces] == _lengths(backend, texts)
 
 
-def _probed_contents(backend: Any) -> list[str]:
+def probed_contents(backend: Any) -> list[str]:
     """Tokens that strip whitespace or match after normalization first: they are the ones a cut can get wrong."""
     tokens = sorted(backend.get_added_tokens_decoder().items())
     ranked = sorted(tokens, key=lambda item: not (item[1].lstrip or item[1].rstrip or item[1].normalized))

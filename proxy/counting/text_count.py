@@ -22,6 +22,7 @@ from proxy.counting.memo import LONG_KEY_CHARS, Memo, key_of
 from proxy.counting.segments import Cut, Segmenter, segmenter_for
 from proxy.counting.selfcheck import segments_agree, splits_agree, words_agree
 from proxy.counting.splitting import splitter_for, words
+from proxy.counting.text_ids import TokenIds
 from proxy.settings import CountingSettings
 
 log = logging.getLogger("token_guard.counter")
@@ -53,12 +54,13 @@ class TokenCounter:
         self.segmenter = segmenter_for(backend)
         self.splitter = splitter_for(backend, cores or available_cores(), settings.split_min_chars)
         self.specials = added_special_tokens(backend)  # None: the post-processor adds a varying number
-        self._cache = Memo(int(settings.cache_mb * 2**20))
-        self._words = Memo(int(settings.word_cache_mb * 2**20))
+        self._cache: Memo[int] = Memo(int(settings.cache_mb * 2**20))
+        self._words: Memo[int] = Memo(int(settings.word_cache_mb * 2**20))
         self._word_limit = settings.split_min_chars  # longer segments are split per core instead
         self.by_words = False
         self.hits = self.misses = 0
         self.fallbacks = 0
+        self._ids: TokenIds | None = None
         self._check(name or "tokenizer")
 
     def _check(self, name: str) -> None:
@@ -84,7 +86,15 @@ class TokenCounter:
         counter._cache = Memo(self._cache.max_bytes)
         counter._words = Memo(self._words.max_bytes)
         counter.hits = counter.misses = counter.fallbacks = 0
+        counter._ids = None
         return counter
+
+    def token_ids(self, cache_mb: float) -> TokenIds:
+        """This tokenizer's id encoder (the render routes'), made on first use: its caches cost nothing until then."""
+        if self._ids is None:
+            size = int(cache_mb * 2**20)
+            self._ids = TokenIds(self.backend, self.segmenter, self.by_words, size, size // 4)
+        return self._ids
 
     async def count(self, texts: Sequence[str], add_special_tokens: bool) -> list[int]:
         """Each text's token count, exactly as the tokenizer encodes it."""
@@ -154,7 +164,7 @@ class TokenCounter:
         return False, self.splitter.split(segment) if self.splitter else [segment]
 
     @staticmethod
-    def _remember(cache: Memo, counts: dict[str, int]) -> None:
+    def _remember(cache: Memo[int], counts: dict[str, int]) -> None:
         for text, count in counts.items():
             cache.put(text, count)
 

@@ -30,14 +30,16 @@ class TokenizerLoadError(ValueError):
 
 
 class NativeChat(Protocol):
-    """A renderer that is not a Jinja template (mistral_common, openai_harmony): it counts a chat request itself,
-    and may count completion text its own way (None: the Hugging Face tokenizer's count stands). `request_kwargs`:
+    """A renderer that is not a Jinja template (mistral_common, openai_harmony): it makes a chat request's token ids
+    itself, and may encode completion text its own way (None: the Hugging Face tokenizer's ids stand). `request_kwargs`:
     the upstream hands the renderer the request's kwargs as they are (vLLM 0.34+ for mistral_common); `defaults`: the
     server's --default-chat-template-kwargs."""
 
-    def count_chat(self, req: ChatRequest, request_kwargs: bool = False, defaults: Mapping[str, Any] = ...) -> int: ...
+    def chat_ids(
+        self, req: ChatRequest, request_kwargs: bool = False, defaults: Mapping[str, Any] = ...
+    ) -> list[int]: ...
 
-    def count_text(self, text: str, add_special_tokens: bool) -> int | None: ...
+    def text_ids(self, text: str, add_special_tokens: bool) -> list[int] | None: ...
 
 
 HF = Rendering("hf", "a Hugging Face tokenizer and chat template")

@@ -25,7 +25,7 @@ def test_a_long_text_is_keyed_by_the_digest_of_all_its_bytes_across_slices() -> 
 
 
 def test_sum_found_adds_what_the_young_generation_holds_and_returns_the_rest_as_often_as_it_occurs() -> None:
-    memo = Memo(10 * 2**20)
+    memo: Memo[int] = Memo(10 * 2**20)
     memo.put("a", 1)
     memo.put(" b", 2)
     assert memo.sum_found(["a", " b", "a"]) == (4, [])
@@ -35,7 +35,7 @@ def test_sum_found_adds_what_the_young_generation_holds_and_returns_the_rest_as_
 
 
 def test_sum_found_leaves_old_generation_entries_to_get_many_which_finds_and_promotes_them() -> None:
-    memo = Memo(2 * (entry_size("w0") * 4))  # a generation holds about four words
+    memo: Memo[int] = Memo(2 * (entry_size("w0") * 4))  # a generation holds about four words
     for i in range(6):
         memo.put(f"w{i}", i)
     old = next(w for w in ("w0", "w1", "w2", "w3") if memo.sum_found([w])[1])  # aged into the old generation

@@ -1,0 +1,168 @@
+"""The per-model token-id encoder: a text's ids exactly as `backend.encode(text, add_special_tokens=...).ids`, built
+from cached pieces as the counter builds counts (text_count.py). A text is cut at its added tokens (each one id), each
+piece between them is looked up in a bounded cache of ids; an uncached piece is made of its words' ids (a cache of
+words: fresh text is mostly familiar words), and what is still unknown is encoded in one GIL-releasing batch call.
+
+Every shortcut is confirmed at load on the counter's probe texts, comparing ids, not counts; one that misses is off
+for this tokenizer. All cache access happens on the event loop's thread; only the encoding runs elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from array import array
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from proxy.counting.memo import Memo
+from proxy.counting.segments import Piece, Segmenter
+from proxy.counting.selfcheck import SAMPLE, TRICKY, probe_texts, probed_contents
+from proxy.counting.splitting import words
+
+log = logging.getLogger("token_guard.ids")
+
+if TYPE_CHECKING:
+    Ids = array[int]  # array("i"): 4 bytes an id, where a list of ints holds 36
+else:
+    Ids = array
+INLINE_MAX_CHARS = 8192  # encoded right on the event loop: a thread hop costs more than this much encoding
+WORDS_MAX_CHARS = 2**21  # longer pieces are encoded whole in a worker thread (their word lists cost too much memory)
+
+
+def _ids_bytes(ids: Ids) -> int:
+    return 64 + 4 * len(ids)
+
+
+class TokenIds:
+    def __init__(self, backend: Any, segmenter: Segmenter, by_words: bool, cache_bytes: int, word_bytes: int) -> None:
+        self.backend = backend
+        self.segmenter = segmenter if _pieces_agree(backend, segmenter) else Segmenter([], refusal="self-check")
+        self.by_words = by_words and _words_agree(backend)
+        self.specials = _special_frame(backend)  # the ids add_special_tokens puts before and after; None: varies
+        self._added = {t.content: i for i, t in backend.get_added_tokens_decoder().items()}
+        self._pieces: Memo[Ids] = Memo(cache_bytes, _ids_bytes)
+        self._words: Memo[Ids] = Memo(word_bytes, _ids_bytes)
+        self.hits = self.misses = 0
+
+    async def ids(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
+        """Each text's token ids."""
+        if add_special_tokens and self.specials is None:
+            return [list(e.ids) for e in await _encode(self.backend, list(texts), True)]
+        out = []
+        for text in texts:
+            body = await self._text_ids(text)
+            if add_special_tokens and self.specials is not None:
+                before, after = self.specials
+                body = array("i", before) + body + array("i", after)
+            out.append(body.tolist())
+        return out
+
+    async def _text_ids(self, text: str) -> Ids:
+        pieces = self.segmenter.in_order(text)
+        if pieces is None:
+            pieces = [Piece(text)]
+        known: dict[str, Ids] = {}
+        missing: list[str] = []
+        for piece in pieces:
+            if piece.added or piece.text in known:
+                continue
+            found = self._pieces.get(piece.text)
+            if found is None:
+                missing.append(piece.text)
+            else:
+                known[piece.text] = found
+        self.hits += len(known)
+        self.misses += len(missing)
+        known.update(await self._fresh(list(dict.fromkeys(missing))))
+        out = array("i")
+        for piece in pieces:
+            if piece.added:
+                out.append(self._added[piece.text])
+            else:
+                out += known[piece.text]
+        return out
+
+    async def _fresh(self, texts: list[str]) -> dict[str, Ids]:
+        """Ids of uncached pieces: from their words where that is exact, the rest encoded whole; all cached."""
+        if not texts:
+            return {}
+        by_words = [t for t in texts if self.by_words and len(t) <= WORDS_MAX_CHARS]
+        whole = [t for t in texts if not (self.by_words and len(t) <= WORDS_MAX_CHARS)]
+        fresh = dict(zip(whole, [array("i", e.ids) for e in await _encode(self.backend, whole, False)], strict=True))
+        split = {t: words(t) for t in by_words}
+        word_ids = await self._word_ids([w for ws in split.values() for w in ws])
+        for text, ws in split.items():
+            ids = array("i")
+            for w in ws:
+                ids += word_ids[w]
+            fresh[text] = ids
+        for text, ids in fresh.items():
+            self._pieces.put(text, ids)
+        return fresh
+
+    async def _word_ids(self, texts: list[str]) -> dict[str, Ids]:
+        known, unknown = self._words.get_many(texts)
+        encoded = await _encode(self.backend, unknown, False)
+        for word, encoding in zip(unknown, encoded, strict=True):
+            ids = known[word] = array("i", encoding.ids)
+            self._words.put(word, ids)
+        return known
+
+
+async def _encode(backend: Any, texts: list[str], add_special_tokens: bool) -> list[Any]:
+    """Encodings of the texts; a large batch in a worker thread (encode_batch_fast releases the GIL there)."""
+    if not texts:
+        return []
+    if sum(len(t) for t in texts) <= INLINE_MAX_CHARS:
+        return list(backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens))
+    return list(await asyncio.to_thread(backend.encode_batch_fast, texts, add_special_tokens=add_special_tokens))
+
+
+def _whole(backend: Any, texts: list[str]) -> list[list[int]]:
+    return [list(e.ids) for e in backend.encode_batch_fast(texts, add_special_tokens=False)] if texts else []
+
+
+def _pieces_agree(backend: Any, segmenter: Segmenter) -> bool:
+    """On the counter's probe texts, the ids built from pieces and added tokens are the whole text's."""
+    if segmenter.refusal is not None:
+        return True  # whole texts only: exact by construction
+    added = {t.content: i for i, t in backend.get_added_tokens_decoder().items()}
+    texts = probe_texts(probed_contents(backend))
+    for text, whole in zip(texts, _whole(backend, texts), strict=True):
+        pieces = segmenter.in_order(text) or []
+        built: list[int] = []
+        for piece in pieces:
+            built += [added[piece.text]] if piece.added else _whole(backend, [piece.text])[0]
+        if built != whole:
+            log.warning("token ids are not built from pieces: the self-check failed")
+            return False
+    return True
+
+
+def _words_agree(backend: Any) -> bool:
+    texts = [SAMPLE, SAMPLE * 3, TRICKY, TRICKY[::-1], TRICKY + SAMPLE, " " + TRICKY, TRICKY.replace(" ", "  ")]
+    for text, whole in zip(texts, _whole(backend, texts), strict=True):
+        if [i for ids in _whole(backend, words(text)) for i in ids] != whole:
+            log.warning("token ids are not built word by word: the self-check failed")
+            return False
+    return True
+
+
+def _special_frame(backend: Any) -> tuple[list[int], list[int]] | None:
+    """The ids `add_special_tokens=True` puts before and after any text, when they are always the same."""
+    probes = ["a", " Hello, world!\n", "東京 🎉", "x y z"]
+    frames = set()
+    for text in probes:
+        plain = backend.encode(text, add_special_tokens=False).ids
+        full = backend.encode(text, add_special_tokens=True).ids
+        for start in range(len(full) - len(plain) + 1):
+            if full[start : start + len(plain)] == plain:
+                frames.add((tuple(full[:start]), tuple(full[start + len(plain) :])))
+                break
+        else:
+            return None
+    if len(frames) != 1:
+        return None
+    before, after = frames.pop()
+    return list(before), list(after)
