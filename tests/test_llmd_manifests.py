@@ -169,6 +169,10 @@ def test_the_token_producer_reaches_the_guard_for_a_model_it_renders(variant: Pa
     if variant == SIDECAR:
         assert guard_deployment(found) == "vllm-pool-epp"  # in the picker's pod
         assert url.hostname == "127.0.0.1" and url.port == port
+        (rule,) = found["NetworkPolicy", "vllm-pool-epp"]["spec"]["ingress"]
+        picker = container(pod(found, "vllm-pool-epp"), "epp")
+        opened = {p["port"] for p in rule["ports"]}
+        assert port not in opened and opened == {p["containerPort"] for p in picker["ports"]}  # the guard's: loopback
     else:
         name, namespace, svc = str(url.hostname).split(".")
         service = found["Service", name]
