@@ -42,7 +42,7 @@ NOT_REPRODUCED: tuple[tuple[str, str], ...] = (
         "values SamplingParams refuses (temperature over 2, top_p 0 ...) are not refused here: the answer carries them",
     ),
     ("structured_outputs", "response_format structural_tag and a text.format with structured_outputs are not read"),
-    ("float format", "0.33+ writes with orjson, which spells some exponents differently from Python's repr (1e-05)"),
+    ("float format", "0.33+ writes with orjson, which spells a float of exponent -5 plainly (0.00001, Python 1e-05)"),
 )
 ENVELOPE_0_31 = tuple(
     "request_id token_ids token_offsets features content_parts sampling_params model return_token_ids stream "
