@@ -42,7 +42,6 @@ NOT_REPRODUCED: tuple[tuple[str, str], ...] = (
         "values SamplingParams refuses (temperature over 2, top_p 0 ...) are not refused here: the answer carries them",
     ),
     ("structured_outputs", "response_format structural_tag and a text.format with structured_outputs are not read"),
-    ("float format", "0.33+ writes with orjson, which spells a float of exponent -5 plainly (0.00001, Python 1e-05)"),
 )
 ENVELOPE_0_31 = tuple(
     "request_id token_ids token_offsets features content_parts sampling_params model return_token_ids stream "
@@ -62,13 +61,17 @@ def render_answer(
     """The JSON body vLLM's render route answers for this request whose prompt(s) render to `prompts` (chat,
     messages, responses: exactly one; completions: one per prompt, answered as a list). `release`: the upstream's
     (major, minor), None when unknown (answer as the newest supported)."""
+    answer: object
     if kind == "completion":
-        return _dump(_completions(body, headers, prompts, max_model_len, release))
-    (prompt,) = prompts
-    if kind == "responses":
-        return _dump(_responses(body, prompt, max_model_len, release))
-    chat = as_chat(body) if kind == "messages" else body
-    return _dump(_chat(chat, headers, prompt, max_model_len, release, messages=body if kind == "messages" else None))
+        answer = _completions(body, headers, prompts, max_model_len, release)
+    elif kind == "responses":
+        (prompt,) = prompts
+        answer = _responses(body, prompt, max_model_len, release)
+    else:
+        (prompt,) = prompts
+        messages = body if kind == "messages" else None
+        answer = _chat(as_chat(body) if messages else body, headers, prompt, max_model_len, release, messages=messages)
+    return _dump(answer) if not at_least(release, (0, 33)) else _orjson_like(answer).encode()
 
 
 def _chat(
@@ -203,4 +206,34 @@ def _random_id() -> str:
 
 
 def _dump(answer: object) -> bytes:
+    """As starlette's JSONResponse writes it (0.31, 0.32)."""
     return json.dumps(answer, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+
+
+def _orjson_like(value: object) -> str:
+    """As orjson writes it (0.33+ create_json_response): compact like JSONResponse, floats spelled its way."""
+    if isinstance(value, float):
+        return _orjson_float(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_dumps(str(k))}:{_orjson_like(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_orjson_like(item) for item in value) + "]"
+    return _dumps(value)
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _orjson_float(value: float) -> str:
+    """Python's shortest digits, placed plainly for a decimal exponent of -5 (Python: 1e-05) and with an unpadded
+    exponent otherwise (1e-6, Python 1e-06)."""
+    text = _dumps(value)
+    if "e" not in text:
+        return text
+    mantissa, exponent = text.split("e")
+    power = int(exponent)
+    if power == -5:
+        sign, digits = ("-", mantissa[1:]) if mantissa.startswith("-") else ("", mantissa)
+        return f"{sign}0.0000{digits.replace('.', '')}"
+    return f"{mantissa}e{'+' if power > 0 else '-'}{abs(power)}"

@@ -206,3 +206,21 @@ class _AnyId:
 
 
 ANY_ID = _AnyId()
+
+
+def test_0_33_spells_floats_as_orjson_does() -> None:
+    body = {"model": "tiny", "messages": [], "min_p": 1e-5, "top_p": 2.5e-7, "logit_bias": {"3": 1e-6}}
+    older = render_answer("chat", body, {}, [HELLO], WINDOW, (0, 32)).decode()
+    newer = render_answer("chat", body, {}, [HELLO], WINDOW, (0, 33)).decode()
+    assert '"top_p":2.5e-07,"min_p":1e-05' in older and '"logit_bias":{"3":1e-06}' in older
+    assert '"top_p":2.5e-7,"min_p":0.00001' in newer and '"logit_bias":{"3":1e-6}' in newer
+
+
+def test_0_33_answer_is_what_orjson_writes_of_it() -> None:
+    orjson = pytest.importorskip("orjson")
+    for name, case in ANSWERED.items():
+        real = json.loads(case["answer"])
+        prompts = [item["token_ids"] for item in real] if isinstance(real, list) else [real["token_ids"]]
+        body = {**case["body"], "min_p": 1.5e-5, "temperature": 0.5, "logit_bias": {"1": -3e-8}}
+        ours = render_answer(case["route"], body, case["headers"], prompts, WINDOW, (0, 33))
+        assert ours == orjson.dumps(json.loads(ours)), name
