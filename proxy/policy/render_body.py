@@ -33,7 +33,8 @@ NOT_REPRODUCED: tuple[tuple[str, str], ...] = (
     (
         "parse_context.chat_template_kwargs",
         "the server's --default-chat-template-kwargs and a Harmony model's empty "
-        "kwargs are not known; Anthropic thinking disabled (0.33+: resolved per model) and output_config are not read",
+        "kwargs and 0.34's reasoning-effort map are not known; Anthropic thinking disabled (0.33+: resolved per "
+        "model) and output_config are not read",
     ),
     ("sampling_params.repetition_detection", "not copied"),
     ("sampling_params.prompt_logprob_token_ids", "not copied"),
@@ -70,7 +71,9 @@ def render_answer(
     else:
         (prompt,) = prompts
         messages = body if kind == "messages" else None
-        answer = _chat(as_chat(body) if messages else body, headers, prompt, max_model_len, release, messages=messages)
+        answer = _chat(
+            body if messages is None else as_chat(body), headers, prompt, max_model_len, release, messages=messages
+        )
     return _dump(answer) if not at_least(release, (0, 33)) else _orjson_like(answer).encode()
 
 
@@ -180,6 +183,8 @@ def _max_tokens(limit: int | None, name: str, prompt: Sequence[int], max_model_l
         )
         raise InvalidRequest(f"{message} (parameter={name}, value={limit})", param=name)
     room = max_model_len - len(prompt)
+    if room < 0:  # the renderer refuses such a prompt first; get_max_tokens' own words, should one get here
+        raise InvalidRequest(f"Input length ({len(prompt)}) exceeds model's maximum context length ({max_model_len}).")
     return room if limit is None else min(room, limit)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.errors import InvalidRequest
+
 Release = tuple[int, int]
 Body = Mapping[str, Any]
 
@@ -157,6 +159,7 @@ def _finish(
     if at_least(release, (0, 32)):
         values["watermarking"] = body.get("watermarking")
     _sample(values)
+    _check_limits(values["max_tokens"], values.get("min_tokens") or 0)
     values["stop"] = _stops(values.get("stop"))
     values["stop_token_ids"] = list(dict.fromkeys(values.get("stop_token_ids") or []))
     values["bad_words"] = list(dict.fromkeys(values.get("bad_words") or []))
@@ -168,6 +171,15 @@ def _finish(
         values["thinking_token_budget"] = None
     values["skip_reading_prefix_cache"] = values.get("prompt_logprobs") is not None
     return {name: values[name] for name in FIELDS if _written(name, values.get(name))}
+
+
+def _check_limits(max_tokens: int, min_tokens: int) -> None:
+    """SamplingParams' own refusals of the output limit (a prompt that fills the window leaves a limit of 0)."""
+    if max_tokens < 1:
+        message = f"max_tokens must be at least 1, got {max_tokens}."
+        raise InvalidRequest(f"{message} (parameter=max_tokens, value={max_tokens})", param="max_tokens")
+    if min_tokens > max_tokens:
+        raise InvalidRequest(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
 
 
 def _sample(values: dict[str, Any]) -> None:

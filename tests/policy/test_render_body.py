@@ -62,13 +62,20 @@ def test_the_answer_is_vllm_0_32s_byte_for_byte(name: str) -> None:
     assert ours.decode() == same_but_ids(ours, case["answer"], case["route"])
 
 
+def refused_prompts(case: dict[str, Any]) -> list[list[int]]:
+    """The prompts of a refused request, which vLLM does not show: a token prompt as sent, "Hello"'s ids otherwise."""
+    prompt = case["body"].get("prompt")
+    if isinstance(prompt, list) and all(isinstance(token, int) for token in prompt):
+        return [prompt]
+    return [HELLO] * (len(prompt) if isinstance(prompt, list) else 1)
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_request_vllm_0_32_refuses_is_refused_with_its_message(name: str) -> None:
     case = REFUSED[name]
     error = json.loads(case["answer"])["error"]
     with pytest.raises(InvalidRequest) as refused:
-        prompts = [HELLO, HELLO] if case["route"] == "completion" else [HELLO]
-        render_answer(case["route"], case["body"], case["headers"], prompts, WINDOW, (0, 32))
+        render_answer(case["route"], case["body"], case["headers"], refused_prompts(case), WINDOW, (0, 32))
     assert (refused.value.message, refused.value.param) == (error["message"], error["param"])
 
 
@@ -224,3 +231,8 @@ def test_0_33_answer_is_what_orjson_writes_of_it() -> None:
         body = {**case["body"], "min_p": 1.5e-5, "temperature": 0.5, "logit_bias": {"1": -3e-8}}
         ours = render_answer(case["route"], body, case["headers"], prompts, WINDOW, (0, 33))
         assert ours == orjson.dumps(json.loads(ours)), name
+
+
+def test_a_prompt_over_the_window_is_refused_not_answered_with_a_negative_limit() -> None:
+    with pytest.raises(InvalidRequest, match=r"Input length \(5\) exceeds model's maximum context length \(4\)\."):
+        render_answer("chat", {"model": "tiny", "messages": []}, {}, [[1, 2, 3, 4, 5]], 4, (0, 32))
