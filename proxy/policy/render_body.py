@@ -34,7 +34,7 @@ NOT_REPRODUCED: tuple[tuple[str, str], ...] = (
         "parse_context.chat_template_kwargs",
         "the server's --default-chat-template-kwargs and a Harmony model's empty "
         "kwargs and 0.34's reasoning-effort map are not known; Anthropic thinking disabled (0.33+: resolved per "
-        "model) and output_config are not read",
+        "model) is not read",
     ),
     ("sampling_params.repetition_detection", "not copied"),
     ("sampling_params.prompt_logprob_token_ids", "not copied"),
@@ -72,7 +72,12 @@ def render_answer(
         (prompt,) = prompts
         messages = body if kind == "messages" else None
         answer = _chat(
-            body if messages is None else as_chat(body), headers, prompt, max_model_len, release, messages=messages
+            body if messages is None else as_chat(body, release),
+            headers,
+            prompt,
+            max_model_len,
+            release,
+            messages=messages,
         )
     return _dump(answer) if not at_least(release, (0, 33)) else _orjson_like(answer).encode()
 

@@ -8,29 +8,25 @@ from typing import Any
 
 from proxy.policy.render_sampling import Body, Release, at_least
 
+COPIED = "temperature top_p top_k watermarking cache_salt kv_transfer_params ec_transfer_params vllm_xargs".split()
 
-def as_chat(body: Body) -> dict[str, Any]:
+
+def as_chat(body: Body, release: Release | None) -> dict[str, Any]:
     """The chat request vLLM's Anthropic conversion makes of a Messages body, as far as the answer reads it."""
-    chat = {
-        "model": body.get("model"),
-        "max_tokens": body.get("max_tokens"),
-        "max_completion_tokens": body.get("max_tokens"),
-        "stop": body.get("stop_sequences"),
-    }
-    for name in (
-        "temperature",
-        "top_p",
-        "top_k",
-        "watermarking",
-        "cache_salt",
-        "kv_transfer_params",
-        "ec_transfer_params",
-        "vllm_xargs",
-        "chat_template_kwargs",
-    ):
-        chat[name] = body.get(name)
+    limit = body.get("max_tokens")
+    chat = {"model": body.get("model"), "max_tokens": limit, "max_completion_tokens": limit}
+    chat |= {name: body.get(name) for name in COPIED} | {"stop": body.get("stop_sequences")}
+    chat["chat_template_kwargs"] = body.get("chat_template_kwargs")
+    if at_least(release, (0, 34)):
+        chat["min_tokens"] = body.get("min_tokens")
     if body.get("stream"):
         chat |= {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    output = body.get("output_config") or {}
+    schema = (output.get("format") or {}).get("schema")
+    if schema:
+        chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "json_schema", "schema": schema}}
+    if output.get("effort") is not None:
+        chat["reasoning_effort"] = output["effort"]
     thinking = body.get("thinking") or {}
     if thinking.get("type") == "enabled":
         chat["thinking_token_budget"] = thinking.get("budget_tokens")

@@ -215,6 +215,16 @@ CASES: dict[str, tuple[str, dict[str, str], dict[str, Any]]] = {
     "chat thinking budget": ("chat", {}, {"messages": CHAT, "thinking_token_budget": 50, "watermarking": True}),
     "chat logprobs without top_logprobs": ("chat", {}, {"messages": CHAT, "logprobs": True, "temperature": 1e-6}),
     "completion explicit 16 is omitted": ("completion", {}, {"prompt": "Hi", "max_tokens": 16, "logprobs": 0}),
+    "messages output_config": (
+        "messages",
+        {},
+        {
+            "messages": CHAT,
+            "max_tokens": 10,
+            "min_tokens": 3,
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}, "effort": "low"},
+        },
+    ),
     "refused chat min_tokens over max_tokens": ("chat", {}, {"messages": CHAT, "max_tokens": 10, "min_tokens": 11}),
     "refused chat zero max_tokens": ("chat", {}, {"messages": CHAT, "max_tokens": 0}),
     "refused completion zero max_tokens": ("completion", {}, {"prompt": ["Hi", "a"], "max_tokens": 0}),

@@ -236,3 +236,16 @@ def test_0_33_answer_is_what_orjson_writes_of_it() -> None:
 def test_a_prompt_over_the_window_is_refused_not_answered_with_a_negative_limit() -> None:
     with pytest.raises(InvalidRequest, match=r"Input length \(5\) exceeds model's maximum context length \(4\)\."):
         render_answer("chat", {"model": "tiny", "messages": []}, {}, [[1, 2, 3, 4, 5]], 4, (0, 32))
+
+
+def test_messages_min_tokens_is_read_from_0_34_and_effort_reaches_the_template_kwargs() -> None:
+    body = {"messages": [], "max_tokens": 10, "min_tokens": 3, "output_config": {"effort": "low"}}
+    assert answered("messages", body, (0, 34))["sampling_params"]["min_tokens"] == 3
+    assert "min_tokens" not in answered("messages", body, (0, 33))["sampling_params"]
+    kwargs = answered("messages", body, (0, 33))["parse_context"]["chat_template_kwargs"]
+    assert kwargs == {
+        "add_generation_prompt": True,
+        "continue_final_message": False,
+        "reasoning_effort": "low",
+        "enable_thinking": True,
+    }
