@@ -1,5 +1,5 @@
-"""The `token-guard` command: `serve` (the proxy), `extproc` (the guard as Envoy's external processor), `simulate`
-(the vLLM simulator) and `demo` (both, with a tour).
+"""The `token-guard` command: `serve` (the proxy), `render` (only the render routes, for a router's token ids),
+`extproc` (the guard as Envoy's external processor), `simulate` (the vLLM simulator) and `demo` (both, with a tour).
 
 Commands only build settings and hand them to the server; nothing here holds logic of its own.
 """
@@ -39,6 +39,7 @@ FLAGS = {  # flag destination -> settings key
     "reasoning_effort_map": "model.reasoning_effort_map",
     "count_source": "counting.source",
     "redis_url": "redis.url",
+    "vllm_version": "render.vllm_version",
 }
 
 
@@ -52,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--default-max-tokens", help='max_tokens for chat requests without one: N or "50%%"')
     serve.add_argument("--log-format", help="text (default) or json: one JSON object per line")
     serve.add_argument("--workers", help="processes serving the port, e.g. one per core (default 1)")
+    render = add_settings_flags(commands.add_parser(
+        "render", help="answer only vLLM's render routes (token ids for a router), with no upstream"))  # fmt: skip
+    render.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    render.add_argument("--port", help="port to listen on (default 8080)")
+    render.add_argument("--log-format", help="text (default) or json: one JSON object per line")
+    render.add_argument("--workers", help="processes serving the port, e.g. one per core (default 1)")
+    render.add_argument("--vllm-version", help="the vLLM release whose rules and answer shape to follow (e.g. 0.32.0)")
     extproc = add_settings_flags(commands.add_parser("extproc", help="run the guard as Envoy's external processor"))
     extproc.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     extproc.add_argument("--port", help="gRPC port to listen on (default 9002: extproc.port)")
@@ -97,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return serve(settings_from(args), flags_from(args), args.config)
+        if args.command == "render":  # the proxy's app with only its render routes and its own, asking no upstream
+            flags = {**flags_from(args), "render.only": True, "render.local": True}
+            return serve(load_settings(flags, config_file=args.config), flags, args.config)
         if args.command == "extproc":
             return extproc(settings_from(args, port="extproc.port"))
         if args.command in ("doctor", "check"):
@@ -162,9 +173,10 @@ def serve(settings: Settings, flags: dict[str, Any], config_file: Path | None) -
     configure_logging(settings.server.log_level, settings.server.log_format)
     server = settings.server
     options = {"host": server.host, "port": server.port, "log_level": "warning", **uvicorn_options(server)}
+    upstream = "none: render routes only" if settings.render.only else ", ".join(settings.upstream.urls)
     logging.getLogger("token_guard").info(
         "token-guard listening on http://%s:%d with %d worker(s), upstream %s", server.host, server.port,
-        server.workers, ", ".join(settings.upstream.urls),
+        server.workers, upstream,
     )  # fmt: skip
     # uvicorn drains on SIGTERM, then raises it again, to die of it: the stop was asked for and done, so exit 0
     previous = signal.signal(signal.SIGTERM, _stopped)

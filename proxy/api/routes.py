@@ -156,6 +156,13 @@ ROUTES: tuple[Route, ...] = (
     *_many(Kind.UNGUARDED, None, UNGUARDED, GET | POST),
 )
 
+
+def render_only(routes: Iterable[Route] = ROUTES) -> tuple[Route, ...]:
+    """`token-guard render`'s table: the guard's own routes and the count routes it answers itself (the render routes
+    with render.local, count_tokens); nothing reaches an upstream."""
+    return tuple(r for r in routes if r.kind is Kind.OWN or (r.kind is Kind.COUNT and r.reads is not None))
+
+
 # Routes with an id in their path; the id must be a plain token, so that what is forwarded is always a path of the
 # table's own shape.
 ID = "[A-Za-z0-9][A-Za-z0-9._:-]{0,255}"
@@ -175,7 +182,9 @@ class Found:
 
 
 class RouteTable:
-    def __init__(self, routes: Iterable[Route] = ROUTES, passthrough: Iterable[str] = ()) -> None:
+    def __init__(
+        self, routes: Iterable[Route] = ROUTES, passthrough: Iterable[str] = (), templates: bool = True
+    ) -> None:
         self._exact = {route.path: route for route in routes}
         self.kept: list[Route] = []  # passthrough paths the table declares otherwise: left as declared
         self.unguarded: list[str] = []  # passthrough paths that open unguarded generation, on purpose
@@ -188,6 +197,7 @@ class RouteTable:
                 self.unguarded.append(path)
             self._exact[path] = Route(path, GET | POST, Kind.RELAY)
         self._found = {path: Found(route, path) for path, route in self._exact.items()}
+        self._templates = TEMPLATES if templates else ()
 
     def speak(self, anthropic_types: bool) -> None:
         """The Messages API's error vocabulary, as the upstream's release answers there (the start-up check tells
@@ -212,14 +222,14 @@ class RouteTable:
     def _template(self, path: str) -> Found | None:
         if not path.startswith(TEMPLATE_PREFIXES):
             return None
-        for pattern, route in TEMPLATES:
+        for pattern, route in self._templates:
             if pattern.fullmatch(path):
                 return Found(route, path)
         return None
 
     def routes(self) -> list[Route]:
-        return [*self._exact.values(), *(route for _, route in TEMPLATES)]
+        return [*self._exact.values(), *(route for _, route in self._templates)]
 
     def declares(self, path: str) -> Route | None:
         """The route declared for a path as vLLM writes it in its own table (with `{id}` placeholders)."""
-        return self._exact.get(path) or next((r for _, r in TEMPLATES if r.path == path), None)
+        return self._exact.get(path) or next((r for _, r in self._templates if r.path == path), None)

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from proxy.api.models import ModelCard
-from proxy.api.routes import RouteTable
+from proxy.api.routes import RouteTable, render_only
 from proxy.counting.isolated import BodyParser, IsolatedRenderer
 from proxy.counting.registry import ModelRegistry
 from proxy.drift.evidence import Evidence
@@ -102,7 +102,11 @@ class Core:
         self.learning = Learning(server.ready_wait_s)
         self.upstream.returned = self.learning.stale  # a replica back from being out may have restarted
         self.flow = Flow(self.guard, self.meter, self.metrics, self.learning)
-        self.routes = RouteTable(passthrough=server.passthrough_paths)
+        self.render_only = settings.render.only  # `token-guard render`: no upstream is asked anything
+        if self.render_only:
+            self.routes = RouteTable(render_only(), templates=False)
+        else:
+            self.routes = RouteTable(passthrough=server.passthrough_paths)
         for route in self.routes.kept:
             log.warning("server.passthrough_paths: %s is a %s route of the table and stays one", route.path, route.kind)
         for path in self.routes.unguarded:
@@ -154,7 +158,8 @@ class Core:
         until the guard is told to stop; the models' names only when `models` (Core.sight)."""
         if self.drain.stopping:
             return 503, {"status": "stopping", "detail": "token-guard is stopping: new requests go elsewhere"}
-        healthy = await self.upstream.is_healthy()  # first: a replica back from being out makes it learn again
+        # first: a replica back from being out makes it learn again
+        healthy = self.render_only or await self.upstream.is_healthy()
         if not self.learning.known:
             learning = "the upstream's models" if self.registry.discovering else "how the upstream counts"
             detail = f"learning {learning}"
@@ -174,6 +179,8 @@ class Core:
     def _jobs(self) -> list[Coroutine[Any, Any, None]]:
         """The background work of the core's lifetime, each logged if it fails (never taking the server down). Each
         job's coroutine is made only once its task runs: a lifetime left at once cancels tasks that never began."""
+        if self.render_only:
+            return [_logged(partial(_render_ready, self.settings, self.registry, self.learning, self.routes))]
         learn = partial(_learn_models, self.settings, self.registry, self.upstream, self.learning, self.routes,
                         self.evidence)  # fmt: skip
         jobs: list[Job] = [learn, self.upstream.watch_health, self.followers.run]
@@ -224,6 +231,15 @@ async def _learn_models(
         registry.forget_learned()
         evidence.forget()
         log.info("an upstream replica is back: learning its models and how it counts again before counting")
+
+
+async def _render_ready(settings: Settings, registry: ModelRegistry, learning: Learning, routes: RouteTable) -> None:
+    """`token-guard render`: the configured models are all it renders, by the rules of render.vllm_version (the
+    newest the guard knows when unset); ready at once."""
+    if settings.render.vllm_version is not None:
+        registry.set_upstream_version(settings.render.vllm_version)
+    routes.speak(registry.anthropic_error_types())
+    learning.learned()
 
 
 async def _discovered(settings: Settings, upstream: Upstream) -> list[ModelCard]:

@@ -28,6 +28,7 @@ class Decision:
     count_source: str | None = None  # who counted the prompt: a CountSource (counting/source.py)
     thinking: str | None = None  # Anthropic thinking under a lowered limit: "budget_tokens=N" or "disabled"
     next_turn: int | None = None  # clamp: the tokens of the window kept free for the next turn (decide.py)
+    render: str | None = None  # a render route with render.local: "local", or "upstream; reason=..." (rendered.py)
 
     @classmethod
     def of(cls, plan: Plan, count_source: str | None = None) -> Decision:
@@ -58,6 +59,8 @@ class Decision:
             headers["x-token-guard-thinking"] = self.thinking
         if self.next_turn is not None:
             headers["x-token-guard-next-turn-tokens"] = str(self.next_turn)
+        if self.render is not None:
+            headers["x-token-guard-render"] = self.render
         return headers
 
 
@@ -79,7 +82,7 @@ class Refuse:
 
 @dataclass(frozen=True)
 class Answer:
-    """The guard answers the request itself (Anthropic's count_tokens): a 200 with this JSON body."""
+    """The guard answers the request itself (Anthropic's count_tokens, a render route): a 200 with this JSON body."""
 
     body: bytes
     decision: Decision

@@ -27,6 +27,7 @@ from proxy.settings.sections import (
     ModelSettings,
     PolicySettings,
     RedisSettings,
+    RenderSettings,
     ResponsesSettings,
     ServerSettings,
     Settings,
@@ -129,6 +130,12 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "picker_sets_destination": v.boolean,
         "path_prefixes": v.list_of(v.path_prefix),
     },
+    "render": {
+        "local": v.boolean,
+        "cache_mb": v.non_negative_float,
+        "only": v.boolean,
+        "vllm_version": v.nonempty_text,
+    },
     "counting": {
         "cache_mb": v.non_negative_float,
         "word_cache_mb": v.non_negative_float,
@@ -158,6 +165,7 @@ SECTIONS = {
     "redis": RedisSettings,
     "responses": ResponsesSettings,
     "extproc": ExtprocSettings,
+    "render": RenderSettings,
 }
 
 
@@ -283,6 +291,7 @@ def _validate(merged: _Layer) -> Settings:
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise SettingsError(f"models: each name must be unique, got {names}")
+    _check_render(sections["render"], models)
     try:
         keys = parse_keys(merged.keys or [], merged.keys_origin)
     except ValueError as exc:
@@ -353,6 +362,17 @@ def _check_server(server: ServerSettings) -> None:
             f"server.max_held_body_bytes: expected at least server.max_body_bytes ({server.max_body_bytes}), so that "
             f"the largest body fits, got {server.max_held_body_bytes}"
         )
+
+
+def _check_render(render: RenderSettings, models: tuple[ModelSettings, ...]) -> None:
+    """`token-guard render` asks no upstream: what it renders, and each window, must be configured."""
+    if not render.only:
+        return
+    if not models:
+        raise SettingsError("render.only: the render service asks no upstream, so [[models]] must name what it renders")
+    for i, model in enumerate(models):
+        if model.max_model_len is None:
+            raise SettingsError(f"models[{i}].max_model_len: required with render.only (no upstream tells it)")
 
 
 def _section_names() -> str:

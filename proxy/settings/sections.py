@@ -96,6 +96,19 @@ class ExtprocSettings:
     path_prefixes: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class RenderSettings:
+    """vLLM's render routes (/v1/chat/completions/render and the others): answered by the guard from its own
+    tokenization, or forwarded to the upstream (which serves them only with --enable-scale-out)."""
+
+    local: bool = False
+    cache_mb: float = 64.0  # the token ids of already-rendered prompt pieces (per tokenizer, made on first render)
+    # `token-guard render`: only the render routes and the guard's own, no upstream asked; [[models]] with their
+    # max_model_len say what it renders, `vllm_version` the release whose rules and answer shape it follows
+    only: bool = False
+    vllm_version: str | None = None
+
+
 REDIS_FAILURE_MODES = ("open", "closed")
 
 
@@ -191,5 +204,6 @@ class Settings:
     redis: RedisSettings = field(default_factory=RedisSettings)
     responses: ResponsesSettings = field(default_factory=ResponsesSettings)
     extproc: ExtprocSettings = field(default_factory=ExtprocSettings)
+    render: RenderSettings = field(default_factory=RenderSettings)
     models: tuple[ModelSettings, ...] = ()
     keys: tuple[KeySettings, ...] = ()

@@ -105,20 +105,23 @@ def _checked(http: httpx.Client, guard: str, exact: bool) -> bool:
 @contextlib.contextmanager
 def served(family: Family, versions: Sequence[str], workdir: Path) -> Iterator[dict[str, Served]]:
     """Every vLLM version serving the family's tiny model (started together: start-up is mostly waiting), each with
-    the guard in front, until the block ends."""
+    the guard in front, until the block ends. vLLM serves its render routes (--enable-scale-out), and the guard
+    answers its own (render.local), so the two can be compared."""
     model = zoo.model_dir(family.zoo_family)
     processes: list[runtime.Process] = []
     try:
         vllms = {}
         for version in versions:
             vllms[version] = runtime.start_vllm(runtime.vllm_venv(version), model, workdir / version / "vllm",
-                                                ["--max-model-len", str(WINDOW), *family.vllm_args])  # fmt: skip
+                                                ["--max-model-len", str(WINDOW), "--enable-scale-out",
+                                                 *family.vllm_args])  # fmt: skip
             processes.append(vllms[version])
         guards = {}
         for version, vllm in vllms.items():
             vllm.wait_ready("/v1/models", VLLM_READY_TIMEOUT)
             extra = ["--max-model-len", str(WINDOW), *family.guard_args]
-            guards[version] = runtime.start_proxy(vllm.url, model, workdir / version / "guard", extra_args=extra)
+            guards[version] = runtime.start_proxy(vllm.url, model, workdir / version / "guard", extra_args=extra,
+                                                  settings={"TOKEN_GUARD_RENDER_LOCAL": "true"})  # fmt: skip
             processes.append(guards[version])
         with httpx.Client(timeout=120) as http:
             first = {}

@@ -19,6 +19,7 @@ from tests.e2e.families import FAMILIES, UNSAID_MISTRAL, WINDOW, Family, Served,
 from tests.e2e.wire import GUARD_ACTION, GUARD_PROMPT
 
 pytestmark = pytest.mark.e2e
+RENDER_UNCOMPARED = ("request_id",)  # random per request, on either side
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.name for f in FAMILIES])
@@ -92,6 +93,43 @@ def test_every_corpus_request_is_counted_as_vllm_charges_it(family: Served) -> N
         assert not tokenize_differ, "\n".join(tokenize_differ)
     else:
         assert tokenize_differ, f"{family.family.name}: /tokenize agreed everywhere; it could serve as a reference"
+
+
+def test_the_guards_render_answers_are_vllms_token_for_token(family: Served) -> None:
+    """Every corpus request on the render route of its endpoint, answered by the guard itself (render.local) and by
+    vLLM: the same token ids element for element, and the same answer apart from the request id (random on both
+    sides) and the fields docs/llm-d.md lists; or refused by both."""
+    differ, equal, refused = [], 0, 0
+    for label, path, body in requests(family.family):
+        guarded = family.http.post(family.guard_url + path + "/render", json=body)
+        direct = family.http.post(family.vllm_url + path + "/render", json=body)
+        if guarded.status_code != 200 or direct.status_code != 200:
+            if guarded.status_code == direct.status_code == 400:
+                refused += 1
+            else:
+                differ.append(f"{label}: guard {guarded.status_code} {guarded.text[:100]}, vLLM {direct.status_code}")
+            continue
+        assert guarded.headers.get("x-token-guard-render") == "local", f"{label}: {guarded.headers}"
+        ours, theirs = _answers(guarded.json()), _answers(direct.json())
+        if [a["token_ids"] for a in ours] != [a["token_ids"] for a in theirs]:
+            differ.append(f"{label}: token ids differ: guard {len(ours[0]['token_ids'])}, vLLM "
+                          f"{len(theirs[0]['token_ids'])} tokens")  # fmt: skip
+        elif [_comparable(a) for a in ours] != [_comparable(a) for a in theirs]:
+            differ.append(f"{label}: bodies differ: guard {ours[0]}, vLLM {theirs[0]}")
+        else:
+            equal += 1
+    print(f"\nrender parity {family.family.name} vLLM {family.version}: {equal} equal, {refused} refused by both, "
+          f"{len(differ)} differ")  # fmt: skip
+    assert not differ, "\n".join(differ)
+    assert equal >= 35
+
+
+def _answers(answer: Any) -> list[dict[str, Any]]:
+    return answer if isinstance(answer, list) else [answer]
+
+
+def _comparable(answer: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in answer.items() if key not in RENDER_UNCOMPARED}
 
 
 def test_a_clamp_lands_exactly_on_the_window(family: Served) -> None:
