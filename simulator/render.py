@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from simulator.chat import plan_chat
 from simulator.completions import plan_completion
-from simulator.context import Context, response_id
+from simulator.context import Context
 from simulator.converted import plan_responses
 from simulator.errors import ApiError
 from simulator.generation import Generation
