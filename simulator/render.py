@@ -140,9 +140,10 @@ def _parser_kwargs(ctx: Context, body: dict[str, Any]) -> dict[str, Any] | None:
     return {"chat_template_kwargs": dict(body.get("chat_template_kwargs") or {})}
 
 
-def _stream_options(options: Any) -> dict[str, Any]:
-    """StreamOptions as pydantic writes it: both fields, false unless set."""
-    options = options if isinstance(options, dict) else {}
+def _stream_options(options: Any) -> dict[str, Any] | None:
+    """StreamOptions as pydantic writes it, when sent: both fields, false unless set."""
+    if not isinstance(options, dict):
+        return None
     return {"include_usage": options.get("include_usage", False),
             "continuous_usage_stats": options.get("continuous_usage_stats", False)}  # fmt: skip
 

@@ -79,6 +79,8 @@ def test_the_answer_is_vllm_032s(sims: dict[str, RunningSim]) -> None:
         "bad_words": [], "skip_reading_prefix_cache": False}  # fmt: skip
     assert streamed["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
     assert streamed["model"] is None and streamed["cache_salt"] == "abc"
+    plain = post(sims["0.32"], "/v1/completions/render", {"prompt": "hi", "stream": True})
+    assert plain[0]["stream"] is True and plain[0]["stream_options"] is None  # as 0.32.0: none sent, none written
 
 
 def test_each_release_writes_its_keys(sims: dict[str, RunningSim]) -> None:
