@@ -50,7 +50,7 @@ def render(
     if route == "chat":
         return _answer(ctx, "chat", body, plan_chat(ctx, body, headers))
     plan = plan_messages(ctx, body, headers)
-    return _answer(ctx, "chat", messages_as_chat(body), plan)
+    return _answer(ctx, "chat", messages_as_chat(body, ctx.profile.takes_min_tokens), plan)
 
 
 def _precheck(ctx: Context, route: RenderRoute, body: dict[str, Any]) -> None:
@@ -73,14 +73,17 @@ def _responses(ctx: Context, body: Any) -> dict[str, Any]:
     return _answer(ctx, "responses", req.body, plan, request_id=rid)
 
 
-def messages_as_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """The sampling fields of the chat request vLLM converts a Messages request to (_build_base_request)."""
+def messages_as_chat(body: dict[str, Any], takes_min_tokens: bool) -> dict[str, Any]:
+    """The sampling fields of the chat request vLLM converts a Messages request to (_build_base_request; 0.34 hands
+    min_tokens on)."""
     chat = {key: body.get(key) for key in ("model", "temperature", "top_p", "top_k", "cache_salt",
                                            "kv_transfer_params", "ec_transfer_params", "vllm_xargs")}  # fmt: skip
     chat |= {"stop": body.get("stop_sequences"), "stream": bool(body.get("stream"))}
     if chat["stream"]:
         chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     chat["chat_template_kwargs"] = body.get("chat_template_kwargs")
+    if takes_min_tokens:
+        chat["min_tokens"] = body.get("min_tokens")
     tools = body.get("tools")
     if isinstance(tools, list):  # _convert_tools: a function tool per tool (the tool_choice left out)
         chat["tools"] = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description"),

@@ -95,6 +95,12 @@ def test_each_release_writes_its_keys(sims: dict[str, RunningSim]) -> None:
         assert new["parse_context"]["tool_choice"] == "none"
 
 
+def test_messages_min_tokens_from_034(sims: dict[str, RunningSim]) -> None:
+    body = {"model": "tiny", "max_tokens": 9, "min_tokens": 3, "messages": HELLO}
+    assert post(sims["0.34"], "/v1/messages/render", body)["sampling_params"]["min_tokens"] == 3
+    assert "min_tokens" not in post(sims["0.33"], "/v1/messages/render", body)["sampling_params"]  # ignored there
+
+
 def test_request_ids(sims: dict[str, RunningSim]) -> None:
     body = {"model": "tiny", "prompt": ["a", "b"], "request_id": "body"}
     assert [a["request_id"] for a in post(sims["0.32"], "/v1/completions/render", body, x_request_id="h")] == [
