@@ -39,6 +39,7 @@ from simulator.orjson_text import orjson_dumps
 from simulator.pooling import pool, pooling_invocation
 from simulator.pooling_request import ROUTES as POOLING_KINDS
 from simulator.pooling_request import Kind
+from simulator.render import DISABLED, PATHS, RenderRoute, render
 from simulator.responses import Wire
 from simulator.settings import SimulatorSettings
 from simulator.stats import RequestTracker, SimulatorStats
@@ -207,6 +208,28 @@ class Endpoints:
         if self.ctx.profile.pools_with_orjson and orjson_routes:
             return Response(orjson_dumps(answer), media_type="application/json")
         return JSONResponse(answer)
+
+    def rendered(self, route: RenderRoute) -> Callable[[Request], Awaitable[Response]]:
+        """A render route: the prompt rendered and tokenized, nothing generated (0.33+ writes it with orjson)."""
+
+        async def handler(request: Request) -> Response:
+            tracker = self.stats.start(request.headers.get("x-request-id"))
+            try:
+                body = await read_body(request)
+                self.stats.record_body(body)
+                answer = await self._off_loop(partial(render, self.ctx, route, body, dict(request.headers)))
+            except ApiError as error:
+                tracker.finish("rejected")
+                return error_response(error)
+            except Exception as exc:
+                tracker.finish("rejected")
+                return internal_error(exc)
+            tracker.finish("completed")
+            if self.ctx.profile.pools_with_orjson:
+                return Response(orjson_dumps(answer), media_type="application/json")
+            return JSONResponse(answer)
+
+        return handler
 
     async def count_tokens(self, request: Request) -> Response:
         try:
@@ -393,6 +416,19 @@ def _pause_routes(endpoints: Endpoints) -> list[Route]:
     ]
 
 
+def _render_routes(endpoints: Endpoints) -> list[Route]:
+    """With --enable-scale-out the render routes; without, 0.32+ answers them 403 and 0.31 does not know them."""
+    if endpoints.ctx.settings.enable_scale_out:
+        return [Route(path, endpoints.rendered(route), methods=["POST"]) for path, route in PATHS.items()]
+    if not endpoints.ctx.profile.forbids_scale_out_off:
+        return []
+
+    async def disabled(request: Request) -> Response:
+        return error_response(ApiError(DISABLED, status=403, type="PermissionDeniedError"))
+
+    return [Route(path, disabled, methods=["POST"]) for path in PATHS]
+
+
 def create_app(settings: SimulatorSettings) -> Starlette:
     """Load the tokenizer and build the app; `app.state.stats` counts what reaches it."""
     stats = SimulatorStats(settings.kv_capacity_tokens)
@@ -425,6 +461,7 @@ def create_app(settings: SimulatorSettings) -> Starlette:
         Route("/version", endpoints.version, methods=["GET"]),
         Route("/metrics", endpoints.metrics, methods=["GET"]),
         *_pause_routes(endpoints),
+        *_render_routes(endpoints),
         Route("/sim/stats", endpoints.sim_stats, methods=["GET"]),
         Route("/sim/reset", endpoints.sim_reset, methods=["POST"]),
     ]

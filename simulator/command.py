@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--enable-prompt-embeds", action="store_true", help="as vLLM's: completions take prompt_embeds")
     parser.add_argument("--hidden-size", type=int, default=64, help="the hidden size prompt_embeds must have")
+    parser.add_argument("--enable-scale-out", action="store_true", help="as vLLM's: serve the render routes")
     parser.add_argument(
         "--responses-store",
         action="store_true",
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             enable_prompt_embeds=args.enable_prompt_embeds,
             hidden_size=args.hidden_size,
             responses_store=args.responses_store or store_in_environment(),
+            enable_scale_out=args.enable_scale_out,
         )
         app = create_app(settings)
     except (OSError, ValueError) as exc:

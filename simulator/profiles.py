@@ -11,6 +11,14 @@ from dataclasses import dataclass, replace
 
 from simulator.cache_info import LABELS_031, LABELS_032, LABELS_033, LABELS_034, Labels
 
+# the render routes' answer, vLLM's GenerateRequest (scale_out/token_in_token_out/protocol.py), keys in order
+RENDER_KEYS_031 = ("request_id", "token_ids", "token_offsets", "features", "content_parts", "sampling_params", "model",
+                   "return_token_ids", "stream", "stream_options", "cache_salt", "priority", "kv_transfer_params",
+                   "ec_transfer_params")  # fmt: skip
+RENDER_KEYS_032 = (*RENDER_KEYS_031[:7], "reasoning_ended", "reasoning_parser_kwargs", "return_token_ids",
+                   "output_mode", *RENDER_KEYS_031[8:])  # fmt: skip
+RENDER_KEYS_033 = (*RENDER_KEYS_032[:11], "parse_context", *RENDER_KEYS_032[11:])
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -85,6 +93,17 @@ class Profile:
     # 0.34's Messages API start-up probe of the chat template (_detect_merge_inline_system) reads any error as "merge
     # inline system messages"; 0.31-0.33 catch only jinja2.TemplateError, so any other error stops their start-up
     probe_catches_any: bool = False
+    # 0.32+ answers the scale-out routes of a server started without --enable-scale-out with a 403
+    # PermissionDeniedError; 0.31 does not register them (FastAPI's 404)
+    forbids_scale_out_off: bool = True
+    # the keys of a render answer (render.py)
+    render_keys: tuple[str, ...] = RENDER_KEYS_032
+    # 0.32's render routes take the X-Request-Id header (then the body's request_id) for the request id, and refuse
+    # beam search on completions as on chat; 0.31's ids are random and its completions render takes beam search
+    render_reads_request_ids: bool = True
+    # 0.33's render answers carry kv/ec transfer params at the top level (out of sampling_params.extra_args), echo
+    # return_token_ids and give chat a parse_context
+    render_hoists_transfer: bool = False
 
 
 V031 = Profile(
@@ -96,6 +115,9 @@ V031 = Profile(
     checks_transferred_ids=False,
     strips_billing_header=False,
     cache_info_labels=LABELS_031,
+    forbids_scale_out_off=False,
+    render_keys=RENDER_KEYS_031,
+    render_reads_request_ids=False,
 )
 V032 = Profile(name="0.32", version="0.32.0", reserves_output=False, lists_aliases_on_not_found=True,
                generate_output_mode=True)  # fmt: skip
@@ -103,7 +125,8 @@ V032 = Profile(name="0.32", version="0.32.0", reserves_output=False, lists_alias
 V033 = replace(V032, name="0.33", version="0.33.0", ends_incomplete_streams=True, anthropic_error_types=True,
                refuses_while_paused=True, serves_decisions=True, follows_namespace_aliases=True,
                echoes_prompt_cache=True, pools_with_orjson=True, cache_info_labels=LABELS_033,
-               cuts_short_unlimited=True, streams_transfer_params=True)  # fmt: skip
+               cuts_short_unlimited=True, streams_transfer_params=True, render_keys=RENDER_KEYS_033,
+               render_hoists_transfer=True)  # fmt: skip
 V034 = replace(V033, name="0.34", version="0.34.0", thinks_between_tools=True, counts_past_window=True,
                joins_tool_references=True, takes_min_tokens=True, empty_tools_as_none=True,
                budgets_responses_thinking=True, omits_null_details=True, cache_info_labels=LABELS_034,

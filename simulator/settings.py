@@ -29,6 +29,7 @@ class SimulatorSettings:
     hidden_size: int = 64  # the model's, which each prompt_embeds tensor must have
     responses_store: bool = False  # as VLLM_ENABLE_RESPONSES_API_STORE=1: stored Responses, background mode
     reasoning_effort_map: dict[str, str] | None = None  # as vLLM's --reasoning-effort-map (0.33+)
+    enable_scale_out: bool = False  # as vLLM's --enable-scale-out: the render routes (render.py) are served
 
     def __post_init__(self) -> None:
         get_profile(self.profile)

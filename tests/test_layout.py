@@ -52,6 +52,7 @@ SIMULATOR_LAYERS = [  # lowest first, as LAYERS
         "messages_request",
         "messages_chat",
         "pooling_request",
+        "render_sampling",
     },
     {"generation", "stats", "responses", "api_shapes", "token_out", "streaming", "stored", "tokenizer", "harmony"},
     {"context", "chat_prompt", "endings"},
@@ -68,6 +69,7 @@ SIMULATOR_LAYERS = [  # lowest first, as LAYERS
         "audio",
         "decisions",
     },
+    {"render"},  # answers through the generation routes' planners
     {"app"},
     {"command"},
 ]
