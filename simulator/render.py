@@ -84,11 +84,25 @@ def messages_as_chat(body: dict[str, Any], takes_min_tokens: bool) -> dict[str, 
     chat["chat_template_kwargs"] = body.get("chat_template_kwargs")
     if takes_min_tokens:
         chat["min_tokens"] = body.get("min_tokens")
+    chat["tool_choice"], parallel = _tool_choice(body.get("tool_choice"))
+    if parallel is not None:
+        chat["parallel_tool_calls"] = parallel
     tools = body.get("tools")
-    if isinstance(tools, list):  # _convert_tools: a function tool per tool (the tool_choice left out)
+    if isinstance(tools, list):  # _convert_tools: a function tool per tool
         chat["tools"] = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description"),
                           "parameters": t.get("input_schema")}} for t in tools if isinstance(t, dict)]  # fmt: skip
     return chat
+
+
+def _tool_choice(choice: Any) -> tuple[Any, bool | None]:
+    """_convert_tool_choice: Anthropic's choice in OpenAI's words, set after validation (none stays None), and
+    parallel_tool_calls from disable_parallel_tool_use."""
+    if not isinstance(choice, dict):
+        return None, None
+    kind = choice.get("type")
+    named = {"type": "function", "function": {"name": choice.get("name")}}
+    converted = {"auto": "auto", "any": "required", "none": "none"}.get(str(kind), named if kind == "tool" else None)
+    return converted, not choice.get("disable_parallel_tool_use", False)
 
 
 def _answer(
@@ -154,9 +168,22 @@ def _stream_options(options: Any) -> dict[str, Any] | None:
 def _parse_context(body: dict[str, Any]) -> dict[str, Any]:
     """0.33's ParseContext of a chat request, after its validators (tool_choice "auto" when tools come without one)."""
     tools = body.get("tools")
-    choice = body.get("tool_choice", "auto" if tools else "none")
+    choice = body["tool_choice"] if "tool_choice" in body else ("auto" if tools else "none")
     history = sum(len(m.get("tool_calls") or []) for m in body.get("messages") or [] if isinstance(m, dict))
     return {"tools": tools, "tool_choice": choice, "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "include_reasoning": body.get("include_reasoning", True),
-            "chat_template_kwargs": dict(body.get("chat_template_kwargs") or {}),
+            "chat_template_kwargs": _effective_kwargs(body),
             "history_tool_call_cnt": history}  # fmt: skip
+
+
+def _effective_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """The kwargs the template was rendered with (`build_chat_params`): the request's, overridden by the request's
+    own switches (`merge_kwargs` drops None and "auto")."""
+    effort = body.get("reasoning_effort")
+    switches = {"add_generation_prompt": body.get("add_generation_prompt", True),
+                "continue_final_message": body.get("continue_final_message", False),
+                "documents": body.get("documents"), "reasoning_effort": effort}  # fmt: skip
+    user = dict(body.get("chat_template_kwargs") or {})
+    if effort is not None and "enable_thinking" not in user:
+        switches["enable_thinking"] = effort != "none"
+    return user | {k: v for k, v in switches.items() if v is not None and v != "auto"}

@@ -242,8 +242,11 @@ def _from_text_format(body: Body) -> dict[str, Any] | None:
 
 
 def hoist(params: dict[str, Any]) -> tuple[Any, Any]:
-    """0.33+: render moves the transfer params out of `extra_args` into the answer's own fields."""
-    extra = dict(params.get("extra_args") or {})
+    """0.33+: render moves the transfer params out of `extra_args` into the answer's own fields; an empty
+    `extra_args` (Responses passes `{}`) is left as it is (`_hoist_transfer_params` returns early)."""
+    if not params.get("extra_args"):
+        return None, None
+    extra = dict(params["extra_args"])
     kv, ec = extra.pop("kv_transfer_params", None), extra.pop("ec_transfer_params", None)
     if extra:
         params["extra_args"] = extra

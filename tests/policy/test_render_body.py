@@ -179,9 +179,14 @@ def test_0_33_hoists_transfer_params_out_of_extra_args(kind: RenderKind) -> None
     assert older["sampling_params"]["extra_args"] == {"k": "v", "kv_transfer_params": {"a": 1}}
 
 
-def test_0_33_responses_has_no_empty_extra_args_and_reads_spaces_between_special_tokens() -> None:
+def test_0_33_responses_keeps_its_empty_extra_args_and_reads_spaces_between_special_tokens() -> None:
+    """0.33's render moves the transfer params out of `extra_args` only when it holds any (an empty one returns
+    early from `_hoist_transfer_params`, and msgspec writes `{}`, which is not the default None)."""
     params = answered("responses", {"input": "a", "spaces_between_special_tokens": False}, (0, 33))["sampling_params"]
-    assert "extra_args" not in params and params["spaces_between_special_tokens"] is False
+    assert params["extra_args"] == {} and params["spaces_between_special_tokens"] is False
+    kv = {"input": "a", "kv_transfer_params": {"do_remote_prefill": True}}
+    answer = answered("responses", kv, (0, 33))
+    assert "extra_args" not in answer["sampling_params"] and answer["kv_transfer_params"] == kv["kv_transfer_params"]
     assert (
         "spaces_between_special_tokens"
         not in answered("responses", {"input": "a", "spaces_between_special_tokens": False}, (0, 32))["sampling_params"]

@@ -28,7 +28,8 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions/render", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                            {"type": "text", "text": "b"}]}],
                                      "add_generation_prompt": False, "seed": 7, "n": 2}),
-    ("/v1/completions/render", {"prompt": ["Once upon a time", LONG, [1, 2, 3]], "max_tokens": 5}),
+    ("/v1/completions/render", {"prompt": ["Once upon a time", LONG], "max_tokens": 5}),
+    ("/v1/completions/render", {"prompt": [[1, 2, 3], [4, 5]], "echo": True, "logprobs": 2}),
     ("/v1/completions/render", {"prompt": "x y z", "add_special_tokens": False}),
     ("/v1/messages/render", {"max_tokens": 20, "system": "Be kind.",
                              "messages": [{"role": "user", "content": "Hi"}]}),
@@ -78,12 +79,16 @@ def test_the_guard_answers_with_the_upstreams_ids_and_body_without_asking_it(
     assert _comparable(ours) == _comparable(theirs)
 
 
-def test_an_image_is_rendered_by_the_upstream_and_the_answer_says_why(sim: InMemorySim, local: str) -> None:
+def test_an_image_goes_to_the_upstream_whose_answer_the_client_gets(sim: InMemorySim, local: str) -> None:
+    """Only the upstream's processor knows an image's tokens: the guard asks it (the text-only simulator refuses
+    images, as vLLM serving a text model does) and the client gets its answer."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "What?"}, IMAGE]}]}
     asked = len(sim.stats.requests)
     answer = httpx.post(local + "/v1/chat/completions/render", json=body)
-    assert answer.headers["x-token-guard-render"] == "upstream; reason=media"
-    assert len(sim.stats.requests) > asked  # the upstream rendered it
+    direct = sim.client.post("/v1/chat/completions/render", json=body)
+    assert len(sim.stats.requests) > asked + 1  # asked by the guard too, not answered locally
+    assert answer.status_code == direct.status_code
+    assert answer.json()["error"]["message"] == direct.json()["error"]["message"]
 
 
 def test_a_prompt_over_the_window_is_refused_as_vllms_renderer_refuses_it(sim: InMemorySim, local: str) -> None:
