@@ -12,17 +12,21 @@ from proxy.api.completions import CompletionRequest
 from proxy.counting.local_count import chat_ids, completion_ids
 from proxy.counting.registry import GuardedModel
 from proxy.counting.source import CountSource
-from proxy.errors import ContextLengthExceeded, CountedUpstreamOnly, TemplateRefused
+from proxy.errors import ContextLengthExceeded, CountedUpstreamOnly, InvalidRequest, TemplateRefused
 from proxy.policy.decide import Action
 from proxy.policy.outcome import Answer, Decision, Findings, Outcome, Refuse
 from proxy.policy.render_body import RenderKind, render_answer
 from proxy.policy.steps import Steps, Target
 
 LOCAL = "local"
-
-
-def upstream(reason: str) -> str:
-    return f"upstream; reason={reason}"
+ELSEWHERE = {  # why the upstream renders a request (x-token-guard-render: upstream; reason=...)
+    "media": "images, audio, video or files: their tokens are the model processor's",
+    "request-template": "a chat template sent with the request",
+    "template": "the model's chat template failed on it",
+    "counted-upstream": "the model is counted by the upstream",
+    "kv-transfer": "kv_transfer_params.prompt_token_ids replace its messages",
+    "prompt_embeds": "prompt embeddings",
+}
 
 
 async def render_chat(
@@ -32,22 +36,22 @@ async def render_chat(
     """The guard's answer to a chat-like render request, or why the upstream renders it."""
     why = _not_here(target.model) or _chat_not_here(chat)
     if why is not None:
-        return why
+        return _elsewhere(steps, why)
     try:
         ids = await chat_ids(target.model.tokenizer, chat, _encoder(steps, target.model))
     except CountedUpstreamOnly:
-        return upstream("media")  # images, audio: only the upstream's processor knows their tokens
+        return _elsewhere(steps, "media")  # images, audio: only the upstream's processor knows their tokens
     except TemplateRefused:
-        return upstream("template")  # the model's template failed where vLLM may still render
+        return _elsewhere(steps, "template")  # the model's template failed where vLLM may still render
     return _answered(steps, target, kind, body, headers, [ids], findings)
 
 
 async def render_completion(
     steps: Steps, target: Target, req: CompletionRequest, headers: Mapping[str, str], findings: Findings
 ) -> Outcome | str:
-    why = _not_here(target.model) or ("upstream; reason=prompt_embeds" if req.embeds else None)
+    why = _not_here(target.model) or ("prompt_embeds" if req.embeds else None)
     if why is not None:
-        return why
+        return _elsewhere(steps, why)
     prompts = await completion_ids(target.model.tokenizer, req, _encoder(steps, target.model))
     return _answered(steps, target, "completion", req.body, headers, prompts, findings)
 
@@ -76,17 +80,25 @@ def _too_long(window: int) -> ContextLengthExceeded:
     )
 
 
+def _elsewhere(steps: Steps, reason: str) -> str:
+    """The header of a request the upstream renders; `token-guard render` has none to ask, and says so."""
+    if steps.settings.render.only:
+        raise InvalidRequest(f"token-guard render does not render this request itself ({ELSEWHERE[reason]}) and "
+                             "asks no upstream: send it to vLLM's render server.")  # fmt: skip
+    return f"upstream; reason={reason}"
+
+
 def _not_here(model: GuardedModel) -> str | None:
     if model.count_source == CountSource.UPSTREAM:
-        return upstream("counted-upstream")  # the start-up check (or the operator) has the upstream count it
+        return "counted-upstream"  # the start-up check (or the operator) has the upstream count it
     return None
 
 
 def _chat_not_here(chat: ChatRequest) -> str | None:
     if chat.chat_template is not None or chat.chat_template_kwargs.get("chat_template") is not None:
-        return upstream("request-template")
+        return "request-template"
     if transferred_prompt(chat.body) is not None:
-        return upstream("kv-transfer")
+        return "kv-transfer"
     return None
 
 

@@ -254,3 +254,8 @@ def test_messages_min_tokens_is_read_from_0_34_and_effort_reaches_the_template_k
         "reasoning_effort": "low",
         "enable_thinking": True,
     }
+
+
+def test_the_manual_lists_every_field_the_answer_does_not_reproduce() -> None:
+    manual = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "llm-d.md").read_text()
+    assert [name for name, _ in NOT_REPRODUCED if f"`{name}`" not in manual] == []

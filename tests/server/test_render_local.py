@@ -140,3 +140,14 @@ def test_token_guard_render_serves_the_render_routes_with_no_upstream(deepseek_d
         )
         for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/models"):
             assert httpx.post(served.url + path, json=body).status_code == 404
+        image = {"model": MODEL, "messages": [{"role": "user", "content": [IMAGE]}]}
+        refused = httpx.post(served.url + "/v1/chat/completions/render", json=image)
+        assert refused.status_code == 400 and "asks no upstream" in refused.json()["error"]["message"]
+
+
+def test_the_reason_names_a_template_sent_with_the_request(sim: InMemorySim, deepseek_dir: Path) -> None:
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    body = {"model": MODEL, **REQUESTS[0][1], "chat_template": template}
+    with guard(sim, deepseek_dir, **{"render.local": True, "policy.trust_request_chat_template": True}) as served:
+        answer = httpx.post(served.url + "/v1/chat/completions/render", json=body)
+    assert answer.headers["x-token-guard-render"] == "upstream; reason=request-template"
