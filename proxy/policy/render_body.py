@@ -28,7 +28,10 @@ NOT_REPRODUCED: tuple[tuple[str, str], ...] = (
         "with a reasoning parser vLLM reads it from the prompt; here true only for "
         "include_reasoning false, null otherwise",
     ),
-    ("reasoning_parser_kwargs", "set by servers started with a reasoning parser: always null here"),
+    (
+        "reasoning_parser_kwargs",
+        "set by servers with a reasoning parser (vLLM gives gpt-oss its own by default): always null here",
+    ),
     ("parse_context.tools", "written as the client sent them; vLLM writes its parsed tool models with every default"),
     (
         "parse_context.chat_template_kwargs",

@@ -44,7 +44,8 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         RawUpstream() as raw,
     ):
         flags = {"upstream.urls": [slow_url, fast_url], "model.name": MODEL, "model.tokenizer": str(deepseek_dir),
-                 "admission.max_inflight_tokens": BUDGET, "server.max_body_bytes": MAX_BODY}  # fmt: skip
+                 "admission.max_inflight_tokens": BUDGET, "server.max_body_bytes": MAX_BODY,
+                 "render.local": True}  # fmt: skip
         settings = load_settings(flags, environ={})
         keys = work / "keys.toml"
         keys.write_text(KEYS)
@@ -66,7 +67,7 @@ def rig(deepseek_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             ProcessorThread(gateway_settings) as gateway,
             ProcessorThread(trusting_settings) as trusting,
             picker(f"127.0.0.1:{port_of(fast_url)}") as (picker_port, stand_in_picker),
-            guard(fast_url, deepseek_dir, **{"admission.max_inflight_tokens": BUDGET}) as serve,
+            guard(fast_url, deepseek_dir, **{"admission.max_inflight_tokens": BUDGET, "render.local": True}) as serve,
             served(keyed_settings) as keyed_serve,
             served(tight_settings) as tight_serve,
             served(strict_settings) as strict_serve,

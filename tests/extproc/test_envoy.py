@@ -60,6 +60,25 @@ def test_a_clamp_rewrites_the_body_and_tells_the_client_and_the_upstream(rig: Ri
 
 
 @pytest.mark.parametrize("listener", ["buffered", "duplex"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions/render", "/v1/completions/render"])
+def test_render_local_is_answered_by_the_processor_as_serve_answers_it(rig: Rig, listener: str, path: str) -> None:
+    body = chat("hello there 東京", max_tokens=7) if "chat" in path else {"model": MODEL, "prompt": ["a b", "c"]}
+    before = len(rig.fast.seen)
+    answer = httpx.post(rig.url(listener) + path, json=body)
+    served = httpx.post(rig.serve + path, json=body)
+    assert len(rig.fast.seen) == before  # neither asked the upstream
+    assert answer.status_code == served.status_code == 200, answer.text
+    assert answer.headers["x-token-guard-render"] == served.headers["x-token-guard-render"] == "local"
+    assert tg_headers(answer) == tg_headers(served)
+    ours, theirs = answer.json(), served.json()
+    for item in ours if isinstance(ours, list) else [ours]:
+        item.pop("request_id")
+    for item in theirs if isinstance(theirs, list) else [theirs]:
+        item.pop("request_id")
+    assert ours == theirs and (ours if isinstance(ours, list) else [ours])[0]["token_ids"]
+
+
+@pytest.mark.parametrize("listener", ["buffered", "duplex"])
 def test_a_request_that_fits_reaches_the_upstream_byte_for_byte(rig: Rig, listener: str) -> None:
     sent = b'{"model": "tiny",  "messages": [{"role": "user", "content": "caf\u00e9"}], "max_tokens": 3}'
     answer = httpx.post(rig.url(listener) + CHAT, content=sent, headers={"content-type": "application/json"})
