@@ -80,7 +80,8 @@ class Stacks:
         vllm.wait_ready("/v1/models", VLLM_READY_TIMEOUT)
         warm_up(vllm.url)
         recorder = self.recorders[version] = Recorder(int(vllm.url.rsplit(":", 1)[1]))
-        proxy = self.proxies[version] = runtime.start_proxy(recorder.url, model_dir, self.workdir / f"{version}-guard")
+        proxy = self.proxies[version] = runtime.start_proxy(recorder.url, model_dir, self.workdir / f"{version}-guard",
+                                                            settings={"TOKEN_GUARD_RENDER_LOCAL": "true"})  # fmt: skip
         proxy.wait_ready("/health", PROXY_READY_TIMEOUT)
         # vLLM's uvicorn closes a connection idle for 5 s: a client keeping one as long reuses it as it closes
         http = httpx.Client(timeout=120, limits=httpx.Limits(keepalive_expiry=2))

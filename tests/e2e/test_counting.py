@@ -1,5 +1,6 @@
 """The guard counts every prompt of the parity corpus exactly like the real vLLM: its header equals vLLM's own
-`POST /tokenize` count and the `usage.prompt_tokens` of the answer."""
+`POST /tokenize` count and the `usage.prompt_tokens` of the answer; and answers the render routes itself
+(render.local) with vLLM's own render answer, token id for token id."""
 
 from __future__ import annotations
 
@@ -48,3 +49,32 @@ def test_completion_count_matches_vllm(stack: Stack, prompt: str) -> None:
     answer = raw.parse()
     assert answer.usage is not None
     assert answer.usage.prompt_tokens == expected
+
+
+def _render_pair(stack: Stack, path: str, body: dict[str, Any]) -> tuple[Any, Any]:
+    guarded = stack.http.post(stack.proxy_url + path, json=body)
+    direct = stack.http.post(stack.vllm_url + path, json=body)
+    assert guarded.status_code == direct.status_code == 200, guarded.text
+    assert guarded.headers["x-token-guard-render"] == "local"
+    ours, theirs = guarded.json(), direct.json()
+    for answer in [*(ours if isinstance(ours, list) else [ours]), *(theirs if isinstance(theirs, list) else [theirs])]:
+        answer.pop("request_id")  # random per request, on either side
+    return ours, theirs
+
+
+@pytest.mark.parametrize("fields", [fields for _, fields in CHAT_CASES], ids=[case for case, _ in CHAT_CASES])
+def test_chat_render_answer_is_vllms(stack: Stack, fields: dict[str, Any]) -> None:
+    body = {"model": "tiny", **fields, "max_tokens": 1, "temperature": 0}
+    if fields.get("tools"):
+        body["tool_choice"] = "none"
+    ours, theirs = _render_pair(stack, "/v1/chat/completions/render", body)
+    assert ours["token_ids"] == theirs["token_ids"] and len(ours["token_ids"]) == stack.tokenize(**fields)
+    import json, pathlib; pathlib.Path("/tmp/pc.json").write_text(json.dumps([ours.get("parse_context"), theirs.get("parse_context")]))
+    assert ours == theirs, {key: (ours.get(key), theirs.get(key)) for key in theirs if ours.get(key) != theirs[key]}
+
+
+def test_completion_render_answers_are_vllms(stack: Stack) -> None:
+    body = {"model": "tiny", "prompt": [text for _, text in COMPLETION_PROMPTS], "max_tokens": 3}
+    ours, theirs = _render_pair(stack, "/v1/completions/render", body)
+    assert [a["token_ids"] for a in ours] == [a["token_ids"] for a in theirs]
+    assert ours == theirs
