@@ -27,9 +27,8 @@ from bench.machine import describe, git_commit
 from bench.procstats import resident_mb, run_s, usage
 from bench.token_systems import MODEL, VLLM_VERSION, Server, start_guard, start_guard_models, start_vllm, vllm_model_dir
 from bench.token_texts import Message, Shape, Texts
-from bench.tokens_report import markdown
+from bench.tokens_report import GUARD, RAW, VLLM, markdown
 
-GUARD, VLLM, RAW = "guard", "vllm", "raw"
 FAMILIES = "llama3.1,qwen3,mistral-nemo,gemma"
 ROUTE = "/v1/chat/completions/render"
 Chat = list[Message]

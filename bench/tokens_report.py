@@ -7,7 +7,7 @@ from typing import Any
 
 from bench.render import table
 
-GUARD, VLLM, RAW = "guard", "vllm", "raw"
+GUARD, VLLM, RAW = "guard", "vllm", "raw"  # the systems, as --systems names them
 
 
 def per_request_ms(tally: dict[str, Any] | None, key: str = "cpu_s") -> float | None:
