@@ -17,6 +17,7 @@ COMMANDS = {  # name -> (module, help)
     "ceiling": ("bench.ceiling", "the proxies as the bottleneck, in front of an upstream that answers at once"),
     "plot-ceiling": ("bench.ceiling_plots", "the PNG plots of a ceiling result: CPU per request and requests/s"),
     "calls": ("bench.calls", "Python function calls per request, checkouts side by side (a count: host load aside)"),
+    "tokens": ("bench.tokens", "CPU per render: the guard's token ids against vLLM's render route and raw tokenizers"),
     "bodies": ("bench.bodies", "what the largest bodies cost the guard: time, peak and final RSS, /livez meanwhile"),
 }
 
