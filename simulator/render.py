@@ -177,8 +177,9 @@ def _parse_context(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _effective_kwargs(body: dict[str, Any]) -> dict[str, Any]:
-    """The kwargs the template was rendered with (`build_chat_params`): the request's, overridden by the request's
-    own switches (`merge_kwargs` drops None and "auto")."""
+    """The kwargs the template was rendered with (`build_chat_params`, then `with_defaults`): the request's,
+    overridden by the request's own switches, all over the server's defaults (`resolve_default_chat_template_kwargs`:
+    the simulator takes none but `--cohere-format`'s "cmd4"); `merge_kwargs` drops None and "auto" each time."""
     effort = body.get("reasoning_effort")
     switches = {"add_generation_prompt": body.get("add_generation_prompt", True),
                 "continue_final_message": body.get("continue_final_message", False),
@@ -186,4 +187,5 @@ def _effective_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     user = dict(body.get("chat_template_kwargs") or {})
     if effort is not None and "enable_thinking" not in user:
         switches["enable_thinking"] = effort != "none"
-    return user | {k: v for k, v in switches.items() if v is not None and v != "auto"}
+    merged = user | {k: v for k, v in switches.items() if v is not None and v != "auto"}
+    return {"cohere_format": "cmd4"} | {k: v for k, v in merged.items() if v is not None and v != "auto"}

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from proxy.errors import InvalidRequest
 from proxy.policy import render_sampling as sampling
-from proxy.policy.render_context import as_chat, parse_context
+from proxy.policy.render_context import as_chat, parse_context, server_defaults
 from proxy.policy.render_sampling import Body, Release, at_least
 
 RenderKind = Literal["chat", "completion", "messages", "responses"]
@@ -61,10 +61,13 @@ def render_answer(
     prompts: Sequence[Sequence[int]],
     max_model_len: int,
     release: tuple[int, int] | None,
+    template_defaults: Mapping[str, Any] | None = None,
+    harmony: bool = False,
 ) -> bytes:
     """The JSON body vLLM's render route answers for this request whose prompt(s) render to `prompts` (chat,
     messages, responses: exactly one; completions: one per prompt, answered as a list). `release`: the upstream's
-    (major, minor), None when unknown (answer as the newest supported)."""
+    (major, minor), None when unknown (answer as the newest supported). `template_defaults`: the server's
+    --default-chat-template-kwargs; `harmony`: a gpt-oss model, whose output vLLM parses without template kwargs."""
     answer: object
     if kind == "completion":
         answer = _completions(body, headers, prompts, max_model_len, release)
@@ -81,6 +84,7 @@ def render_answer(
             max_model_len,
             release,
             messages=messages,
+            defaults=None if harmony else server_defaults(template_defaults or {}),
         )
     return _dump(answer) if not at_least(release, (0, 33)) else _orjson_like(answer).encode()
 
@@ -93,6 +97,7 @@ def _chat(
     release: Release | None,
     *,
     messages: Body | None,
+    defaults: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     if body.get("use_beam_search"):
         raise InvalidRequest("Beam search is not supported by the render endpoint")
@@ -103,7 +108,7 @@ def _chat(
     fields["request_id"] = "chatcmpl-" + _base_id(body if messages is None else {}, headers, release)
     fields["reasoning_ended"] = True if body.get("include_reasoning") is False else None
     fields["return_token_ids"] = body.get("return_token_ids") if at_least(release, (0, 33)) else None
-    fields["parse_context"] = parse_context(body, messages, release) if at_least(release, (0, 33)) else None
+    fields["parse_context"] = parse_context(body, messages, release, defaults) if at_least(release, (0, 33)) else None
     return _envelope(fields, release)
 
 

@@ -33,7 +33,11 @@ def as_chat(body: Body, release: Release | None) -> dict[str, Any]:
     return chat
 
 
-def parse_context(chat: Body, messages: Body | None, release: Release | None) -> dict[str, Any]:
+def parse_context(
+    chat: Body, messages: Body | None, release: Release | None, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """`defaults`: the server's default template kwargs (`resolve_default_chat_template_kwargs`); None for a
+    harmony model, whose output vLLM parses without template kwargs."""
     if messages is None:
         tools, choice = chat.get("tools"), chat.get("tool_choice", "auto" if chat.get("tools") else "none")
         parallel, calls = chat.get("parallel_tool_calls", True), _chat_tool_calls(chat.get("messages") or [])
@@ -48,11 +52,19 @@ def parse_context(chat: Body, messages: Body | None, release: Release | None) ->
     }
     if at_least(release, (0, 34)) and chat.get("return_tokens_as_token_ids") is not None:
         context["return_tokens_as_token_ids"] = chat["return_tokens_as_token_ids"]
-    return context | {"chat_template_kwargs": _template_kwargs(chat), "history_tool_call_cnt": calls}
+    kwargs = _template_kwargs(chat, defaults) if defaults is not None else {}
+    return context | {"chat_template_kwargs": kwargs, "history_tool_call_cnt": calls}
 
 
-def _template_kwargs(chat: Body) -> dict[str, Any]:
-    """ChatParams' kwargs: the client's, then the request's own, unset ones (None, "auto") left out."""
+def server_defaults(configured: Mapping[str, Any]) -> dict[str, Any]:
+    """The template kwargs a vLLM server (0.31+) starts with: --default-chat-template-kwargs, then its own
+    --cohere-format (default "cmd4") unless those name it."""
+    return {**configured, "cohere_format": configured.get("cohere_format", "cmd4")}
+
+
+def _template_kwargs(chat: Body, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """ChatParams' kwargs (`build_chat_params`, then `with_defaults`): the client's, then the request's own, then
+    both over the server's defaults; unset ones (None, "auto") left out at each merge."""
     own = {
         "add_generation_prompt": chat.get("add_generation_prompt", True),
         "continue_final_message": chat.get("continue_final_message", False),
@@ -62,7 +74,12 @@ def _template_kwargs(chat: Body) -> dict[str, Any]:
     user = chat.get("chat_template_kwargs") or {}
     if own["reasoning_effort"] is not None and "enable_thinking" not in user:
         own["enable_thinking"] = own["reasoning_effort"] != "none"
-    return dict(user) | {key: value for key, value in own.items() if value is not None and value != "auto"}
+    merged = dict(user) | _set(own)
+    return dict(defaults) | _set(merged) if defaults else merged
+
+
+def _set(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in kwargs.items() if value is not None and value != "auto"}
 
 
 def _chat_tool_calls(messages: Sequence[Any]) -> int:

@@ -66,7 +66,9 @@ def _answered(
     decision = Decision(Action.COUNT, tokens, count_source=CountSource.LOCAL, render=LOCAL)
     if any(len(p) > window for p in prompts):
         return Refuse(_too_long(window), Decision(Action.REJECT, tokens, count_source=CountSource.LOCAL, render=LOCAL))
-    answer = render_answer(kind, body, headers, prompts, window, steps.registry.upstream_release)
+    tok = target.model.tokenizer
+    answer = render_answer(kind, body, headers, prompts, window, steps.registry.upstream_release, tok.default_kwargs,
+                           harmony=tok.rendering.mode == "harmony")  # fmt: skip
     return Answer(answer, decision)
 
 

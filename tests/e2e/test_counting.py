@@ -69,7 +69,6 @@ def test_chat_render_answer_is_vllms(stack: Stack, fields: dict[str, Any]) -> No
         body["tool_choice"] = "none"
     ours, theirs = _render_pair(stack, "/v1/chat/completions/render", body)
     assert ours["token_ids"] == theirs["token_ids"] and len(ours["token_ids"]) == stack.tokenize(**fields)
-    import json, pathlib; pathlib.Path("/tmp/pc.json").write_text(json.dumps([ours.get("parse_context"), theirs.get("parse_context")]))
     assert ours == theirs, {key: (ours.get(key), theirs.get(key)) for key in theirs if ours.get(key) != theirs[key]}
 
 

@@ -148,7 +148,13 @@ def test_0_33_chat_answer_carries_a_parse_context() -> None:
         "tool_choice": "none",
         "parallel_tool_calls": True,
         "include_reasoning": True,
-        "chat_template_kwargs": {"x": 1, "add_generation_prompt": True, "continue_final_message": False},
+        # the server's --cohere-format default first (vLLM 0.34 on the tiny model writes it so)
+        "chat_template_kwargs": {
+            "cohere_format": "cmd4",
+            "x": 1,
+            "add_generation_prompt": True,
+            "continue_final_message": False,
+        },
         "history_tool_call_cnt": 2,
     }
     assert chat["return_token_ids"] is True
@@ -249,6 +255,7 @@ def test_messages_min_tokens_is_read_from_0_34_and_effort_reaches_the_template_k
     assert "min_tokens" not in answered("messages", body, (0, 33))["sampling_params"]
     kwargs = answered("messages", body, (0, 33))["parse_context"]["chat_template_kwargs"]
     assert kwargs == {
+        "cohere_format": "cmd4",
         "add_generation_prompt": True,
         "continue_final_message": False,
         "reasoning_effort": "low",
@@ -259,3 +266,15 @@ def test_messages_min_tokens_is_read_from_0_34_and_effort_reaches_the_template_k
 def test_the_manual_lists_every_field_the_answer_does_not_reproduce() -> None:
     manual = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "llm-d.md").read_text()
     assert [name for name, _ in NOT_REPRODUCED if f"`{name}`" not in manual] == []
+
+
+def test_the_servers_default_kwargs_lie_under_the_requests_and_a_harmony_model_gets_none() -> None:
+    body = {"messages": [], "chat_template_kwargs": {"enable_thinking": True, "gone": None}}
+    defaults = {"enable_thinking": False, "style": "terse"}
+    answer = json.loads(render_answer("chat", body, {}, [[1, 2]], 100, (0, 34), defaults))
+    assert answer["parse_context"]["chat_template_kwargs"] == {
+        "enable_thinking": True, "style": "terse", "cohere_format": "cmd4", "add_generation_prompt": True,
+        "continue_final_message": False,
+    }  # fmt: skip
+    harmony = json.loads(render_answer("chat", body, {}, [[1, 2]], 100, (0, 34), defaults, harmony=True))
+    assert harmony["parse_context"]["chat_template_kwargs"] == {}
