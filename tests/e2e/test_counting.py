@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.corpus import CHAT_CASES, COMPLETION_PROMPTS
+from tests.e2e.render_parity import answers, comparable
 from tests.e2e.stack import Stack
 from tests.e2e.wire import GUARD_ACTION, GUARD_PROMPT
 
@@ -51,15 +52,13 @@ def test_completion_count_matches_vllm(stack: Stack, prompt: str) -> None:
     assert answer.usage.prompt_tokens == expected
 
 
-def _render_pair(stack: Stack, path: str, body: dict[str, Any]) -> tuple[Any, Any]:
+def _render_pair(stack: Stack, path: str, body: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """The guard's render answer and vLLM's, each as its items, compared as render_parity.py says."""
     guarded = stack.http.post(stack.proxy_url + path, json=body)
     direct = stack.http.post(stack.vllm_url + path, json=body)
     assert guarded.status_code == direct.status_code == 200, guarded.text
     assert guarded.headers["x-token-guard-render"] == "local"
-    ours, theirs = guarded.json(), direct.json()
-    for answer in [*(ours if isinstance(ours, list) else [ours]), *(theirs if isinstance(theirs, list) else [theirs])]:
-        answer.pop("request_id")  # random per request, on either side
-    return ours, theirs
+    return answers(guarded.json()), answers(direct.json())
 
 
 @pytest.mark.parametrize("fields", [fields for _, fields in CHAT_CASES], ids=[case for case, _ in CHAT_CASES])
@@ -67,13 +66,15 @@ def test_chat_render_answer_is_vllms(stack: Stack, fields: dict[str, Any]) -> No
     body = {"model": "tiny", **fields, "max_tokens": 1, "temperature": 0}
     if fields.get("tools"):
         body["tool_choice"] = "none"
-    ours, theirs = _render_pair(stack, "/v1/chat/completions/render", body)
+    (ours,), (theirs,) = _render_pair(stack, "/v1/chat/completions/render", body)
     assert ours["token_ids"] == theirs["token_ids"] and len(ours["token_ids"]) == stack.tokenize(**fields)
-    assert ours == theirs, {key: (ours.get(key), theirs.get(key)) for key in theirs if ours.get(key) != theirs[key]}
+    differ = {key: (value, comparable(ours).get(key)) for key, value in comparable(theirs).items()
+              if comparable(ours).get(key) != value}  # fmt: skip
+    assert comparable(ours) == comparable(theirs), differ
 
 
 def test_completion_render_answers_are_vllms(stack: Stack) -> None:
     body = {"model": "tiny", "prompt": [text for _, text in COMPLETION_PROMPTS], "max_tokens": 3}
     ours, theirs = _render_pair(stack, "/v1/completions/render", body)
     assert [a["token_ids"] for a in ours] == [a["token_ids"] for a in theirs]
-    assert ours == theirs
+    assert [comparable(a) for a in ours] == [comparable(a) for a in theirs]

@@ -16,13 +16,10 @@ import pytest
 from proxy.upstream.remote_count import chat_tokenize_body
 from tests.e2e import runtime
 from tests.e2e.families import FAMILIES, UNSAID_MISTRAL, WINDOW, Family, Served, corpus, one_token, served
+from tests.e2e.render_parity import answers, comparable
 from tests.e2e.wire import GUARD_ACTION, GUARD_PROMPT
 
 pytestmark = pytest.mark.e2e
-# random per request on either side; and what vLLM's reasoning parser writes (gpt-oss gets one by default), which
-# docs/llm-d.md lists as not reproduced
-RENDER_UNCOMPARED = ("request_id", "reasoning_ended", "reasoning_parser_kwargs")
-PARSE_UNCOMPARED = ("chat_template_kwargs", "tools")
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.name for f in FAMILIES])
@@ -113,11 +110,11 @@ def test_the_guards_render_answers_are_vllms_token_for_token(family: Served) -> 
                 differ.append(f"{label}: guard {guarded.status_code} {guarded.text[:100]}, vLLM {direct.status_code}")
             continue
         assert guarded.headers.get("x-token-guard-render") == "local", f"{label}: {guarded.headers}"
-        ours, theirs = _answers(guarded.json()), _answers(direct.json())
+        ours, theirs = answers(guarded.json()), answers(direct.json())
         if [a["token_ids"] for a in ours] != [a["token_ids"] for a in theirs]:
             differ.append(f"{label}: token ids differ: guard {len(ours[0]['token_ids'])}, vLLM "
                           f"{len(theirs[0]['token_ids'])} tokens")  # fmt: skip
-        elif [_comparable(a) for a in ours] != [_comparable(a) for a in theirs]:
+        elif [comparable(a) for a in ours] != [comparable(a) for a in theirs]:
             differ.append(f"{label}: bodies differ: guard {ours[0]}, vLLM {theirs[0]}")
         else:
             equal += 1
@@ -125,20 +122,6 @@ def test_the_guards_render_answers_are_vllms_token_for_token(family: Served) -> 
           f"{len(differ)} differ")  # fmt: skip
     assert not differ, "\n".join(differ)
     assert equal >= 35
-
-
-def _answers(answer: Any) -> list[dict[str, Any]]:
-    return answer if isinstance(answer, list) else [answer]
-
-
-def _comparable(answer: dict[str, Any]) -> dict[str, Any]:
-    """The answer without its request id and the fields docs/llm-d.md lists as not reproduced (what a reasoning
-    parser writes; in parse_context, 0.33+, a harmony model's empty template kwargs and the tools as vLLM's models
-    write them)."""
-    kept = {key: value for key, value in answer.items() if key not in RENDER_UNCOMPARED}
-    if isinstance(kept.get("parse_context"), dict):
-        kept["parse_context"] = {k: v for k, v in kept["parse_context"].items() if k not in PARSE_UNCOMPARED}
-    return kept
 
 
 def test_a_clamp_lands_exactly_on_the_window(family: Served) -> None:
