@@ -93,7 +93,7 @@ class TokenCounter:
         """This tokenizer's id encoder (the render routes'), made on first use: its caches cost nothing until then."""
         if self._ids is None:
             size = int(cache_mb * 2**20)
-            self._ids = TokenIds(self.backend, self.segmenter, self.by_words, size, size // 4)
+            self._ids = TokenIds(self.backend, self.segmenter, self.splitter, self.by_words, size, size // 4)
         return self._ids
 
     async def count(self, texts: Sequence[str], add_special_tokens: bool) -> list[int]:

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from array import array
 from collections.abc import Sequence
+from dataclasses import replace
 from itertools import compress
 from operator import not_
 from typing import Any, cast
@@ -20,12 +21,13 @@ from typing import Any, cast
 from proxy.counting.memo import Memo
 from proxy.counting.segments import Piece, Segmenter
 from proxy.counting.selfcheck import SAMPLE, TRICKY, probe_texts, probed_contents
-from proxy.counting.splitting import words
+from proxy.counting.splitting import Splitter, words
 
 log = logging.getLogger("token_guard.ids")
 
 INLINE_MAX_CHARS = 8192  # encoded right on the event loop: a thread hop costs more than this much encoding
-WORDS_MAX_CHARS = 2**21  # longer pieces are encoded whole in a worker thread (their word lists cost too much memory)
+WORDS_MAX_CHARS = 2**21  # longer pieces are encoded in parts in a worker thread (their word lists cost too much memory)
+BATCH_PARTS = 4  # a long piece's parts (each at most the splitter's slice, 64K characters) encoded at once
 
 Ids = bytes  # the ids as array("i") bytes: cached compactly (4 bytes an id) and joined at C speed
 
@@ -39,10 +41,14 @@ def _packed(ids: Sequence[int]) -> Ids:
 
 
 class TokenIds:
-    def __init__(self, backend: Any, segmenter: Segmenter, by_words: bool, cache_bytes: int, word_bytes: int) -> None:
+    def __init__(
+        self, backend: Any, segmenter: Segmenter, splitter: Splitter | None, by_words: bool, cache_bytes: int,
+        word_bytes: int,
+    ) -> None:  # fmt: skip
         self.backend = backend
         self.segmenter = segmenter if _pieces_agree(backend, segmenter) else Segmenter([], refusal="self-check")
         self.by_words = by_words and _words_agree(backend)
+        self.splitter = splitter if splitter is not None and _splits_agree(backend, splitter) else None
         self.specials = _special_frame(backend)  # the ids add_special_tokens puts before and after; None: varies
         self._added = {t.content: _packed([i]) for i, t in backend.get_added_tokens_decoder().items()}
         self._pieces: Memo[Ids] = Memo(cache_bytes, _ids_bytes)
@@ -89,12 +95,21 @@ class TokenIds:
             return {}
         by_words = [t for t in texts if self.by_words and len(t) <= WORDS_MAX_CHARS]
         whole = [t for t in texts if not (self.by_words and len(t) <= WORDS_MAX_CHARS)]
-        fresh = dict(zip(whole, [_packed(e.ids) for e in await _encode(self.backend, whole, False)], strict=True))
+        fresh = {text: await self._whole(text) for text in whole}
         for text in by_words:
             fresh[text] = await self._from_words(words(text))
         for text, ids in fresh.items():
             self._pieces.put(text, ids)
         return fresh
+
+    async def _whole(self, text: str) -> Ids:
+        """A long piece's ids, encoded in parts cut where pre-tokenization is unchanged, a batch at a time: the
+        encodings of a whole long text at once take gigabytes."""
+        parts = self.splitter.split(text) if self.splitter is not None else [text]
+        packed = []
+        for start in range(0, len(parts), BATCH_PARTS):
+            packed += [_packed(e.ids) for e in await _encode(self.backend, parts[start : start + BATCH_PARTS], False)]
+        return b"".join(packed)
 
     async def _from_words(self, parts: list[str]) -> Ids:
         """The ids of a text cut into words: the young generation's at C speed, the rest found or encoded."""
@@ -136,6 +151,15 @@ def _pieces_agree(backend: Any, segmenter: Segmenter) -> bool:
             built += [added[piece.text]] if piece.added else _whole(backend, [piece.text])[0]
         if built != whole:
             log.warning("token ids are not built from pieces: the self-check failed")
+            return False
+    return True
+
+
+def _splits_agree(backend: Any, splitter: Splitter) -> bool:
+    eager = replace(splitter, parts=max(8, splitter.parts), min_chars=0)
+    for text in (SAMPLE * 6, (SAMPLE * 6)[37:]):
+        if [i for ids in _whole(backend, eager.split(text)) for i in ids] != _whole(backend, [text])[0]:
+            log.warning("long texts' token ids are not encoded in parts: the self-check failed")
             return False
     return True
 

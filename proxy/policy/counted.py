@@ -43,16 +43,16 @@ async def completion(
     req = completion_request(body)
     target = steps.target(req.model, headers, findings)
     model, policy, _, limits = target
+    texts = [[p] for p in req.prompts if isinstance(p, str)]
+    proven = await refuse_by_size(model, texts, limits, Overflow.REJECT, policy, "prompt", findings)
+    if proven is not None:
+        return proven
     why = None
     if steps.settings.render.local:
         local = await rendered.render_completion(steps, target, req, headers, findings)
         if not isinstance(local, str):
             return local
         why = local
-    texts = [[p] for p in req.prompts if isinstance(p, str)]
-    proven = await refuse_by_size(model, texts, limits, Overflow.REJECT, policy, "prompt", findings)
-    if proven is not None:
-        return proven
     counts, findings.count_source = await completion_tokens(model, req, steps.remote)
     return Forward(raw, Decision(Action.COUNT, sum(counts), count_source=findings.count_source, render=why))
 
@@ -88,13 +88,6 @@ async def _counted(
     steps: Steps, target: Target, chat: ChatRequest, raw: bytes, findings: Findings, answered: bool,
     render: tuple[RenderKind, dict[str, Any], Mapping[str, str]],
 ) -> Outcome:  # fmt: skip
-    why = None
-    if not answered and steps.settings.render.local:  # a render route the guard answers itself
-        kind, body, headers = render
-        local = await rendered.render_chat(steps, target, kind, chat, body, headers, findings)
-        if not isinstance(local, str):
-            return local
-        why = local
     model, policy, _, limits = target
     past_window = answered and steps.registry.upstream_at_least(COUNTS_PAST_WINDOW)
     if not past_window:  # a size that proves the prompt over the window is refused uncounted
@@ -102,6 +95,13 @@ async def _counted(
         proven = await refuse_by_size(model, texts, limits, Overflow.REJECT, policy, "messages", findings)
         if proven is not None:
             return proven
+    why = None
+    if not answered and steps.settings.render.local:  # a render route the guard answers itself
+        kind, body, headers = render
+        local = await rendered.render_chat(steps, target, kind, chat, body, headers, findings)
+        if not isinstance(local, str):
+            return local
+        why = local
     prompt_tokens = await steps.count(model, chat, findings)
     if answered:
         return count_answer(prompt_tokens, None if past_window else limits)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.counting import text_ids
 from proxy.counting.text_count import TokenCounter
 from proxy.counting.tokenizer import load_tokenizer
 from proxy.settings import CountingSettings
@@ -68,3 +69,13 @@ def test_a_long_document_and_a_conversation_growing_turn_by_turn(backend: Any) -
     document = LONG_TEXT * 40
     assert asyncio.run(encoder.ids([document], True)) == _expected(backend, [document], True)
     assert encoder.hits > 0  # the earlier turns came from the cache
+
+
+def test_a_piece_too_long_for_words_is_encoded_in_parts_with_the_same_ids(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(text_ids, "WORDS_MAX_CHARS", 1000)
+    encoder = _ids(backend)
+    document = LONG_TEXT * 120  # hundreds of thousands of characters: several parts, more than one batch
+    assert encoder.splitter is None or len(encoder.splitter.split(document)) > text_ids.BATCH_PARTS
+    assert asyncio.run(encoder.ids([document], False)) == _expected(backend, [document], False)
