@@ -4,6 +4,7 @@ them, and `simulate` and `demo` say what to install instead of failing with a tr
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,16 @@ def test_flags_simulate_does_not_take_are_refused() -> None:
     other = subprocess.run([sys.executable, "-m", "proxy", "doctor", "--no-such-flag"], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert other.returncode == 2 and "unrecognized arguments: --no-such-flag" in other.stderr
+
+
+def test_token_guard_render_says_what_it_needs_to_run_without_an_upstream() -> None:
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("TOKEN_GUARD_")}
+    done = subprocess.run([sys.executable, "-m", "proxy", "render", "--port", "8123"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=clean)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "token-guard: error: render.only: the render service asks no upstream, so [[models]] must name what it " \
+        "renders" in done.stderr  # fmt: skip
+    unsized = subprocess.run([sys.executable, "-m", "proxy", "render", "--model", "tiny", "--tokenizer", "/models"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120, env=clean)  # fmt: skip
+    assert unsized.returncode == 2
+    assert "models[0].max_model_len: required with render.only (no upstream tells it)" in unsized.stderr
