@@ -6,8 +6,6 @@ and the picker is the one the gateway's InferencePool (deploy/kubernetes/token-g
 
 from __future__ import annotations
 
-import tomllib
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -16,7 +14,6 @@ import pytest
 import yaml
 
 from proxy.settings import Settings, load_settings
-from proxy.settings.loader import SCHEMA
 from tests.support.dockerfile import image_user
 from tests.support.manifests import env_of, grace_s, pre_stop_s
 
@@ -82,34 +79,13 @@ def guard_toml(found: dict[tuple[str, str], dict[str, Any]]) -> str:
     return mounted_file(found, guard_deployment(found), c, env_of(c)["TOKEN_GUARD_CONFIG"])
 
 
-def guard_settings(found: dict[tuple[str, str], dict[str, Any]], tmp_path: Path, *, with_render: bool) -> Settings:
-    """The guard's settings as its container loads them: the ConfigMap's file and the container's environment. The
-    [render] table is left out when asked (`with_render=False`), so the rest is checked apart from it."""
-    raw = tomllib.loads(guard_toml(found))
-    text = guard_toml(found) if with_render else toml_without(raw, "render")
+def guard_settings(found: dict[tuple[str, str], dict[str, Any]], tmp_path: Path) -> Settings:
+    """The guard's settings as its container loads them: the ConfigMap's file, the container's environment, and what
+    `token-guard render` adds (render.only, render.local)."""
     path = tmp_path / "config.toml"
-    path.write_text(text)
+    path.write_text(guard_toml(found))
     environ = {k: v for k, v in env_of(guard(found)).items() if k != "TOKEN_GUARD_CONFIG"}
-    return load_settings(environ=environ, config_file=path)
-
-
-def toml_without(raw: dict[str, Any], section: str) -> str:
-    lines: list[str] = []
-    for name, table in raw.items():
-        if name == section:
-            continue
-        for entry in table if isinstance(table, list) else [table]:
-            lines.append(f"[[{name}]]" if isinstance(table, list) else f"[{name}]")
-            lines.extend(f"{key} = {toml_value(value)}" for key, value in entry.items())
-    return "\n".join(lines) + "\n"
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return str(value)
+    return load_settings({"render.only": True, "render.local": True}, environ=environ, config_file=path)
 
 
 def epp_config(found: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
@@ -137,7 +113,7 @@ def named_port(c: dict[str, Any], port: int | str) -> int:
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
 def test_the_guard_settings_load_and_name_tokenizers_on_its_volume(variant: Path, tmp_path: Path) -> None:
     found = objects(HERE / "epp.yaml", variant)
-    settings = guard_settings(found, tmp_path, with_render=False)
+    settings = guard_settings(found, tmp_path)
     assert settings.server.host == "0.0.0.0" and not settings.server.api_keys  # the token-producer sends no key
     mounts = [m["mountPath"].rstrip("/") + "/" for m in guard(found)["volumeMounts"] if m["name"] == "models"]
     assert settings.models and mounts
@@ -145,20 +121,19 @@ def test_the_guard_settings_load_and_name_tokenizers_on_its_volume(variant: Path
         assert model.max_model_len and model.tokenizer.startswith(mounts[0])
 
 
-@pytest.mark.xfail(
-    "render" not in SCHEMA, reason="proxy/settings has no [render] section yet: it passes once render.local exists",
-    strict=True,
-)  # fmt: skip
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
 def test_the_guard_answers_render_locally(variant: Path, tmp_path: Path) -> None:
-    settings = guard_settings(objects(HERE / "epp.yaml", variant), tmp_path, with_render=True)
-    assert asdict(settings)["render"]["local"] is True
+    found = objects(HERE / "epp.yaml", variant)
+    path = tmp_path / "config.toml"
+    path.write_text(guard_toml(found))
+    assert load_settings(environ={}, config_file=path).render.local is True  # the ConfigMap's own, under serve too
+    assert guard(found).get("args") == ["render"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
 def test_the_token_producer_reaches_the_guard_for_a_model_it_renders(variant: Path, tmp_path: Path) -> None:
     found = objects(HERE / "epp.yaml", variant)
-    settings = guard_settings(found, tmp_path, with_render=False)
+    settings = guard_settings(found, tmp_path)
     producer = plugin(epp_config(found), "token-producer")["parameters"]
     assert producer["modelName"] in [m.name for m in settings.models]
     url = urlparse(producer["vllm"]["url"])
@@ -231,7 +206,7 @@ def test_the_picker_is_the_one_the_gateways_pool_names(variant: Path) -> None:
 def test_probes_resources_and_a_drain_within_the_grace_period(variant: Path, tmp_path: Path) -> None:
     found = objects(HERE / "epp.yaml", variant)
     c = guard(found)
-    settings = guard_settings(found, tmp_path, with_render=False)
+    settings = guard_settings(found, tmp_path)
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health"
         assert named_port(c, c[probe]["httpGet"]["port"]) == settings.server.port
