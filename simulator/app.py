@@ -190,13 +190,22 @@ class Endpoints:
     ) -> Response:
         """A pooling route (`kind`), or one answered whole by `work` (Cohere's /v2/embed, the Decisions API);
         `read`: the body as a decorator rewrote it."""
-        tracker = self.stats.start()
-        try:
+
+        async def answer() -> Any:
             body = await read_body(request) if read is None else read
             self.stats.record_body(body)
             job = partial(work or cohere_embed, self.ctx, body, dict(request.headers)) if kind is None else \
                 partial(pool, self.ctx, body, kind, dict(request.headers))  # fmt: skip
-            answer = await self._off_loop(job)
+            return await self._off_loop(job)
+
+        orjson_routes = kind in ("embeddings", "pooling") or (kind is None and work is None)
+        return await self._answered(self.stats.start(), answer, self.ctx.profile.pools_with_orjson and orjson_routes)
+
+    async def _answered(self, tracker: Any, answer: Callable[[], Awaitable[Any]], orjson: bool) -> Response:
+        """A JSON route's answer, or its error as vLLM writes it; `orjson`: written as vLLM 0.33+'s
+        create_json_response writes it."""
+        try:
+            result = await answer()
         except ApiError as error:
             tracker.finish("rejected")
             return error_response(error)
@@ -204,30 +213,21 @@ class Endpoints:
             tracker.finish("rejected")
             return internal_error(exc)
         tracker.finish("completed")
-        orjson_routes = kind in ("embeddings", "pooling") or (kind is None and work is None)
-        if self.ctx.profile.pools_with_orjson and orjson_routes:
-            return Response(orjson_dumps(answer), media_type="application/json")
-        return JSONResponse(answer)
+        if orjson:
+            return Response(orjson_dumps(result), media_type="application/json")
+        return JSONResponse(result)
 
     def rendered(self, route: RenderRoute) -> Callable[[Request], Awaitable[Response]]:
         """A render route: the prompt rendered and tokenized, nothing generated (0.33+ writes it with orjson)."""
 
         async def handler(request: Request) -> Response:
-            tracker = self.stats.start(request.headers.get("x-request-id"))
-            try:
+            async def answer() -> Any:
                 body = await read_body(request)
                 self.stats.record_body(body)
-                answer = await self._off_loop(partial(render, self.ctx, route, body, dict(request.headers)))
-            except ApiError as error:
-                tracker.finish("rejected")
-                return error_response(error)
-            except Exception as exc:
-                tracker.finish("rejected")
-                return internal_error(exc)
-            tracker.finish("completed")
-            if self.ctx.profile.pools_with_orjson:
-                return Response(orjson_dumps(answer), media_type="application/json")
-            return JSONResponse(answer)
+                return await self._off_loop(partial(render, self.ctx, route, body, dict(request.headers)))
+
+            tracker = self.stats.start(request.headers.get("x-request-id"))
+            return await self._answered(tracker, answer, self.ctx.profile.pools_with_orjson)
 
         return handler
 

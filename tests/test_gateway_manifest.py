@@ -13,7 +13,7 @@ import yaml
 
 from proxy.settings import ServerSettings, load_settings
 from tests.support.dockerfile import image_env, image_user
-from tests.support.manifests import env_of, grace_s, pre_stop_s
+from tests.support.manifests import env_of, grace_s, named_port, pre_stop_s
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "deploy" / "kubernetes" / "token-guard-gateway.yaml"
@@ -40,14 +40,6 @@ def test_the_keys_come_from_a_secret_the_pod_starts_without() -> None:
     assert all(ref["name"] == "token-guard-keys" and ref["optional"] for ref in secret.values())
     settings = load_settings(environ=env_of(guard()))
     assert settings.server.metrics_api_key and settings.server.admin_api_keys
-
-
-def named_port(c: dict[str, Any], port: int | str) -> int:
-    if isinstance(port, int):
-        return port
-    (number,) = [p["containerPort"] for p in c["ports"] if p["name"] == port]
-    assert isinstance(number, int)
-    return number
 
 
 def test_the_guards_settings_load_and_share_a_budget_through_redis() -> None:

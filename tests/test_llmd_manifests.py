@@ -15,7 +15,7 @@ import yaml
 
 from proxy.settings import Settings, load_settings
 from tests.support.dockerfile import image_user
-from tests.support.manifests import env_of, grace_s, pre_stop_s
+from tests.support.manifests import env_of, grace_s, named_port, pre_stop_s
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "deploy" / "llm-d"
@@ -100,14 +100,6 @@ def plugin(config: dict[str, Any], kind: str) -> dict[str, Any]:
     (found,) = [p for p in config["plugins"] if p["type"] == kind]
     assert isinstance(found, dict)
     return found
-
-
-def named_port(c: dict[str, Any], port: int | str) -> int:
-    if isinstance(port, int):
-        return port
-    (number,) = [p["containerPort"] for p in c["ports"] if p["name"] == port]
-    assert isinstance(number, int)
-    return number
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])

@@ -22,3 +22,12 @@ def pre_stop_s(c: dict[str, Any]) -> float:
 def grace_s(pod: dict[str, Any]) -> float:
     """The pod's grace period: from the preStop hook's start to SIGKILL (Kubernetes' default 30 s)."""
     return float(pod.get("terminationGracePeriodSeconds", 30))
+
+
+def named_port(c: dict[str, Any], port: int | str) -> int:
+    """A container's port by number or by the name its `ports` give it."""
+    if isinstance(port, int):
+        return port
+    (number,) = [p["containerPort"] for p in c["ports"] if p["name"] == port]
+    assert isinstance(number, int)
+    return number
