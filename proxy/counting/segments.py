@@ -64,9 +64,9 @@ class Segmenter:
         for pattern in self._passes:
             remaining: list[str] = []
             for piece in pieces:
-                gaps, found = self._split(piece, pattern)
-                remaining += gaps
-                added += found
+                gaps, tokens = self._split(piece, pattern)
+                remaining += filter(None, gaps)
+                added += len(tokens)
             pieces = remaining
         return Cut(tuple(pieces), added)
 
@@ -77,29 +77,24 @@ class Segmenter:
             return None
         pieces: list[Piece] = [Piece(text)] if text else []
         for pattern in self._passes:
-            pieces = [p for piece in pieces for p in ((piece,) if piece.added else self._pieces(piece.text, pattern))]
+            remaining: list[Piece] = []
+            for piece in pieces:
+                if piece.added:
+                    remaining.append(piece)
+                    continue
+                gaps, tokens = self._split(piece.text, pattern)
+                for gap, token in zip(gaps, [*tokens, None], strict=True):
+                    if gap:
+                        remaining.append(Piece(gap))
+                    if token is not None:
+                        remaining.append(Piece(token, added=True))
+            pieces = remaining
         return pieces
 
-    def _split(self, text: str, pattern: re.Pattern[str]) -> tuple[list[str], int]:
-        # _pieces() without its tuples: on the count path of every request, this is 2.5x faster
+    def _split(self, text: str, pattern: re.Pattern[str]) -> tuple[list[str], list[str]]:
+        """The text around each added token (empty ones too: one more than the tokens), and the tokens' contents."""
         gaps: list[str] = []
-        added = end = 0  # `end`: where the previous added token, with the whitespace it stripped, ended
-        for match in _finditer(pattern, text, self._longest):
-            start, stop = match.span()
-            rule = self._rules[match.group()]
-            if rule.lstrip:
-                start = max(_whitespace_before(text, start), end)
-            if rule.rstrip:
-                stop = _whitespace_after(text, stop)
-            if end < start:
-                gaps.append(text[end:start])
-            added += 1
-            end = stop
-        if end < len(text):
-            gaps.append(text[end:])
-        return gaps, added
-
-    def _pieces(self, text: str, pattern: re.Pattern[str]) -> Iterator[Piece]:
+        tokens: list[str] = []
         end = 0  # where the previous added token, with the whitespace it stripped, ended
         for match in _finditer(pattern, text, self._longest):
             start, stop = match.span()
@@ -108,12 +103,11 @@ class Segmenter:
                 start = max(_whitespace_before(text, start), end)
             if rule.rstrip:
                 stop = _whitespace_after(text, stop)
-            if end < start:
-                yield Piece(text[end:start])
-            yield Piece(rule.content, added=True)
+            gaps.append(text[end:start])
+            tokens.append(rule.content)
             end = stop
-        if end < len(text):
-            yield Piece(text[end:])
+        gaps.append(text[end:])
+        return gaps, tokens
 
 
 def _finditer(pattern: re.Pattern[str], text: str, longest: int) -> Iterator[re.Match[str]]:
