@@ -13,14 +13,13 @@ import asyncio
 import logging
 from array import array
 from collections.abc import Sequence
-from dataclasses import replace
 from itertools import compress
 from operator import not_
 from typing import Any, cast
 
 from proxy.counting.memo import Memo
 from proxy.counting.segments import Piece, Segmenter
-from proxy.counting.selfcheck import SAMPLE, TRICKY, probe_texts, probed_contents
+from proxy.counting.selfcheck import ids_segments_agree, ids_splits_agree, ids_words_agree
 from proxy.counting.splitting import Splitter, words
 
 log = logging.getLogger("token_guard.ids")
@@ -46,9 +45,13 @@ class TokenIds:
         word_bytes: int,
     ) -> None:  # fmt: skip
         self.backend = backend
-        self.segmenter = segmenter if _pieces_agree(backend, segmenter) else Segmenter([], refusal="self-check")
-        self.by_words = by_words and _words_agree(backend)
-        self.splitter = splitter if splitter is not None and _splits_agree(backend, splitter) else None
+        self.segmenter = segmenter if ids_segments_agree(backend, segmenter) else Segmenter([], refusal="self-check")
+        self.by_words = by_words and ids_words_agree(backend)
+        self.splitter = splitter if splitter is not None and ids_splits_agree(backend, splitter) else None
+        for shortcut, kept in (("pieces", self.segmenter is segmenter), ("words", self.by_words == by_words),
+                               ("parts", self.splitter is splitter)):  # fmt: skip
+            if not kept:
+                log.warning("token ids are not built from %s: the self-check failed", shortcut)
         self.specials = _special_frame(backend)  # the ids add_special_tokens puts before and after; None: varies
         self._added = {t.content: _packed([i]) for i, t in backend.get_added_tokens_decoder().items()}
         self._pieces: Memo[Ids] = Memo(cache_bytes, _ids_bytes)
@@ -132,45 +135,6 @@ async def _encode(backend: Any, texts: list[str], add_special_tokens: bool) -> l
     if sum(len(t) for t in texts) <= INLINE_MAX_CHARS:
         return list(backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens))
     return list(await asyncio.to_thread(backend.encode_batch_fast, texts, add_special_tokens=add_special_tokens))
-
-
-def _whole(backend: Any, texts: list[str]) -> list[list[int]]:
-    return [list(e.ids) for e in backend.encode_batch_fast(texts, add_special_tokens=False)] if texts else []
-
-
-def _pieces_agree(backend: Any, segmenter: Segmenter) -> bool:
-    """On the counter's probe texts, the ids built from pieces and added tokens are the whole text's."""
-    if segmenter.refusal is not None:
-        return True  # whole texts only: exact by construction
-    added = {t.content: i for i, t in backend.get_added_tokens_decoder().items()}
-    texts = probe_texts(probed_contents(backend))
-    for text, whole in zip(texts, _whole(backend, texts), strict=True):
-        pieces = segmenter.in_order(text) or []
-        built: list[int] = []
-        for piece in pieces:
-            built += [added[piece.text]] if piece.added else _whole(backend, [piece.text])[0]
-        if built != whole:
-            log.warning("token ids are not built from pieces: the self-check failed")
-            return False
-    return True
-
-
-def _splits_agree(backend: Any, splitter: Splitter) -> bool:
-    eager = replace(splitter, parts=max(8, splitter.parts), min_chars=0)
-    for text in (SAMPLE * 6, (SAMPLE * 6)[37:]):
-        if [i for ids in _whole(backend, eager.split(text)) for i in ids] != _whole(backend, [text])[0]:
-            log.warning("long texts' token ids are not encoded in parts: the self-check failed")
-            return False
-    return True
-
-
-def _words_agree(backend: Any) -> bool:
-    texts = [SAMPLE, SAMPLE * 3, TRICKY, TRICKY[::-1], TRICKY + SAMPLE, " " + TRICKY, TRICKY.replace(" ", "  ")]
-    for text, whole in zip(texts, _whole(backend, texts), strict=True):
-        if [i for ids in _whole(backend, words(text)) for i in ids] != whole:
-            log.warning("token ids are not built word by word: the self-check failed")
-            return False
-    return True
 
 
 def _special_frame(backend: Any) -> tuple[list[int], list[int]] | None:

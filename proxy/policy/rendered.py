@@ -12,6 +12,7 @@ from proxy.api.completions import CompletionRequest
 from proxy.counting.local_count import chat_ids, completion_ids
 from proxy.counting.registry import GuardedModel
 from proxy.counting.source import CountSource
+from proxy.counting.text_ids import TokenIds
 from proxy.errors import ContextLengthExceeded, CountedUpstreamOnly, InvalidRequest, TemplateRefused
 from proxy.policy.decide import Action
 from proxy.policy.outcome import Answer, Decision, Findings, Outcome, Refuse
@@ -104,5 +105,5 @@ def _chat_not_here(chat: ChatRequest) -> str | None:
     return None
 
 
-def _encoder(steps: Steps, model: GuardedModel) -> Any:
+def _encoder(steps: Steps, model: GuardedModel) -> TokenIds:
     return model.counter.token_ids(steps.settings.render.cache_mb)
